@@ -1,0 +1,166 @@
+"""job.yaml: what to train, where, and how the supervisor watches it.
+
+Each section is its own pydantic model with a docstring per field; unknown keys are errors.
+``supervisor schema job`` prints the JSON schema generated from these models.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from supervisor.config.loader import load_model
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENTRY_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(Section):
+    """The worker group: one Ray worker per data-parallel rank."""
+
+    num_workers: int = Field(1, ge=1, description="Number of training workers (data-parallel ranks).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="Logical CPUs Ray reserves per worker.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per worker; > 0 selects NCCL, else gloo.")
+
+
+class RaySection(Section):
+    """Where Ray runs."""
+
+    address: str | None = Field(
+        None, description="Absent: start a local Ray. `auto` or `ray://host:port`: connect to a cluster."
+    )
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime_env for the workers.")
+    num_cpus: int | None = Field(
+        None, ge=1, description="Logical CPUs of a local Ray started by the supervisor (default: enough for the job)."
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is None or v == "auto" or v.startswith("ray://") or re.match(r"^[\w.-]+:\d+$", v):
+            return v
+        raise ValueError(f"must be `auto`, `ray://host:port` or `host:port` (got {v!r})")
+
+
+class Storage(Section):
+    """Where checkpoints and incident exports live."""
+
+    path: str = Field(description="A local directory or `s3://bucket/prefix`.")
+    endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO/Ceph-style servers.")
+    region: str | None = Field(None, description="S3 region.")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if v.startswith("s3://") and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", v):
+            raise ValueError(f"not a valid `s3://bucket/prefix` (got {v!r})")
+        return v
+
+    @property
+    def is_s3(self) -> bool:
+        return self.path.startswith("s3://")
+
+
+class CheckpointSection(Section):
+    """How often to checkpoint and how many healthy checkpoints to keep."""
+
+    every_steps: int = Field(100, ge=1, description="Save a checkpoint every N optimizer steps.")
+    keep: int = Field(3, ge=1, description="Keep the newest K healthy checkpoints (plus incident references).")
+
+
+class Telemetry(Section):
+    """Detector settings; every field overrides the engine's default."""
+
+    window: int = Field(1000, ge=8, description="Rolling window (steps) of the robust statistics.")
+    min_history: int = Field(50, ge=4, description="Steps of history before any alarm can be raised.")
+    z_threshold: float = Field(6.0, gt=0, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm.")
+    grad_z_threshold: float = Field(6.0, gt=0, description="Robust-z for grad norm / update ratio to co-move.")
+    rank_z_threshold: float = Field(8.0, gt=0, description="Robust-z of a rank vs the other ranks at one step.")
+    hang_timeout_s: float = Field(120.0, gt=0, description="No record from a rank for this long: a hung worker.")
+    fingerprint_every: int = Field(50, ge=1, description="Parameter fingerprint every K steps.")
+    canary_every: int = Field(0, ge=0, description="Canary forward pass every K steps (0: off).")
+
+
+class Alert(Section):
+    """Where `alert` actions go besides the log."""
+
+    webhook_url: str | None = Field(None, description="POSTed with the incident summary (JSON), retried.")
+
+
+class Incidents(Section):
+    """The incident store."""
+
+    db: str | None = Field(
+        None,
+        description="SQLite file. Default: <storage>/incidents.sqlite for local storage, "
+        "~/.local/state/spike-supervisor/incidents.sqlite for S3.",
+    )
+
+
+class Fault(BaseModel):
+    """A fault injected for a drill (off unless listed). `kind` picks it; other keys are its parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kind: str = Field(description="Fault name; see `supervisor drill --list`.")
+    step: int | None = Field(None, ge=0, description="Step at which it starts.")
+    rank: int | None = Field(None, ge=0, description="Rank it affects, where it is rank-local.")
+
+
+class JobSpec(Section):
+    """A supervised training job."""
+
+    name: str = Field(description="Job name: letters, digits, `_`, `-`, `.`; names its storage folder.")
+    entrypoint: str = Field(description="`package.module:function` or a path to a Python script.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Passed to the entrypoint as its config.")
+    resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
+    ray: RaySection = Field(default_factory=RaySection)  # type: ignore[arg-type]
+    storage: Storage
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)  # type: ignore[arg-type]
+    telemetry: Telemetry = Field(default_factory=Telemetry)  # type: ignore[arg-type]
+    policy: str = Field("default", description="A shipped policy name (see policies/) or a path to a YAML file.")
+    max_steps: int = Field(ge=1, description="Optimizer steps to train.")
+    alert: Alert = Field(default_factory=Alert)  # type: ignore[arg-type]
+    incidents: Incidents = Field(default_factory=Incidents)  # type: ignore[arg-type]
+    faults: list[Fault] = Field(default_factory=list, description="Drill faults (see examples/drills).")
+    mode: Literal["supervised", "observe_only"] = Field(
+        "supervised", description="`observe_only` detects and records incidents but takes no action."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"must match {_NAME.pattern} (got {v!r})")
+        return v
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: str) -> str:
+        if _ENTRY_FUNC.match(v) or v.endswith(".py"):
+            return v
+        raise ValueError(f"must be `module:function` or a `.py` script path (got {v!r})")
+
+    @model_validator(mode="after")
+    def _window(self) -> JobSpec:
+        if self.telemetry.min_history > self.telemetry.window:
+            raise ValueError("telemetry.min_history must be <= telemetry.window")
+        return self
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Load and validate a job.yaml; raises ConfigError naming the file and field."""
+    return load_model(JobSpec, path)
+
+
+def job_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()

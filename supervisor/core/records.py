@@ -1,0 +1,116 @@
+"""The telemetry record: one per rank per step (shared/DESIGN.md, "Telemetry record").
+
+Only ``step`` and ``loss`` are required; every other field is optional and the analysis
+uses what is there. Records travel as plain dicts (JSON objects); this module gives them a
+typed, slotted form for the core and converts both ways.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+#: Fields a record may carry, in the documented order.
+RECORD_FIELDS = (
+    "step", "rank", "world_size", "time", "loss", "loss_sum", "tokens", "batch_mean_loss", "lr",
+    "grad_norm", "param_norm", "update_norm", "loss_scale", "overflow", "nonfinite", "nonfinite_at",
+    "sources", "samples", "seq_len_max", "seq_len_mean", "step_time", "tokens_per_s",
+    "param_checksum", "events", "attrs",
+)  # fmt: skip
+
+_FLOATS = ("time", "loss", "loss_sum", "batch_mean_loss", "lr", "grad_norm", "param_norm",
+           "update_norm", "loss_scale", "seq_len_mean", "step_time", "tokens_per_s")  # fmt: skip
+_INTS = ("tokens", "seq_len_max")
+
+
+@dataclass(slots=True)
+class Record:
+    step: int
+    loss: float
+    rank: int = 0
+    world_size: int = 1
+    time: float | None = None
+    loss_sum: float | None = None
+    tokens: int | None = None
+    batch_mean_loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    param_norm: float | None = None
+    update_norm: float | None = None
+    loss_scale: float | None = None
+    overflow: bool | None = None
+    nonfinite: bool | None = None
+    nonfinite_at: str | None = None
+    sources: dict[str, dict[str, float]] | None = None
+    samples: list[str] | None = None
+    seq_len_max: int | None = None
+    seq_len_mean: float | None = None
+    step_time: float | None = None
+    tokens_per_s: float | None = None
+    param_checksum: str | None = None
+    events: list[str] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def update_ratio(self) -> float | None:
+        if self.update_norm is None or self.param_norm is None:
+            return None
+        return self.update_norm / (self.param_norm + 1e-12)
+
+    @property
+    def is_nonfinite(self) -> bool:
+        """NaN/Inf flagged by the probe, or visible in loss / grad norm."""
+        if self.nonfinite:
+            return True
+        return not math.isfinite(self.loss) or (self.grad_norm is not None and not math.isfinite(self.grad_norm))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        """Build from a JSON object; raises ValueError/TypeError/KeyError on unusable input."""
+        kw: dict[str, Any] = {"step": int(d["step"]), "loss": float(d["loss"])}
+        for name in _FLOATS:
+            v = d.get(name)
+            if v is not None and name not in kw:
+                kw[name] = float(v)
+        for name in _INTS:
+            v = d.get(name)
+            if v is not None:
+                kw[name] = int(v)
+        for name in ("rank", "world_size"):
+            v = d.get(name)
+            if v is not None:
+                kw[name] = int(v)
+        for name in ("overflow", "nonfinite"):
+            v = d.get(name)
+            if v is not None:
+                kw[name] = _as_bool(v)
+        for name in ("nonfinite_at", "param_checksum"):
+            v = d.get(name)
+            if v is not None and v != "":
+                kw[name] = str(v)
+        if isinstance(d.get("sources"), dict):
+            kw["sources"] = {str(k): dict(v) for k, v in d["sources"].items() if isinstance(v, dict)}
+        if isinstance(d.get("samples"), list):
+            kw["samples"] = [str(s) for s in d["samples"]]
+        if isinstance(d.get("events"), list):
+            kw["events"] = [str(e) for e in d["events"]]
+        if isinstance(d.get("attrs"), dict):
+            kw["attrs"] = dict(d["attrs"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict without absent (None / empty) fields."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None or (f.name in ("events", "attrs") and not v):
+                continue
+            out[f.name] = v
+        return out
+
+
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "y", "t")
+    return bool(v)
