@@ -19,7 +19,7 @@ _ENTRY_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Resources(Section):
@@ -109,7 +109,7 @@ class Incidents(Section):
 class Fault(BaseModel):
     """A fault injected for a drill (off unless listed). `kind` picks it; other keys are its parameters."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
 
     kind: str = Field(description="Fault name; see `supervisor drill --list`.")
     step: int | None = Field(None, ge=0, description="Step at which it starts.")

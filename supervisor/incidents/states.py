@@ -1,0 +1,118 @@
+"""The incident state machine and the vocabulary of its timeline.
+
+An incident is a persisted state machine (STYLE.md point 4). Each state documents what it
+means; ``TRANSITIONS`` lists every valid move and ``IncidentStore.transition`` is the only
+way to change a state: it checks the move and appends a ``state_changed`` event carrying
+the reason, in the same transaction.
+
+::
+
+    open ──► frozen ──► acting ──► observing ──► resolved
+      │        │          │  ▲          │
+      │        │          │  └──────────┘  (observation failed, next attempt)
+      │        └──────────┴──────────────┴──► escalated
+      └──► dismissed   (metric artifact, benign shift, false alarm)
+
+``resolved``, ``escalated`` and ``dismissed`` are terminal.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+from supervisor.errors import IncidentStoreError
+
+E = TypeVar("E", bound=Enum)
+
+
+class IncidentState(str, Enum):
+    OPEN = "open"
+    """Detected and recorded; no action has run yet (alerting and metric checks happen here)."""
+    FROZEN = "frozen"
+    """Training is held at a step boundary while the incident is examined (snapshot, block latest)."""
+    ACTING = "acting"
+    """Recovery actions are running: replay, rollback, fix."""
+    OBSERVING = "observing"
+    """Training resumed under the fix inside an observation window; checks are compared to the baseline."""
+    RESOLVED = "resolved"
+    """The observation window passed and training continues normally."""
+    ESCALATED = "escalated"
+    """The supervisor gave up (an action failed, attempts ran out, or policy said so): a person decides."""
+    DISMISSED = "dismissed"
+    """Not a real training problem: a metric artifact, a benign shift or a false alarm."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def is_active(self) -> bool:
+        return not self.is_terminal
+
+
+_TERMINAL = frozenset({IncidentState.RESOLVED, IncidentState.ESCALATED, IncidentState.DISMISSED})
+
+S = IncidentState
+#: Every valid move. Anything else raises ``IncidentStoreError`` naming the valid choices.
+TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
+    S.OPEN: frozenset({S.FROZEN, S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.DISMISSED}),
+    S.FROZEN: frozenset({S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.DISMISSED}),
+    S.ACTING: frozenset({S.OBSERVING, S.RESOLVED, S.ESCALATED}),
+    S.OBSERVING: frozenset({S.ACTING, S.RESOLVED, S.ESCALATED}),
+    S.RESOLVED: frozenset(),
+    S.ESCALATED: frozenset(),
+    S.DISMISSED: frozenset(),
+}
+del S
+
+
+def can_transition(old: IncidentState, new: IncidentState) -> bool:
+    return new in TRANSITIONS[old]
+
+
+class EventKind(str, Enum):
+    """Typed timeline events (shared/DESIGN.md, "Incident record")."""
+
+    DETECTED = "detected"
+    METRIC_CHECK = "metric_check"
+    FROZE = "froze"
+    SNAPSHOT = "snapshot"
+    LATEST_BLOCKED = "latest_blocked"
+    DIAGNOSED = "diagnosed"
+    REPLAYED = "replayed"
+    ROLLED_BACK = "rolled_back"
+    FIX_APPLIED = "fix_applied"
+    OBSERVATION = "observation"
+    RESUMED = "resumed"
+    ESCALATED = "escalated"
+    ALERT_SENT = "alert_sent"
+    DISMISSED = "dismissed"
+    STATE_CHANGED = "state_changed"
+    # Machinery faults: not part of the incident itself, but they explain gaps in the timeline.
+    WORKER_RESTARTED = "worker_restarted"
+    SUPERVISOR_RESUMED = "supervisor_resumed"
+    NOTE = "note"
+
+
+class EventStatus(str, Enum):
+    """An action's event is written ``pending`` before it runs and marked ``done``/``failed`` after."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def is_final(self) -> bool:
+        return self is not EventStatus.PENDING
+
+
+def parse_enum(enum: type[E], value: object, what: str) -> E:
+    """``enum(value)`` with an error that lists the valid choices (registry-style failure)."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in enum)
+        raise IncidentStoreError(f"unknown {what} {value!r}; valid: {choices}") from None

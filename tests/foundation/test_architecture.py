@@ -1,0 +1,50 @@
+"""Imports show the architecture (STYLE.md point 12): the core is pure Python over records."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "supervisor"
+FORBIDDEN_IN_CORE = {"ray", "torch", "boto3", "botocore", "numpy", "matplotlib"}
+CORE_MAY_IMPORT = ("supervisor.core", "supervisor.errors", "supervisor.config", "supervisor.logging")
+
+
+def _imports(path: Path) -> set[str]:
+    mods: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.add(node.module)
+    return mods
+
+
+def _pure_files() -> list[Path]:
+    files = list((PKG / "core").rglob("*.py"))
+    if (PKG / "traces").exists():
+        files += list((PKG / "traces").rglob("*.py"))
+    return files
+
+
+def test_core_imports_no_runtime_library() -> None:
+    files = _pure_files()
+    assert files
+    for f in files:
+        bad = {m for m in _imports(f) if m.split(".")[0] in FORBIDDEN_IN_CORE}
+        assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
+
+
+def test_core_imports_only_core_and_shared_types() -> None:
+    for f in (PKG / "core").rglob("*.py"):
+        inner = {m for m in _imports(f) if m.startswith("supervisor")}
+        stray = {m for m in inner if not m.startswith(CORE_MAY_IMPORT)}
+        assert not stray, f"{f.relative_to(PKG.parent)} imports {sorted(stray)}"
+
+
+def test_stage_packages_do_not_import_the_runtime() -> None:
+    """Only the orchestration layer (runtime, cli, drills) may import the runtime."""
+    for stage in ("core", "traces", "checkpoint", "storage", "incidents", "sdk"):
+        for f in (PKG / stage).rglob("*.py") if (PKG / stage).exists() else []:
+            bad = {m for m in _imports(f) if m.startswith(("supervisor.runtime", "supervisor.cli", "supervisor.drills"))}
+            assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
