@@ -46,10 +46,21 @@ def cli(log_level: str, log_json: bool | None) -> None:
 
 def _register() -> None:
     # Imported here so `supervisor --help` stays fast and each module owns one command.
-    from supervisor.cli import validate
+    from supervisor.cli import launch, validate
+    from supervisor.cli.analyze import analyze
+    from supervisor.cli.checkpoints import checkpoints
+    from supervisor.cli.incidents import incidents
+    from supervisor.cli.policy import policy
 
     cli.add_command(validate.validate)
     cli.add_command(validate.schema)
+    cli.add_command(launch.launch)
+    cli.add_command(launch.status)
+    cli.add_command(launch.stop)
+    cli.add_command(policy)
+    cli.add_command(incidents)
+    cli.add_command(analyze)
+    cli.add_command(checkpoints)
 
 
 _register()

@@ -1,0 +1,308 @@
+"""Generate the labelled fault corpus: REAL training runs of examples/tinylm with injected faults.
+
+Each trace is a data-parallel run simulated in one process: ``RANKS`` model replicas, each fed
+its own micro-batch per step; their gradients are averaged (token-weighted, as an all-reduce of
+``loss_sum`` gradients would) and every replica applies the average with its own AdamW — so the
+replicas stay bit-identical unless a fault makes one of them differ, exactly as in DDP. Each
+rank writes its own telemetry record (shared/DESIGN.md format) with per-source splits, sample
+IDs and a parameter fingerprint.
+
+    python -m bench.detection.generate            # all traces (~1-2 min on 2 cores)
+    python -m bench.detection.generate bad_batch  # one
+
+Writes ``bench/detection/corpus/<name>.jsonl.gz`` and ``corpus/labels.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import json
+import math
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from examples.tinylm.data import TextDataset, build_dataset, collate
+from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
+
+OUT = Path(__file__).parent / "corpus"
+RANKS = 4
+BATCH = 4  # sequences per rank per step
+STEPS = 300
+SEQ = 64
+BASE_LR = 3e-3
+WARMUP = 20
+SOURCES = ("code", "docstrings", "tests")
+
+
+@dataclass
+class Fault:
+    """What to inject, and the label the engine should produce."""
+
+    name: str
+    onset: int | None = None  # None: a run that must raise nothing
+    phenotype: str | None = None
+    cause: str | None = None
+    first_rank: int | None = None
+    seed: int = 0
+    mixture: Callable[[int], dict[str, float]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "harmful": self.onset is not None,
+            "onset": self.onset,
+            "phenotype": self.phenotype,
+            "cause": self.cause,
+            "first_rank": self.first_rank,
+            "seed": self.seed,
+            "params": self.params,
+        }
+
+
+def _uniform(step: int) -> dict[str, float]:
+    return {"code": 1 / 3, "docstrings": 1 / 3, "tests": 1 / 3}
+
+
+def _shift(step: int) -> dict[str, float]:
+    """Mostly docstrings (prose, easy), then a switch to mostly code (harder bytes)."""
+    return {"docstrings": 0.8, "code": 0.1, "tests": 0.1} if step < 180 else {"docstrings": 0.1, "code": 0.8, "tests": 0.1}
+
+
+FAULTS = [
+    Fault("clean_s0", seed=0),
+    Fault("clean_s1", seed=1),
+    Fault("clean_s2", seed=2),
+    Fault("benign_mixture_shift", seed=3, mixture=_shift),
+    Fault("bad_batch", 200, "transient", "data", 1, seed=4, params={"rank": 1}),
+    Fault("lr_too_high", 200, "divergence", "optimizer", seed=5, params={"lr_mult": 40.0}),
+    Fault("oversized_update", 200, "slow_recovery", "optimizer", seed=6, params={"lr_mult": 60.0}),
+    Fault("fp16_overflow", 200, "transient", "numeric", seed=7, params={"module": "blocks.1.mlp"}),
+    Fault("rank_corrupt_range", 200, "transient", "data", 2, seed=8, params={"rank": 2, "steps": 12}),
+    Fault("periodic_junk_source", 100, "periodic", "data", 0, seed=9, params={"every": 40, "rank": 0}),
+    Fault("replica_divergence", 200, "slow_recovery", "distributed", 1, seed=10, params={"rank": 1, "noise": 0.05}),
+    Fault("resume_without_optimizer", 151, "slow_recovery", "resume_state", seed=11, params={"crash": 200, "ckpt": 150}),
+    Fault("misreduced_metric", 200, "transient", "metric_artifact", 3, seed=12, params={"rank": 3}),
+]
+
+
+class Run:
+    """One simulated data-parallel training run writing per-rank records."""
+
+    def __init__(self, fault: Fault, dataset: TextDataset) -> None:
+        self.fault, self.ds = fault, dataset
+        torch.manual_seed(fault.seed)
+        cfg = TinyLMConfig(seq_len=SEQ, d_model=64, n_layers=2, n_heads=4)
+        base = TinyLM(cfg)
+        self.models = [copy.deepcopy(base) for _ in range(RANKS)]
+        self.opts = [self._optimizer(m) for m in self.models]
+        self.by_source: dict[str, list[int]] = {s: [] for s in SOURCES}
+        for i, c in enumerate(dataset.chunks):
+            self.by_source.setdefault(c.source, []).append(i)
+        self.records: list[dict[str, Any]] = []
+        self.loss_scale = 65536.0
+
+    @staticmethod
+    def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=BASE_LR, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def lr_at(self, step: int) -> float:
+        if step <= WARMUP:
+            return BASE_LR * step / WARMUP
+        progress = (step - WARMUP) / (STEPS - WARMUP)
+        return BASE_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    # -- data ----------------------------------------------------------------------------
+    def batch(self, step: int, rank: int) -> tuple[dict[str, Any], list[str], list[str]]:
+        """A rank's micro-batch: seeded by (seed, step, rank), so a replay after resume is identical."""
+        rng = random.Random(f"{self.fault.seed}:{step}:{rank}")
+        mix = (self.fault.mixture or _uniform)(step)
+        names, weights = zip(*mix.items(), strict=True)
+        idx = [rng.choice(self.by_source[rng.choices(names, weights)[0]]) for _ in range(BATCH)]
+        items = [self.ds[i] for i in idx]
+        ids = [self.ds.sample_id(i) for i in idx]
+        srcs = [self.ds.source(i) for i in idx]
+        junk = self._junk(step, rank)
+        if junk:
+            gen = torch.Generator().manual_seed(step * 31 + rank)
+            for j, it in enumerate(items):
+                raw = torch.randint(0, 256, (SEQ + 1,), generator=gen)
+                it = {"input_ids": raw[:-1].clone(), "targets": raw[1:].clone(), "length": SEQ}
+                items[j] = it
+                ids[j] = f"{junk}:{step}:{rank}:{j}"
+                srcs[j] = junk
+        return collate(items), ids, srcs
+
+    def _junk(self, step: int, rank: int) -> str | None:
+        f, p = self.fault, self.fault.params
+        if f.name == "bad_batch" and step == f.onset and rank == p["rank"]:
+            return "corrupt"
+        if f.name == "rank_corrupt_range" and f.onset is not None and f.onset <= step < f.onset + p["steps"]:
+            return "corrupt" if rank == p["rank"] else None
+        if f.name == "periodic_junk_source" and f.onset is not None and step >= f.onset and rank == p["rank"]:
+            return "junk" if (step - f.onset) % p["every"] == 0 else None
+        return None
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self, step: int, events: list[str]) -> None:
+        f, p = self.fault, self.fault.params
+        lr = self.lr_at(step)
+        if f.name == "lr_too_high" and step >= (f.onset or 0):
+            lr *= p["lr_mult"]
+        if f.name == "oversized_update" and step == f.onset:
+            lr *= p["lr_mult"]
+        per_rank = []
+        for rank, model in enumerate(self.models):
+            batch, ids, srcs = self.batch(step, rank)
+            hook = self._overflow_hook(model) if f.name == "fp16_overflow" and step == f.onset else None
+            out = lm_loss(model, batch)
+            if hook is not None:
+                hook.remove()
+            per_rank.append((batch, ids, srcs, out))
+        total_tokens = float(sum(float(o.tokens) for *_, o in per_rank))
+        for (_b, _i, _s, out), model in zip(per_rank, self.models, strict=True):
+            model.zero_grad(set_to_none=True)
+            (out.loss_sum / total_tokens).backward()
+        grads = self._allreduce()
+        nonfinite = any(not torch.isfinite(g).all() for g in grads)
+        gnorm = float(torch.norm(torch.stack([g.norm() for g in grads]))) if not nonfinite else math.nan
+        where = self._first_nonfinite_module(step) if nonfinite else None
+        pnorm = self._norm(self.models[0])
+        before = [torch.cat([q.detach().flatten() for q in m.parameters()]) for m in self.models]
+        if nonfinite:  # an AMP-style scaler skips the step and halves the scale
+            self.loss_scale /= 2
+        else:
+            clip = min(1.0, 1.0 / (gnorm + 1e-6))
+            for rank, (model, opt) in enumerate(zip(self.models, self.opts, strict=True)):
+                for q, g in zip(model.parameters(), grads, strict=True):
+                    q.grad = (g * clip).clone()
+                    if f.name == "replica_divergence" and step == f.onset and rank == p["rank"]:
+                        q.grad += p["noise"] * torch.randn_like(g) * (g.abs().mean() + 1e-8) / 1e-3
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                opt.step()
+        for rank, ((batch, ids, srcs, out), model) in enumerate(zip(per_rank, self.models, strict=True)):
+            after = torch.cat([q.detach().flatten() for q in model.parameters()])
+            upd = float((after - before[rank]).norm())
+            self.records.append(
+                self._record(step, rank, lr, out, batch, ids, srcs, gnorm, pnorm, upd, model, events, where)
+            )
+
+    def _record(self, step: int, rank: int, lr: float, out: Any, batch: dict[str, Any], ids: list[str],
+                srcs: list[str], gnorm: float, pnorm: float, upd: float, model: torch.nn.Module,
+                events: list[str], where: str | None) -> dict[str, Any]:  # fmt: skip
+        loss_sum, tokens = float(out.loss_sum), int(out.tokens)
+        loss = loss_sum / max(tokens, 1)
+        sample_means = (out.sample_loss_sum / out.sample_tokens.clamp_min(1)).tolist()
+        f = self.fault
+        if f.name == "misreduced_metric" and step == f.onset and rank == f.params["rank"]:
+            loss = loss_sum / BATCH  # a reduction bug: summed over tokens, averaged over sequences
+        sources: dict[str, dict[str, float]] = {}
+        for s, ls, tk in zip(srcs, out.sample_loss_sum.tolist(), out.sample_tokens.tolist(), strict=True):
+            acc = sources.setdefault(s, {"tokens": 0, "loss_sum": 0.0})
+            acc["tokens"] += int(tk)
+            acc["loss_sum"] += float(ls)
+        lengths = batch["lengths"]
+        rec: dict[str, Any] = {
+            "step": step, "rank": rank, "world_size": RANKS, "loss": loss, "loss_sum": loss_sum, "tokens": tokens,
+            "batch_mean_loss": sum(sample_means) / len(sample_means), "lr": lr, "grad_norm": gnorm,
+            "param_norm": pnorm, "update_norm": upd, "loss_scale": self.loss_scale,
+            "overflow": bool(where), "sources": sources, "samples": ids,
+            "seq_len_max": max(lengths), "seq_len_mean": sum(lengths) / len(lengths),
+            "param_checksum": _fingerprint(model), "events": list(events),
+        }  # fmt: skip
+        if where:
+            rec["nonfinite"], rec["nonfinite_at"] = True, where
+        return rec
+
+    def _allreduce(self) -> list[torch.Tensor]:
+        params = [list(m.parameters()) for m in self.models]
+        return [sum(ps[i].grad for ps in params) for i in range(len(params[0]))]  # type: ignore[misc]
+
+    def _overflow_hook(self, model: torch.nn.Module) -> Any:
+        module = model.get_submodule(self.fault.params["module"])
+        return module.register_forward_hook(lambda _m, _i, o: o * 1e38 * 1e38)  # fp16-style overflow -> inf
+
+    def _first_nonfinite_module(self, step: int) -> str | None:
+        """Re-run rank 0's forward with hooks: the first module whose output is not finite."""
+        model, found = self.models[0], []
+        # The injected overflow is registered first so the checking hooks see its output.
+        extra = self._overflow_hook(model) if self.fault.name == "fp16_overflow" else None
+        hooks = [
+            m.register_forward_hook(lambda mod, _i, o, n=n: found.append(n) if not torch.isfinite(o).all() else None)
+            for n, m in model.named_modules()
+            if n
+        ]
+        with torch.no_grad():
+            lm_loss(model, self.batch(step, 0)[0])
+        for h in hooks + ([extra] if extra else []):
+            h.remove()
+        return found[0] if found else "loss"
+
+    @staticmethod
+    def _norm(model: torch.nn.Module) -> float:
+        return float(torch.norm(torch.stack([q.detach().norm() for q in model.parameters()])))
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        f, p = self.fault, self.fault.params
+        if f.name != "resume_without_optimizer":
+            for step in range(1, STEPS + 1):
+                self.step(step, ["checkpoint_saved"] if step % 50 == 0 else [])
+            return self.records
+        ckpt = None
+        for step in range(1, p["crash"] + 1):
+            self.step(step, ["checkpoint_saved"] if step % 50 == 0 else [])
+            if step == p["ckpt"]:
+                ckpt = [copy.deepcopy(m.state_dict()) for m in self.models]
+        assert ckpt is not None
+        for m, sd in zip(self.models, ckpt, strict=True):  # model restored, optimizer state lost
+            m.load_state_dict(sd)
+        self.opts = [self._optimizer(m) for m in self.models]
+        for step in range(p["ckpt"] + 1, STEPS + 1):
+            self.step(step, ["resumed"] if step == p["ckpt"] + 1 else [])
+        return self.records
+
+
+def _fingerprint(model: torch.nn.Module) -> str:
+    flat = torch.cat([q.detach().flatten() for q in model.parameters()])
+    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
+
+
+def main(names: list[str]) -> None:
+    torch.set_num_threads(1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    dataset = build_dataset(SEQ, 300_000, 0)
+    labels_path = OUT / "labels.json"
+    labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
+    for fault in FAULTS:
+        if names and fault.name not in names:
+            continue
+        records = Run(fault, dataset).run()
+        with gzip.open(OUT / f"{fault.name}.jsonl.gz", "wt", compresslevel=9) as fh:
+            for rec in records:
+                fh.write(json.dumps(_round(rec)) + "\n")
+        labels[fault.name] = fault.label()
+        print(f"{fault.name}: {len(records)} records", flush=True)
+    labels_path.write_text(json.dumps(dict(sorted(labels.items())), indent=1) + "\n")
+
+
+def _round(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in rec.items():
+        out[k] = float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v
+    for s in out.get("sources", {}).values():
+        s["loss_sum"] = float(f"{s['loss_sum']:.6g}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,134 @@
+"""Train the tiny LM under the supervisor SDK: the job entrypoint ``examples.tinylm.train:main``.
+
+A plain loop — AdamW, linear warmup then cosine decay, gradient clipping — with the SDK's
+lines marked ``# sdk``. Run offline (no supervisor) with::
+
+    python -m examples.tinylm.train --steps 200 --trace /tmp/tinylm.jsonl
+
+and analyze the trace later (``supervisor analyze /tmp/tinylm.jsonl``).
+
+``config`` keys (all optional): ``model`` (``TinyLMConfig`` fields), ``batch_size``, ``lr``,
+``min_lr_ratio``, ``warmup_steps``, ``weight_decay``, ``betas``, ``grad_clip``, ``seed``,
+``max_steps``, ``data`` (``max_bytes_per_source``, ``extra_texts``), ``probe``
+(``ProbeSettings`` fields), ``trace`` (offline trace path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from examples.tinylm.data import build_dataset, collate
+from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
+from supervisor import sdk
+from supervisor.drills.glue import attach, plan_dataset, plan_for_worker  # drills
+
+DEFAULTS: dict[str, Any] = {
+    "batch_size": 8,
+    "lr": 3e-3,
+    "min_lr_ratio": 0.1,
+    "warmup_steps": 20,
+    "weight_decay": 0.1,
+    "betas": (0.9, 0.95),
+    "grad_clip": 1.0,
+    "seed": 0,
+    "max_steps": 200,
+}
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Any:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any, Any, Any]:
+    """Model (DDP-wrapped when distributed), AdamW, warmup+cosine scheduler, dataset."""
+    cfg = {**DEFAULTS, **config}
+    torch.manual_seed(cfg["seed"])
+    mcfg = TinyLMConfig.from_dict(cfg.get("model"))
+    model: torch.nn.Module = TinyLM(mcfg)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg["weight_decay"]},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg["betas"]))
+    factor = warmup_cosine(cfg["warmup_steps"], max_steps, cfg["min_lr_ratio"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    data = cfg.get("data") or {}
+    dataset = build_dataset(
+        mcfg.seq_len, data.get("max_bytes_per_source", 1_000_000), cfg["seed"], data.get("extra_texts")
+    )
+    return model, optimizer, scheduler, dataset
+
+
+def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any]:
+    """Train; returns a summary (steps done, last loss). ``ctx`` comes from the supervisor runtime."""
+    config = config or {}
+    cfg = {**DEFAULTS, **config}
+    max_steps = int(getattr(ctx, "max_steps", None) or cfg["max_steps"])
+    model, optimizer, scheduler, dataset = build(config, max_steps)
+    faults = plan_for_worker(ctx)  # drills: fault injection, a no-op unless job.yaml lists `faults:`
+    dataset = plan_dataset(faults, dataset)  # drills: mixture_shift
+    loader = sdk.SupervisedLoader(
+        dataset,
+        cfg["batch_size"],
+        seed=cfg["seed"],
+        collate_fn=collate,
+        rank=getattr(ctx, "rank", None),
+        world_size=getattr(ctx, "world_size", None),
+    )  # sdk
+    probe = sdk.init(
+        model,
+        optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        loss_fn=lm_loss,
+        ctx=ctx,
+        trace=cfg.get("trace"),
+        grad_clip=cfg["grad_clip"],
+        max_steps=max_steps,
+        **cfg.get("probe", {}),
+    )  # sdk
+    attach(faults, probe)  # drills
+    for batch in loader:
+        batch = faults.begin_step(probe.step_count + 1, batch)  # drills
+        with probe.step(batch) as s:  # sdk
+            s.backward(lm_loss(model, batch))  # sdk: replaces loss.backward()
+            with faults.optimizer_step(probe.step_count + 1, model, optimizer):  # drills
+                s.optimizer_step()  # sdk: replaces clip + optimizer.step() + scheduler.step() + zero_grad()
+    probe.close()  # sdk
+    return {"steps": probe.step_count}
+
+
+def _cli() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--trace", default="tinylm_trace.jsonl")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    args = ap.parse_args()
+    out = main(
+        {
+            "max_steps": args.steps,
+            "trace": args.trace,
+            "model": {"d_model": args.d_model, "n_layers": args.layers},
+        }
+    )
+    print(out)
+
+
+if __name__ == "__main__":
+    _cli()

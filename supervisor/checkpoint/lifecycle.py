@@ -1,0 +1,122 @@
+"""Which checkpoint to roll back to, and which ones may go.
+
+Rollback target: the newest ``healthy`` checkpoint with step <= onset - margin, re-verified
+right before use. A failed re-verification quarantines it (with the reason) and the search
+falls back to the next older one. ``diagnostic`` and ``quarantined`` ones are never targets.
+
+Retention keeps: the newest K healthy; every step an open incident references (its
+rollback target, its snapshots); the `latest` target and the block-time `latest`; and
+everything newer than the newest healthy one (not judged yet). Everything else is deleted,
+manifest first. Files no manifest lists (a killed writer's, a replaced save's) go once they
+are older than ``stale_uncommitted_s``: age, not step, because after a rollback a save in
+flight may well be at an older step than the newest committed one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from supervisor.checkpoint.manifest import Manifest
+from supervisor.checkpoint.store import MANIFEST, CheckpointStore
+from supervisor.checkpoint.verify import verify
+from supervisor.core.model import HealthMark
+from supervisor.errors import CheckpointError
+from supervisor.storage.base import join_key
+
+
+@dataclass(slots=True)
+class RollbackTarget:
+    step: int
+    manifest: Manifest
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    """Newer candidates that failed re-verification, with why (each is now quarantined)."""
+
+
+def select_rollback_target(
+    store: CheckpointStore,
+    onset_step: int,
+    margin: int,
+    *,
+    expected_world_size: int | None = None,
+    deep: bool = True,
+) -> RollbackTarget:
+    """The newest healthy checkpoint at or before ``onset_step - margin`` that passes re-verification."""
+    limit = onset_step - margin
+    log = store.log.bind(onset=onset_step, margin=margin)
+    candidates = [m for m in store.manifests() if m.health == HealthMark.HEALTHY and m.step <= limit]
+    rejected: list[tuple[int, str]] = []
+    for manifest in sorted(candidates, key=lambda m: m.step, reverse=True):
+        result = verify(
+            store, manifest.step, deep=deep, expected_world_size=expected_world_size, by="rollback"
+        )
+        if result.ok and result.manifest is not None:
+            log.info("rollback target selected", step=manifest.step, skipped=[s for s, _ in rejected])
+            return RollbackTarget(manifest.step, result.manifest, rejected)
+        reason = result.problems[0] if result.problems else "verification failed"
+        log.warning("rollback candidate rejected", step=manifest.step, reason=reason)
+        rejected.append((manifest.step, reason))
+    detail = f"; rejected: {', '.join(f'{s} ({r})' for s, r in rejected)}" if rejected else ""
+    raise CheckpointError(
+        f"no healthy checkpoint at or before step {limit} (onset {onset_step} - margin {margin}){detail}",
+        source=store.uri,
+    )
+
+
+@dataclass(slots=True)
+class GcReport:
+    deleted: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+    orphans_deleted: int = 0
+
+
+def collect_garbage(
+    store: CheckpointStore, keep: int, protected: Iterable[int] = (), *, dry_run: bool = False
+) -> GcReport:
+    """Apply retention (module doc). ``protected``: steps referenced by open incidents."""
+    dirs = store.step_dirs()
+    manifests = {m.step: m for m in store.manifests()}
+    keep_steps = _kept(store, manifests, keep, set(protected))
+    report = GcReport(kept=sorted(s for s in manifests if s in keep_steps))
+    for step in sorted(manifests):
+        if step not in keep_steps:
+            report.deleted.append(step)
+            if not dry_run:
+                store.delete_step(step, dirs.get(step, []))
+    orphans = _orphans(store, dirs, manifests)
+    report.orphans_deleted = len(orphans)
+    if orphans and not dry_run:
+        store.backend.delete(orphans)
+    store.log.info(
+        "retention applied", deleted=report.deleted, kept=report.kept, orphans=len(orphans), keep=keep
+    )
+    return report
+
+
+def _kept(store: CheckpointStore, manifests: dict[int, Manifest], keep: int, protected: set[int]) -> set[int]:
+    healthy = sorted((s for s, m in manifests.items() if m.health == HealthMark.HEALTHY), reverse=True)
+    kept = set(healthy[:keep]) | protected
+    newest_healthy = healthy[0] if healthy else -1
+    unjudged = (HealthMark.UNVERIFIED, HealthMark.VERIFIED)
+    kept |= {s for s, m in manifests.items() if s > newest_healthy and m.health in unjudged}
+    latest = store.latest()
+    block = store.block_state()
+    kept |= {s for s in (latest, block.latest_at_block if block else None) if s is not None}
+    return kept
+
+
+def _orphans(store: CheckpointStore, dirs: dict[int, list[str]], manifests: dict[int, Manifest]) -> list[str]:
+    stale_before = time.time() - store.settings.stale_uncommitted_s
+    mtimes = {o.key: o.mtime for o in store.backend.list(store.root)}
+    out = []
+    for step, names in dirs.items():
+        listed = {f.name for f in manifests[step].files} | {MANIFEST} if step in manifests else set()
+        for name in names:
+            key = store.key(step, name)
+            if name not in listed and mtimes.get(key, 0.0) <= stale_before:
+                out.append(key)
+    return out
+
+
+__all__ = ["GcReport", "RollbackTarget", "collect_garbage", "join_key", "select_rollback_target"]

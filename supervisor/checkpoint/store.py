@@ -1,0 +1,313 @@
+"""CheckpointStore: commit protocol, manifests, health marks, and the blockable `latest` pointer.
+
+Layout under the storage root (shared/DESIGN.md)::
+
+    <job>/checkpoints/step_00001200/<files>       written first, each atomically
+    <job>/checkpoints/step_00001200/MANIFEST.json written last: the commit marker
+    <job>/checkpoints/latest                      {"step": 1200}; atomic replace
+    <job>/checkpoints/LATEST_BLOCK.json           who holds `latest` and why; survives restarts
+
+File names carry a per-save id, so re-saving a step never touches the files of the
+checkpoint already committed there: until the new manifest lands, the old one is whole.
+One writer (rank 0) commits; manifest updates are read-modify-write by one supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from supervisor.checkpoint.hashing import HashingWriter, default_algorithm
+from supervisor.checkpoint.manifest import COMPONENTS, FileEntry, Manifest
+from supervisor.core.model import HealthMark
+from supervisor.errors import CheckpointError, StorageError
+from supervisor.logging import get_logger
+from supervisor.storage.base import Backend, ObjectNotFound, join_key
+
+MANIFEST = "MANIFEST.json"
+LATEST = "latest"
+BLOCK = "LATEST_BLOCK.json"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_NO_LATEST = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
+_NO_REPLACE = (HealthMark.HEALTHY, HealthMark.DIAGNOSTIC)
+
+
+class StoreSettings(BaseModel):
+    """How a CheckpointStore checksums, verifies and collects garbage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checksum: str = Field(default_factory=default_algorithm, description="Algorithm for new files.")
+    required_components: tuple[str, ...] = Field(
+        ("model", "optimizer"), description="A checkpoint missing any of these fails verification."
+    )
+    stale_uncommitted_s: float = Field(
+        3600.0, ge=0, description="Uncommitted files older than this are garbage even at the newest step."
+    )
+    chunk_bytes: int = Field(8 << 20, ge=4096, description="Read size when hashing for verification.")
+
+
+class BlockHolder(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str
+    incident: str | None = None
+    since: float = Field(default_factory=time.time)
+
+
+class BlockState(BaseModel):
+    """Who holds `latest` still. Empty holders: not blocked (the file is then removed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    holders: list[BlockHolder] = Field(default_factory=list)
+    latest_at_block: int | None = None
+
+
+def step_dir(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+class CheckpointStore:
+    def __init__(self, backend: Backend, job: str, settings: StoreSettings | None = None) -> None:
+        self.backend = backend
+        self.job = job
+        self.settings = settings or StoreSettings()  # type: ignore[call-arg]
+        self.root = join_key(job, "checkpoints")
+        self.log = get_logger("checkpoint", job=job)
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-hash")
+
+    @property
+    def uri(self) -> str:
+        return f"{self.backend.uri.rstrip('/')}/{self.root}"
+
+    def key(self, step: int, name: str) -> str:
+        return join_key(self.root, step_dir(step), name)
+
+    def where(self, step: int) -> str:
+        return f"{self.uri}/{step_dir(step)}"
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def write_file(
+        self,
+        step: int,
+        stem: str,
+        write: Callable[[BinaryIO], None],
+        *,
+        rank: int | None = None,
+        components: Iterable[str] = (),
+        suffix: str = ".pt",
+    ) -> FileEntry:
+        """Write ``<stem>-<save id><suffix>`` of checkpoint ``step`` through ``write(fileobj)``.
+
+        Returns the file's entry for the manifest (size and checksum hashed on the way out).
+        """
+        components = list(components)
+        unknown = [c for c in components if c not in COMPONENTS]
+        if unknown:
+            raise CheckpointError(f"unknown components {unknown}; known: {', '.join(COMPONENTS)}")
+        name = f"{stem}-{uuid.uuid4().hex[:8]}{suffix}"
+        with self.backend.open_write(self.key(step, name)) as raw:
+            hw = HashingWriter(raw, self.settings.checksum, self._pool)
+            write(hw)  # type: ignore[arg-type]
+        return FileEntry(
+            name=name, size=hw.size, checksum=hw.checksum, rank=rank, components=sorted(set(components))
+        )
+
+    def commit(
+        self,
+        step: int,
+        *,
+        world_size: int,
+        files: list[FileEntry],
+        metrics: dict[str, float | None] | None = None,
+        extra: dict | None = None,
+        mark: HealthMark = HealthMark.UNVERIFIED,
+        layout: str = "replicated",
+    ) -> Manifest:
+        """Write MANIFEST.json (the commit), then advance `latest` unless blocked."""
+        log = self.log.bind(step=step)
+        previous = self.find(step)
+        if previous is not None and previous.health in _NO_REPLACE:
+            raise CheckpointError(
+                f"step {step} already holds a {previous.health.value} checkpoint; it is never replaced",
+                source=self.where(step),
+            )
+        present = {o.key: o.size for o in self.backend.list(join_key(self.root, step_dir(step)))}
+        for entry in files:
+            if present.get(self.key(step, entry.name)) != entry.size:
+                raise CheckpointError(
+                    f"{entry.name}: missing or wrong size, not committing", source=self.where(step)
+                )
+        manifest = Manifest(
+            job=self.job,
+            step=step,
+            world_size=world_size,
+            files=sorted(files, key=lambda f: (f.rank if f.rank is not None else -1, f.name)),
+            components=sorted({c for f in files for c in f.components}),
+            metrics=dict(metrics or {}),
+            extra=dict(extra or {}),
+            layout=layout,  # type: ignore[arg-type]
+        )
+        if mark != HealthMark.UNVERIFIED:
+            manifest = manifest.with_health(mark, "marked at save")
+        self.backend.put_bytes(self.key(step, MANIFEST), manifest.to_bytes())
+        log.info(
+            "checkpoint committed", files=len(files), bytes=sum(f.size for f in files), health=mark.value
+        )
+        self._maybe_advance_latest(manifest)
+        return manifest
+
+    def _maybe_advance_latest(self, manifest: Manifest) -> None:
+        log = self.log.bind(step=manifest.step)
+        block = self.block_state()
+        if block is not None:
+            log.info("latest not advanced: blocked", holders=[h.incident for h in block.holders])
+            return
+        if manifest.health in _NO_LATEST:
+            log.info("latest not advanced", reason=f"checkpoint is {manifest.health.value}")
+            return
+        current = self.latest()
+        if current is not None and current > manifest.step:
+            return
+        self.backend.put_bytes(join_key(self.root, LATEST), json.dumps({"step": manifest.step}).encode())
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def step_dirs(self) -> dict[int, list[str]]:
+        """Every step directory (committed or not) -> its object keys."""
+        out: dict[int, list[str]] = {}
+        for obj in self.backend.list(self.root):
+            parts = obj.key[len(self.root) + 1 :].split("/")
+            m = _STEP_DIR.match(parts[0])
+            if m and len(parts) == 2:
+                out.setdefault(int(m.group(1)), []).append(parts[1])
+        return out
+
+    def steps(self) -> list[int]:
+        """Committed steps, ascending."""
+        return sorted(step for step, names in self.step_dirs().items() if MANIFEST in names)
+
+    def find(self, step: int) -> Manifest | None:
+        try:
+            data = self.backend.get_bytes(self.key(step, MANIFEST))
+        except ObjectNotFound:
+            return None
+        return Manifest.from_bytes(data, source=f"{self.where(step)}/{MANIFEST}")
+
+    def manifest(self, step: int) -> Manifest:
+        found = self.find(step)
+        if found is None:
+            have = self.steps()
+            hint = f"committed: {', '.join(map(str, have[-5:]))}" if have else "no committed checkpoints"
+            raise CheckpointError(f"no checkpoint at step {step} ({hint})", source=self.uri)
+        return found
+
+    def manifests(self) -> list[Manifest]:
+        """Every readable committed manifest, ascending; a corrupt one is logged and skipped."""
+        out = []
+        for step in self.steps():
+            try:
+                m = self.find(step)
+            except CheckpointError as exc:
+                self.log.warning("skipping unreadable manifest", step=step, error=exc.one_line())
+                continue
+            if m is not None:
+                out.append(m)
+        return out
+
+    @contextmanager
+    def local_file(self, step: int, name: str) -> Iterator[Path]:
+        """A local path with the file's bytes (for torch.load with mmap)."""
+        try:
+            with self.backend.local_path(self.key(step, name)) as path:
+                yield path
+        except ObjectNotFound:
+            raise CheckpointError(f"{name}: file missing", source=self.where(step)) from None
+
+    # -- health -----------------------------------------------------------------------------------
+
+    def save_manifest(self, manifest: Manifest) -> None:
+        """Atomically rewrite a committed manifest (health, verification results)."""
+        self.backend.put_bytes(self.key(manifest.step, MANIFEST), manifest.to_bytes())
+
+    def mark(self, step: int, to: HealthMark, reason: str) -> Manifest:
+        """Move a checkpoint's health mark; the transition and its reason go into the history."""
+        if not reason.strip():
+            raise CheckpointError("a health change needs a reason", source=self.where(step))
+        current = self.manifest(step)
+        updated = current.with_health(to, reason)
+        if updated is not current:
+            self.save_manifest(updated)
+            self.log.info("health changed", step=step, frm=current.health.value, to=to.value, reason=reason)
+        return updated
+
+    # -- latest and its block ---------------------------------------------------------------------
+
+    def latest(self) -> int | None:
+        try:
+            data = self.backend.get_bytes(join_key(self.root, LATEST))
+        except ObjectNotFound:
+            return None
+        try:
+            return int(json.loads(data)["step"])
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError("unreadable latest pointer", source=f"{self.uri}/{LATEST}") from None
+
+    def block_state(self) -> BlockState | None:
+        try:
+            data = self.backend.get_bytes(join_key(self.root, BLOCK))
+        except ObjectNotFound:
+            return None
+        try:
+            state = BlockState.model_validate_json(data)
+        except ValueError:
+            # Fail closed: an unreadable block still blocks (a restart must not silently unblock).
+            self.log.warning("unreadable block file; treating latest as blocked")
+            return BlockState(holders=[BlockHolder(reason="unreadable block file")])
+        return state if state.holders else None
+
+    def block(self, reason: str, incident: str | int | None = None) -> BlockState:
+        """Stop `latest` from advancing; idempotent per incident; persisted in storage."""
+        state = self.block_state() or BlockState(latest_at_block=self.latest())
+        key = None if incident is None else str(incident)
+        if not any(h.incident == key for h in state.holders):
+            state.holders.append(BlockHolder(reason=reason, incident=key))
+            self.backend.put_bytes(join_key(self.root, BLOCK), state.model_dump_json(indent=1).encode())
+            self.log.info("latest blocked", incident=key, reason=reason, latest=state.latest_at_block)
+        return state
+
+    def unblock(self, incident: str | int | None = None) -> BlockState | None:
+        """Release ``incident``'s hold (all holds when None); returns what still holds `latest`."""
+        state = self.block_state()
+        if state is None:
+            return None
+        key = None if incident is None else str(incident)
+        state.holders = [h for h in state.holders if incident is not None and h.incident != key]
+        if state.holders:
+            self.backend.put_bytes(join_key(self.root, BLOCK), state.model_dump_json(indent=1).encode())
+            return state
+        self.backend.delete([join_key(self.root, BLOCK)])
+        self.log.info("latest unblocked", incident=key)
+        return None
+
+    def delete_step(self, step: int, names: Iterable[str]) -> None:
+        """Delete one step: the manifest first, so readers never see a half-deleted checkpoint."""
+        names = list(names)
+        try:
+            if MANIFEST in names:
+                self.backend.delete([self.key(step, MANIFEST)])
+            self.backend.delete([self.key(step, n) for n in names if n != MANIFEST])
+        except StorageError as exc:
+            # One failed deletion must not stop the collection of the others: it is retried next time.
+            self.log.warning("checkpoint deletion failed", step=step, error=exc.one_line())

@@ -1,0 +1,160 @@
+"""Verification: is every file there, whole, and the checkpoint complete and usable for this job?
+
+Checks, in order: ``files`` (present, right size), ``checksums`` (streamed, never a whole
+file in memory), ``components`` (what the manifest says plus what the store requires, for
+every rank), ``world_size`` (compatible with the job), and with ``deep`` ``loadable`` (each
+file opens with torch). The result goes into the manifest: a pass moves ``unverified`` to
+``verified``; a failure moves the checkpoint to ``quarantined`` with the first problem as
+the reason, so it is never selected as a rollback target.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.checkpoint.hashing import hash_reader, split_checksum
+from supervisor.checkpoint.manifest import Manifest, Verification
+from supervisor.checkpoint.store import MANIFEST, CheckpointStore
+from supervisor.core.model import HealthMark
+from supervisor.errors import SupervisorError
+from supervisor.storage.base import ObjectNotFound, join_key
+
+PER_RANK = ("optimizer", "rng")
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    step: int
+    ok: bool
+    checks: list[str]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+    def to_json(self) -> dict:
+        health = self.manifest.health.value if self.manifest else None
+        return {
+            "step": self.step,
+            "ok": self.ok,
+            "checks": self.checks,
+            "problems": self.problems,
+            "notes": self.notes,
+            "health": health,
+        }
+
+
+def verify(
+    store: CheckpointStore,
+    step: int,
+    *,
+    deep: bool = False,
+    expected_world_size: int | None = None,
+    by: str = "store",
+    record: bool = True,
+) -> VerifyResult:
+    """Verify checkpoint ``step`` (see module doc); records the result unless ``record`` is False."""
+    manifest = store.manifest(step)
+    checks = ["files", "checksums", "components", "world_size"] + (["loadable"] if deep else [])
+    problems = _files_and_checksums(store, manifest)
+    problems += _components(store, manifest)
+    ws_problems, notes = _world_size(manifest, expected_world_size)
+    problems += ws_problems
+    if deep and not problems:
+        problems += _loadable(store, manifest)
+    result = VerifyResult(step, not problems, checks, problems, notes, manifest)
+    store.log.info("verified", step=step, ok=result.ok, problems=problems[:3], by=by)
+    if record:
+        result.manifest = _record(store, step, result, by)
+    return result
+
+
+def _files_and_checksums(store: CheckpointStore, manifest: Manifest) -> list[str]:
+    step = manifest.step
+    present = {o.key: o.size for o in store.backend.list(join_key(store.root, f"step_{step:08d}"))}
+    problems = []
+    for entry in manifest.files:
+        size = present.get(store.key(step, entry.name))
+        if size is None:
+            problems.append(f"{entry.name}: file missing")
+            continue
+        if size != entry.size:
+            problems.append(f"{entry.name}: size {size} != {entry.size} in the manifest (truncated?)")
+            continue
+        try:
+            algo, _ = split_checksum(entry.checksum)
+            with store.backend.open_read(store.key(step, entry.name)) as reader:
+                read, checksum = hash_reader(reader, algo, store._pool, store.settings.chunk_bytes)
+        except ObjectNotFound:
+            problems.append(f"{entry.name}: file missing")
+            continue
+        except SupervisorError as exc:
+            problems.append(f"{entry.name}: {exc.message}")
+            continue
+        if read != entry.size:
+            problems.append(f"{entry.name}: read {read} bytes, manifest says {entry.size}")
+        elif checksum != entry.checksum:
+            problems.append(f"{entry.name}: checksum mismatch ({checksum} != {entry.checksum})")
+    return problems
+
+
+def _components(store: CheckpointStore, manifest: Manifest) -> list[str]:
+    problems = []
+    covered = {c for f in manifest.files for c in f.components}
+    for comp in sorted(set(manifest.components) | set(store.settings.required_components)):
+        if comp not in covered:
+            problems.append(f"component {comp!r} missing")
+    ranked = [f for f in manifest.files if f.rank is not None]
+    for comp in PER_RANK if ranked else ():
+        have = {f.rank for f in ranked if comp in f.components}
+        if comp in covered and have != set(range(manifest.world_size)):
+            missing = sorted(set(range(manifest.world_size)) - have)
+            problems.append(f"component {comp!r} missing for ranks {missing}")
+    return problems
+
+
+def _world_size(manifest: Manifest, expected: int | None) -> tuple[list[str], list[str]]:
+    if expected is None or expected == manifest.world_size:
+        return [], []
+    msg = f"saved with world size {manifest.world_size}, job has {expected}"
+    if manifest.layout == "sharded":
+        return [f"{msg}: sharded state cannot be resharded"], []
+    return [], [f"{msg}: replicated state, per-rank state is remapped on load"]
+
+
+def _loadable(store: CheckpointStore, manifest: Manifest) -> list[str]:
+    from supervisor.checkpoint.training_state import check_loadable  # torch only for deep checks
+
+    return _each_file(store, manifest, check_loadable)
+
+
+def _each_file(store: CheckpointStore, manifest: Manifest, check: Callable[[Path], str | None]) -> list[str]:
+    problems = []
+    for entry in manifest.files:
+        with store.local_file(manifest.step, entry.name) as path:
+            problem = check(path)
+        if problem:
+            problems.append(f"{entry.name}: not loadable: {problem}")
+    return problems
+
+
+def _record(store: CheckpointStore, step: int, result: VerifyResult, by: str) -> Manifest:
+    # Re-read: a mark may have landed while the (slow) hashing ran; never write back a stale copy.
+    current = store.manifest(step)
+    entry = Verification(
+        time=time.time(), ok=result.ok, checks=result.checks, problems=result.problems, by=by
+    )
+    updated = current.model_copy(update={"verifications": [*current.verifications[-19:], entry]})
+    if result.ok and updated.health == HealthMark.UNVERIFIED:
+        updated = updated.with_health(
+            HealthMark.VERIFIED, f"verification passed ({', '.join(result.checks)})"
+        )
+    elif not result.ok and updated.health != HealthMark.QUARANTINED:
+        updated = updated.with_health(HealthMark.QUARANTINED, f"verification failed: {result.problems[0]}")
+    store.save_manifest(updated)
+    return updated
+
+
+__all__ = ["MANIFEST", "VerifyResult", "verify"]

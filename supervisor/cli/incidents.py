@@ -1,0 +1,155 @@
+"""`supervisor incidents list|show|report`: review what the supervisor recorded.
+
+The database is found in this order: ``--db PATH``; ``--job job.yaml`` (its ``incidents.db``,
+else ``<storage>/incidents.sqlite``, see ``supervisor.incidents.paths``); ``$SUPERVISOR_INCIDENT_DB``.
+Read commands never create a database.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from supervisor.cli.output import console, json_option, print_json
+from supervisor.errors import IncidentStoreError
+from supervisor.incidents.states import IncidentState
+from supervisor.incidents.store import IncidentStore
+
+if TYPE_CHECKING:
+    from supervisor.incidents.postmortem import Postmortem
+
+ENV_DB = "SUPERVISOR_INCIDENT_DB"
+
+_db_option = click.option(
+    "--db", type=click.Path(dir_okay=False, path_type=Path), help="The incident database file."
+)
+_job_option = click.option(
+    "--job",
+    "job_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A job.yaml; its storage locates the database.",
+)
+
+
+def _open(db: Path | None, job_file: Path | None) -> tuple[IncidentStore, str | None]:
+    """The store to read and, when a job.yaml was given, its job name."""
+    job_name = None
+    if db is None and job_file is not None:
+        from supervisor.config.job import load_job
+        from supervisor.incidents.paths import db_path_for_job
+
+        job = load_job(job_file)
+        db, job_name = db_path_for_job(job), job.name
+    if db is None and os.environ.get(ENV_DB):
+        db = Path(os.environ[ENV_DB])
+    if db is None:
+        raise IncidentStoreError(
+            f"no incident database given: pass --db PATH or --job job.yaml (or set ${ENV_DB})"
+        )
+    if not db.is_file():
+        raise IncidentStoreError("no incident database here (nothing recorded yet?)", source=str(db))
+    return IncidentStore(db), job_name
+
+
+@click.group()
+def incidents() -> None:
+    """Review incidents: list them, show a timeline, render a postmortem report."""
+
+
+@incidents.command("list")
+@_db_option
+@_job_option
+@click.option("--job-name", help="Only this job's incidents (default with --job: that job).")
+@click.option(
+    "--state", type=click.Choice([s.value for s in IncidentState]), help="Only incidents in this state."
+)
+@click.option("--limit", type=int, default=None, help="At most this many, newest first.")
+@json_option
+def list_cmd(
+    db: Path | None,
+    job_file: Path | None,
+    job_name: str | None,
+    state: str | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """Incidents, newest first."""
+    store, default_job = _open(db, job_file)
+    with store:
+        found = store.list_incidents(job=job_name or default_job, state=state, limit=limit)
+    if as_json:
+        print_json([inc.to_json() for inc in found])
+        return
+    from supervisor.incidents.render.terminal import incidents_table
+
+    console().print(incidents_table(found) if found else "no incidents")
+
+
+@incidents.command()
+@click.argument("incident_id", type=int)
+@_db_option
+@_job_option
+@json_option
+def show(incident_id: int, db: Path | None, job_file: Path | None, as_json: bool) -> None:
+    """One incident: summary and its timeline (pending events are actions that never finished)."""
+    from supervisor.incidents.postmortem import build_postmortem
+
+    store, _ = _open(db, job_file)
+    with store:
+        pm = build_postmortem(store, incident_id)
+    if as_json:
+        print_json({"incident": pm.incident.to_json(), "summary": pm.summary,
+                    "timeline": [{**e.to_json(), "summary": text} for e, text in pm.timeline]})  # fmt: skip
+        return
+    from supervisor.incidents.render.terminal import print_postmortem
+
+    print_postmortem(pm, console(), full=False)
+
+
+@incidents.command()
+@click.argument("incident_id", type=int)
+@_db_option
+@_job_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "md", "html", "json"]), default="text", show_default=True,
+    help="text: the terminal; md, html (self-contained, with plots), json: for files and programs.",
+)  # fmt: skip
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout."
+)
+def report(incident_id: int, db: Path | None, job_file: Path | None, fmt: str, output: Path | None) -> None:
+    """The postmortem of one incident: timeline, root cause, impact, detection gap, measures."""
+    from supervisor.incidents.postmortem import build_postmortem
+    from supervisor.incidents.render import render_postmortem
+
+    store, _ = _open(db, job_file)
+    with store:
+        pm = build_postmortem(store, incident_id)
+    if fmt == "text" and output is None:
+        from supervisor.incidents.render.terminal import print_postmortem
+
+        print_postmortem(pm, console())
+        return
+    text = _plain_text(pm) if fmt == "text" else render_postmortem(pm, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise IncidentStoreError(f"cannot write report: {exc.strerror}", source=str(output)) from None
+    click.echo(f"wrote {output}", err=True)
+
+
+def _plain_text(pm: Postmortem) -> str:
+    from rich.console import Console
+
+    from supervisor.incidents.render.terminal import print_postmortem
+
+    buf = io.StringIO()
+    print_postmortem(pm, Console(file=buf, width=140, no_color=True))
+    return buf.getvalue()

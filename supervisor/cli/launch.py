@@ -1,0 +1,112 @@
+"""`supervisor launch`, `supervisor status`, `supervisor stop`: the supervisor on Ray.
+
+Exit codes of `launch` (foreground): 0 the job finished healthy, 1 it was escalated, failed
+or stopped, 2 bad input (an unreadable job.yaml, no Ray to connect to).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from supervisor.cli.output import console, json_option, print_json
+from supervisor.config.job import JobSpec, load_job
+from supervisor.errors import ConfigError
+
+
+def _job(job_file: Path | None, attach_job: str | None) -> JobSpec:
+    from supervisor.runtime import api
+
+    if job_file is not None:
+        job = load_job(job_file)
+        if attach_job and attach_job != job.name:
+            raise ConfigError(
+                f"--attach {attach_job!r} but the file describes job {job.name!r}", source=str(job_file)
+            )
+        return job
+    if attach_job is None:
+        raise click.UsageError("give a job file, or --attach JOB")
+    found = api.job_of_running(attach_job)
+    if found is None:
+        raise ConfigError(
+            f"job {attach_job!r} has no workers or supervisor on this cluster; pass its job.yaml too"
+        )
+    return found
+
+
+@click.command()
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--detach", is_flag=True, help="Leave the supervisor running as a detached Ray actor and return."
+)
+@click.option(
+    "--attach", "attach_job", metavar="JOB", help="Resume supervising JOB (after its supervisor died)."
+)
+@click.option("--address", help="Ray address for --attach (default: the job's, else `auto`).")
+def launch(job_file: Path | None, detach: bool, attach_job: str | None, address: str | None) -> None:
+    """Launch JOB_FILE on Ray under the supervisor (or --attach to a running job)."""
+    from supervisor.runtime import api, cluster, display
+
+    job = load_job(job_file) if job_file is not None else None
+    if attach_job:
+        cluster.connect_existing(address or (job.ray.address if job else None))
+    else:
+        assert job is not None, "click guarantees a file without --attach"
+        cluster.connect(job, persistent=detach)
+    job = _job(job_file, attach_job)
+    handle = api.attach(job, detached=detach) if attach_job else api.launch(job, detached=detach)
+    if detach:
+        console().print(
+            f"supervisor:{job.name} running (detached). `supervisor status {job.name}` to follow it."
+        )
+        return
+    try:
+        final = display.follow(lambda: api.status(handle, timeout_s=60))
+    except KeyboardInterrupt:
+        api.stop(handle, "interrupted (Ctrl-C)")
+        final = display.follow(lambda: api.status(handle, timeout_s=60))
+    sys.exit(int(final.get("exit_code") or 0))
+
+
+@click.command()
+@click.argument("job_name", required=False)
+@click.option("--address", help="Ray address (default: `auto`).")
+@json_option
+def status(job_name: str | None, address: str | None, as_json: bool) -> None:
+    """Show a supervised job (or every job on the cluster)."""
+    from supervisor.runtime import api, cluster, display
+
+    cluster.connect_existing(address)
+    names = [job_name] if job_name else api.list_jobs()
+    results = [api.status(api.find(n)) for n in names]
+    if as_json:
+        print_json(results[0] if job_name else results)
+        return
+    out = console()
+    if not results:
+        out.print("no supervised jobs on this cluster")
+    for st in results:
+        out.print(f"step {st['step']}/{st['max_steps']}")
+        out.print(display.render_table(st))
+
+
+@click.command()
+@click.argument("job_name")
+@click.option("--address", help="Ray address (default: `auto`).")
+@click.option(
+    "--timeout", "timeout_s", default=120.0, show_default=True, help="Seconds to wait for the workers."
+)
+def stop(job_name: str, address: str | None, timeout_s: float) -> None:
+    """Stop JOB at its next step boundary, then remove its supervisor."""
+    import ray
+
+    from supervisor.runtime import api, cluster
+
+    cluster.connect_existing(address)
+    handle = api.find(job_name)
+    api.stop(handle, "`supervisor stop`")
+    final = api.wait(handle, timeout_s)
+    ray.kill(handle, no_restart=True)
+    console().print(f"{job_name}: {final['phase']} at step {final['step']} ({final.get('reason', '')})")

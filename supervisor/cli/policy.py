@@ -1,0 +1,134 @@
+"""`supervisor policy validate | explain | list`: check a policy and see what it would do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from supervisor.cli.output import json_option, print_json
+from supervisor.core.policy import load_policy, resolve_policy_path, shipped_policies
+from supervisor.core.policy.dryrun import ExplainedIncident, checkpoints_from_records, dry_run
+from supervisor.core.policy.plan import CheckpointRef
+
+
+@click.group()
+def policy() -> None:
+    """Rollback policies: validate them and dry-run them against a trace."""
+
+
+@policy.command()
+@click.argument("files", nargs=-1, required=True)
+@json_option
+def validate(files: tuple[str, ...], as_json: bool) -> None:
+    """Validate policy FILES (paths or shipped names). Exit 2 with one line on the first bad one."""
+    results = []
+    for f in files:
+        p = load_policy(f)
+        results.append(
+            {"file": str(resolve_policy_path(f)), "name": p.name, "rules": [r.name for r in p.rules]}
+        )
+    if as_json:
+        print_json(results)
+        return
+    for r in results:
+        click.echo(f"ok {r['file']}: policy {r['name']!r}, {len(r['rules'])} rules ({', '.join(r['rules'])})")
+
+
+@policy.command(name="list")
+def list_() -> None:
+    """List the shipped policies."""
+    for name in shipped_policies():
+        p = load_policy(name)
+        click.echo(f"{name:<18} {p.description}")
+
+
+@policy.command()
+@click.argument("file")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Telemetry trace to run detection on (JSONL, CSV or a supported training log).",
+)
+@click.option(
+    "--format", "fmt", default="auto", show_default=True, help="Trace format (see `supervisor analyze`)."
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Assume a checkpoint every N steps (default: the trace's checkpoint_saved events, else 100).",
+)
+@json_option
+def explain(file: str, trace_path: Path, fmt: str, checkpoint_every: int | None, as_json: bool) -> None:
+    """Run detection on TRACE and print, per incident, the matched rule and the planned actions."""
+    from supervisor.core.analysis import analyze_records
+    from supervisor.traces import read_trace
+
+    pol = load_policy(file)
+    trace = read_trace(trace_path, format=fmt)
+    result = analyze_records(trace.records)
+    checkpoints = checkpoints_from_records(trace.records, result.incidents, checkpoint_every)
+    source = f"every {checkpoint_every} steps (assumed)" if checkpoint_every else "checkpoint_saved events"
+    if not checkpoint_every and not checkpoints:
+        checkpoints = checkpoints_from_records(trace.records, result.incidents, 100)
+        source = "every 100 steps (assumed: the trace has no checkpoint_saved events)"
+    explained = dry_run(pol, result.incidents, checkpoints)
+    if as_json:
+        print_json(
+            {
+                "policy": pol.name,
+                "policy_file": str(resolve_policy_path(file)),
+                "trace": {"path": str(trace_path), "format": trace.format, "records": len(trace.records)},
+                "skipped_lines": trace.skipped_lines,
+                "checkpoints": {"source": source, "items": [c.to_json() for c in checkpoints]},
+                "incidents": [e.to_json() for e in explained],
+            }
+        )
+        return
+    _print_text(pol.name, trace_path, len(trace.records), checkpoints, source, explained)
+
+
+def _print_text(
+    policy_name: str,
+    trace_path: Path,
+    n_records: int,
+    checkpoints: tuple[CheckpointRef, ...],
+    source: str,
+    explained: list[ExplainedIncident],
+) -> None:
+    click.echo(f"policy {policy_name!r} on {trace_path} ({n_records} records)")
+    marks = ", ".join(f"{c.step} {c.mark.value}" for c in checkpoints[-6:]) or "none"
+    click.echo(f"checkpoints from {source}: {len(checkpoints)} (latest: {marks})")
+    if not explained:
+        click.echo("no incidents detected: nothing to plan")
+    for e in explained:
+        click.echo("")
+        _print_incident(e)
+
+
+def _print_incident(e: ExplainedIncident) -> None:
+    d, p = e.diagnosis, e.plan
+    end = "open" if d.end_step is None else str(d.end_step)
+    causes = ", ".join(f"{c.cause.value} {c.score:.2f}" for c in d.causes[:3]) or "none"
+    click.echo(
+        f"incident {e.index}: {d.phenotype.value} from step {d.onset_step} (peak {d.peak_step}, end {end}, "
+        f"detected {d.detected_step}) severity {d.severity.value}"
+    )
+    click.echo(f"  attributes: {', '.join(d.attributes) or 'none'}; causes: {causes}")
+    click.echo(f"  {p.matched_because} (attempt {p.attempt})")
+    if p.passed_over:  # the reasons are in --json ("passed_over")
+        click.echo(f"  passed over: {', '.join(rule for rule, _ in p.passed_over)}")
+    for i, a in enumerate(p.actions, 1):
+        click.echo(f"  {i}. {a.name:<12} {a.reason}  [on failure: {a.on_failure}]")
+    names = p.action_names
+    if "observe" in names and not p.escalates:
+        after = "resume" if "resume" in names[names.index("observe") :] else "continue"
+        fail = next(a.on_failure for a in p.actions if a.name == "observe")
+        click.echo(f"  then: {after} if the observation window passes, else {fail}")
+    if p.escalate_reason:
+        click.echo(f"  escalates: {p.escalate_reason}")
+    for note in p.notes:
+        click.echo(f"  note: {note}")

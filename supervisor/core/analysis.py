@@ -1,0 +1,311 @@
+"""The streaming analyzer: all ranks' records of a step in, incident updates out.
+
+Online the runtime calls ``observe_step`` after every step and acts on "ready" updates;
+offline ``analyze_records`` feeds a trace through the very same object. Per step:
+
+1. summarize the ranks' records (``detect.summarize``) and score them against history;
+2. with an incident open, add the step to it and re-diagnose; otherwise ask ``trigger.decide``
+   whether to open one (or whether a calm-gradient level change is a benign shift);
+3. learn the step into the rolling windows only while no incident is open, so a divergence
+   never becomes the new normal.
+
+An incident's life: "opened" (preliminary diagnosis, at the detection step) -> "ready"
+(``confirm_steps`` later; at once for facts such as non-finite values or fingerprint
+mismatches) -> "refined" whenever phenotype, top cause or severity change -> "closed" (back in
+band for ``close_steps`` steps, a gap in the log, a rollback, or ``max_incident_steps``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from supervisor.core.detect import Detector, DetectorSettings, Signals, summarize
+from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident
+from supervisor.core.model import BenignShift, Diagnosis
+from supervisor.core.periodic import attach_periodic
+from supervisor.core.records import Record
+from supervisor.core.shift import ShiftWatch
+from supervisor.core.trigger import Trigger, decide, locate_first
+
+UpdateKind = Literal["opened", "ready", "refined", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentUpdate:
+    kind: UpdateKind
+    key: int
+    diagnosis: Diagnosis
+
+
+@dataclass(slots=True)
+class AnalysisResult:
+    incidents: list[Diagnosis]
+    benign_shifts: list[BenignShift] = field(default_factory=list)
+    skipped_lines: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable contract of ``supervisor analyze --json``."""
+        return {
+            "incidents": [d.to_json() for d in self.incidents],
+            "benign_shifts": [b.to_json() for b in self.benign_shifts],
+            "skipped_lines": self.skipped_lines,
+        }
+
+
+class StreamingAnalyzer:
+    def __init__(self, settings: DetectorSettings | None = None) -> None:
+        self.settings = settings or DetectorSettings()
+        self.detector = Detector(self.settings)
+        self.recent: deque[Signals] = deque(maxlen=self.settings.lookback + 8)
+        self.incidents: list[Incident] = []
+        self.open: Incident | None = None
+        self.benign: list[BenignShift] = []
+        self.watch = ShiftWatch(self.settings)
+        self.last_step: int | None = None
+        self.last_resume: int | None = None
+        self._emitted: dict[int, tuple[Any, ...]] = {}
+
+    # -- the loop ------------------------------------------------------------------------
+    def observe_step(self, step: int, records: list[Record]) -> list[IncidentUpdate]:
+        """Feed all ranks' records of one step; returns what changed."""
+        if not records:
+            return []
+        updates: list[IncidentUpdate] = []
+        if self.last_step is not None and step <= self.last_step:
+            updates += self.notify_rollback(step - 1)  # a replay nobody announced: same as a rollback
+        summary = summarize(step, records)
+        if "resumed" in summary.events:
+            self.last_resume = step
+        if self.detector.is_gap(step):
+            updates += self._on_gap(self.detector.score(summary))
+        sig = self.detector.score(summary)
+        self.detector.advance(summary)
+        self.recent.append(sig)
+        self.last_step = step
+        if self.open is not None:
+            updates += self._continue(self.open, sig)
+        else:
+            updates += self._maybe_open(sig)
+        if self.open is None:
+            self.detector.learn(summary)
+        return updates
+
+    def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
+        trig = decide(sig, self.recent, self.settings)
+        if trig is None:
+            shift = self.watch.observe(sig, self.recent)
+            if shift is not None:
+                self.benign.append(shift)
+            return []
+        self.watch.cancel()
+        inc = self._new_incident(sig, trig)
+        head, merged = attach_periodic(self.incidents, inc, self.settings)
+        updates: list[IncidentUpdate] = []
+        if merged is not None:
+            updates.append(self._update("closed", merged))
+        if head is not inc:
+            head.observe(sig, self._in_band(head, sig), self.settings)
+            self.open = head
+            return updates + [self._update("refined", head)]
+        self.incidents.append(inc)
+        self.open = inc
+        inc.observe(sig, self._in_band(inc, sig), self.settings)
+        updates.append(self._update("opened", inc))
+        if trig.immediate or self.settings.confirm_steps == 0:
+            inc.ready = True
+            updates.append(self._update("ready", inc))
+        return updates
+
+    def _continue(self, inc: Incident, sig: Signals) -> list[IncidentUpdate]:
+        st = self.settings
+        inc.observe(sig, self._in_band(inc, sig), st)
+        updates: list[IncidentUpdate] = []
+        if not inc.ready and sig.step - inc.detected_step >= st.confirm_steps * self.detector_interval():
+            inc.ready = True
+            updates.append(self._update("ready", inc))
+        if inc.in_band_run >= st.close_steps:
+            inc.end_step = inc.trajectory[-inc.in_band_run].step
+            return updates + self._close(inc)
+        if sig.step - inc.onset_step > st.max_incident_steps:
+            updates += self._close(inc)
+            self.detector.reset()  # a level that never came back is the new normal; relearn it
+            return updates
+        if self._changed(inc):
+            updates.append(self._update("refined", inc))
+        return updates
+
+    def _close(self, inc: Incident) -> list[IncidentUpdate]:
+        inc.closed = True
+        self.open = None
+        if not inc.ready:
+            inc.ready = True
+            return [self._update("ready", inc), self._update("closed", inc)]
+        return [self._update("closed", inc)]
+
+    def _on_gap(self, sig: Signals) -> list[IncidentUpdate]:
+        """Steps are missing: judge an open incident by the first step after the gap, then start afresh."""
+        updates: list[IncidentUpdate] = []
+        inc = self.open
+        if inc is not None:
+            in_band = self._in_band(inc, sig)
+            if in_band:
+                inc.observe(sig, True, self.settings)
+                inc.end_step = sig.step
+            updates += self._close(inc)
+        self.detector.reset()
+        self.recent.clear()
+        self.watch.cancel()
+        return updates
+
+    # -- pieces --------------------------------------------------------------------------
+    def detector_interval(self) -> int:
+        d = self.detector.intervals
+        return max(1, int(round(d.median()))) if len(d) else 1
+
+    def _in_band(self, inc: Incident, sig: Signals) -> bool:
+        s, band = sig.summary, self.settings.band_z
+        if s.nonfinite:
+            return False
+        rule = inc.facts.trigger
+        if rule == "metric":
+            return sig.reported_z < band and not s.misreported
+        if rule == "rank":
+            return not (sig.rank_z is not None and sig.rank_z >= band)
+        if rule == "grad":
+            return (sig.co_z or 0.0) < band and sig.loss_z < band
+        if rule == "checksum" and s.checksum_minority:
+            return False
+        return not (sig.loss_z >= band)
+
+    def _new_incident(self, sig: Signals, trig: Trigger) -> Incident:
+        st = self.settings
+        s = sig.summary
+        first = locate_first(self.recent, st, trig.rule, self.detector_interval())
+        level = self.detector.loss.level()
+        facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
+        inc = Incident(
+            key=len(self.incidents) + 1,
+            onset_step=first.step,
+            detected_step=s.step,
+            first_anomaly=first,
+            baseline_log=level,
+            facts=facts,
+        )
+        facts.occurrences.append(first.step)
+        if self.last_resume is not None and 0 <= first.step - self.last_resume <= st.resume_window:
+            inc.after_resume = True
+            facts.resume_step = self.last_resume
+        self._localize(inc, sig, first.rank)
+        before = [r for r in self.recent if r.step < first.step]
+        if before and before[-1].summary.loss_scale is not None:
+            facts.loss_scale_drop = (before[-1].summary.loss_scale, before[-1].summary.loss_scale)
+        for r in self.recent:  # the steps between onset and detection belong to the incident too
+            if first.step <= r.step < s.step:
+                inc.observe(r, self._in_band(inc, r), st)
+        return inc
+
+    def _localize(self, inc: Incident, sig: Signals, first_rank: int | None) -> None:
+        """rank_local / first_rank and the suspect samples (that rank's batch at the first abnormal step)."""
+        st, s, f = self.settings, sig.summary, inc.facts
+        if s.checksum_minority:
+            inc.rank_local, inc.first_rank = True, s.checksum_minority[0]
+        elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
+            inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
+        elif s.worst_rank is not None and sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold:
+            worst = s.rank_log_loss[s.worst_rank] - inc.baseline_log
+            others = math.log(s.ranks_median_loss) - inc.baseline_log if s.ranks_median_loss else 0.0
+            if not math.isfinite(worst) or others < 0.3 * worst:
+                inc.rank_local, inc.first_rank = True, s.worst_rank
+                f.rank = (s.step, s.worst_rank, math.exp(s.rank_log_loss[s.worst_rank]), s.ranks_median_loss or 0.0)
+                f.rank_z = sig.rank_z
+        if first_rank is not None and inc.first_rank is None and inc.rank_local:
+            inc.first_rank = first_rank
+        onset_sig = next((r for r in self.recent if r.step == inc.onset_step), sig)
+        rank = inc.first_rank if inc.first_rank is not None else onset_sig.summary.worst_rank
+        rec = onset_sig.summary.record_of(rank) if rank is not None else None
+        if rec is None and onset_sig.summary.records:
+            rec = onset_sig.summary.records[0]
+        inc.suspect_samples = list(rec.samples or [])[:MAX_SUSPECTS] if rec is not None else []
+
+    def _update(self, kind: UpdateKind, inc: Incident) -> IncidentUpdate:
+        diag = inc.diagnosis(self.settings)
+        self._emitted[inc.key] = _fingerprint(diag)
+        return IncidentUpdate(kind, inc.key, diag)
+
+    def _changed(self, inc: Incident) -> bool:
+        diag = inc.diagnosis(self.settings)
+        return self._emitted.get(inc.key) != _fingerprint(diag)
+
+    # -- control -------------------------------------------------------------------------
+    def notify_rollback(self, to_step: int) -> list[IncidentUpdate]:
+        """Training went back to ``to_step``: forget later steps so their replay is not counted twice."""
+        updates: list[IncidentUpdate] = []
+        if self.open is not None:
+            updates += self._close(self.open)
+        self.detector.forget_after(to_step)
+        while self.recent and self.recent[-1].step > to_step:
+            self.recent.pop()
+        self.watch.cancel()
+        self.last_step = to_step
+        return updates
+
+    def finish(self) -> AnalysisResult:
+        """Close what is still open (end unknown) and return the final diagnoses."""
+        if self.open is not None:
+            self._close(self.open)
+        incidents = [inc.diagnosis(self.settings) for inc in self.incidents if inc.merged_into is None]
+        return AnalysisResult(incidents=incidents, benign_shifts=list(self.benign))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume without empty windows (the short lookback buffer is not kept)."""
+        return {
+            "version": 1,
+            "detector": self.detector.state_dict(),
+            "incidents": [inc.state_dict() for inc in self.incidents],
+            "open": self.open.key if self.open is not None else None,
+            "benign": [b.to_json() for b in self.benign],
+            "last_step": self.last_step,
+            "last_resume": self.last_resume,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.detector.load_state_dict(state["detector"])
+        self.incidents = [Incident.from_state(d) for d in state["incidents"]]
+        key = state.get("open")
+        self.open = next((i for i in self.incidents if i.key == key), None)
+        self.benign = [BenignShift(**b) for b in state.get("benign", [])]
+        self.last_step = state.get("last_step")
+        self.last_resume = state.get("last_resume")
+        self.recent.clear()
+        self.watch.cancel()
+        self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}
+
+
+def _fingerprint(d: Diagnosis) -> tuple[Any, ...]:
+    return (d.phenotype, d.top_cause, d.severity, d.rank_local, d.source_local, d.nonfinite, d.period, d.end_step)
+
+
+def group_steps(records: Iterable[Record]) -> Iterable[tuple[int, list[Record]]]:
+    """Consecutive records of the same step, in trace order (a step number going back is a replay)."""
+    step: int | None = None
+    batch: list[Record] = []
+    for rec in records:
+        if step is not None and rec.step != step:
+            yield step, batch
+            batch = []
+        step = rec.step
+        batch.append(rec)
+    if step is not None and batch:
+        yield step, batch
+
+
+def analyze_records(records: Iterable[Record], settings: DetectorSettings | None = None) -> AnalysisResult:
+    """Offline analysis: the streaming analyzer fed step by step."""
+    analyzer = StreamingAnalyzer(settings)
+    for step, batch in group_steps(records):
+        analyzer.observe_step(step, batch)
+    return analyzer.finish()

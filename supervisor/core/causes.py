@@ -1,0 +1,198 @@
+"""Cause ranking: each cause category gets a score in [0, 1] and the evidence behind it, in words.
+
+The phenotype is a prior, never a verdict: it contributes a modest score, and measured facts
+(a fingerprint mismatch, a resume a few steps before, a reported loss that the recomputed loss
+contradicts, a non-finite value with nothing abnormal before it) dominate. Scores are additive
+weights clipped to [0, 1]; the weights are listed in one table so they can be read and tuned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from supervisor.core.model import Cause, CauseScore, Phenotype
+
+if TYPE_CHECKING:
+    from supervisor.core.diagnose import Incident
+
+#: Weight of each piece of evidence (one row per rule in ``rank_causes``).
+W = {
+    "phenotype": 0.3,
+    "checksum": 0.8,
+    "after_resume": 0.6,
+    "resume_update": 0.3,
+    "nonfinite": 0.5,
+    "nonfinite_sudden": 0.2,
+    "nonfinite_after_rise": -0.3,
+    "overflow": 0.2,
+    "update_spike": 0.3,
+    "lr_jump": 0.3,
+    "grad_lead": 0.2,
+    "rank_local": 0.3,
+    "source_local": 0.3,
+    "metric_mismatch": 0.6,
+    "token_collapse": 0.3,
+    "calm_grads": 0.35,
+    "batch_mean": 0.2,
+    "no_history": 0.1,
+}
+
+_PRIOR = {
+    Phenotype.TRANSIENT: Cause.DATA,
+    Phenotype.PERIODIC: Cause.DATA,
+    Phenotype.SLOW_RECOVERY: Cause.OPTIMIZER,
+    Phenotype.DIVERGENCE: Cause.OPTIMIZER,
+}
+
+
+def _g(x: float) -> str:
+    """A number for a person: 3 significant digits, no exponent unless it is tiny or huge."""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e5 or x == 0 else f"{x:.2e}"
+
+
+class _Board:
+    def __init__(self) -> None:
+        self.score = {c: 0.0 for c in Cause}
+        self.evidence: dict[Cause, list[str]] = {c: [] for c in Cause}
+
+    def add(self, cause: Cause, weight: str, text: str | None = None) -> None:
+        self.score[cause] += W[weight]
+        if text:
+            self.evidence[cause].append(text)
+
+    def ranked(self) -> list[CauseScore]:
+        out = [
+            CauseScore(c, round(min(1.0, max(0.0, s)), 4), self.evidence[c])
+            for c, s in self.score.items()
+            if s > 0.0 or self.evidence[c]
+        ]
+        out.sort(key=lambda cs: (-cs.score, list(Cause).index(cs.cause)))
+        return out
+
+
+def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
+    f = inc.facts
+    b = _Board()
+    prior = _PRIOR[phen]
+    b.add(prior, "phenotype", _phenotype_text(inc, phen))
+    calm = _calm_grads(inc)
+    if f.checksum is not None:
+        step, ranks = f.checksum
+        b.add(Cause.DISTRIBUTED, "checksum", f"param fingerprints of ranks {ranks} differ from the others' from step {step}")
+    if inc.after_resume and f.resume_step is not None:
+        b.add(Cause.RESUME_STATE, "after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}")
+        if f.update_spike is not None:
+            step, ratio = f.update_spike
+            b.add(Cause.RESUME_STATE, "resume_update", f"update ratio {_g(ratio)}x its level at step {step}")
+    elif f.update_spike is not None and not calm:
+        step, ratio = f.update_spike
+        b.add(Cause.OPTIMIZER, "update_spike", f"update ratio {_g(ratio)}x its level at step {step}")
+    if f.lr_jump is not None:
+        step, ratio = f.lr_jump
+        b.add(Cause.OPTIMIZER, "lr_jump", f"learning rate changed {_g(ratio)}x from the previous step at step {step}")
+    lead = _grad_lead(inc)
+    if lead is not None:
+        b.add(Cause.OPTIMIZER, "grad_lead", lead)
+    _numeric(inc, b)
+    if inc.rank_local and inc.first_rank is not None and f.checksum is None:
+        text = f"rank {inc.first_rank} deviated first"
+        if f.rank is not None:
+            step, rank, loss, med = f.rank
+            text = f"rank {rank} loss {_g(loss)} vs ranks' median {_g(med)} at step {step}"
+        b.add(Cause.DATA, "rank_local", text)
+    if f.source is not None:
+        name, z, loss = f.source
+        b.add(Cause.DATA, "source_local", f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band")
+    _metric(inc, b, calm)
+    return b.ranked()
+
+
+def _phenotype_text(inc: Incident, phen: Phenotype) -> str:
+    f = inc.facts
+    base, peak = f.baseline_loss, f.peak_loss
+    shape = f"loss {_g(base)} -> {_g(peak)} at step {inc.peak_step}" if base and peak else "loss spike"
+    if phen is Phenotype.PERIODIC:
+        return f"recurs every {inc.period} steps (onsets {f.occurrences[:6]})"
+    if phen is Phenotype.DIVERGENCE:
+        return f"{shape}; kept rising ({f.rising_steps} new peaks after onset)"
+    if phen is Phenotype.SLOW_RECOVERY:
+        end = f"back in band at {inc.end_step}" if inc.end_step is not None else "not yet back in band"
+        return f"{shape}; slow return ({end})"
+    return f"{shape}; back in band within {max(0, (inc.end_step or inc.peak_step) - inc.peak_step)} steps"
+
+
+def _calm_grads(inc: Incident) -> bool:
+    """Grad norm and update ratio stayed normal from onset to the loss peak (only when they are logged)."""
+    f = inc.facts
+    if not f.grad_known or f.update_spike is not None or f.nonfinite_step is not None:
+        return False
+    ratios = [r for p in inc.trajectory if p.step <= inc.peak_step for r in (p.grad, p.update) if r is not None]
+    return bool(ratios) and max(ratios) < 2.0
+
+
+def _grad_lead(inc: Incident) -> str | None:
+    """Grad norm out of band before the loss peaked: the BLOOM-31219 pattern (instability builds up first)."""
+    before = [p for p in inc.trajectory if p.step < inc.peak_step and p.grad is not None]
+    first = next((p for p in before if p.grad is not None and p.grad >= 3.0), None)
+    if first is None:
+        return None
+    top = max(before, key=lambda p: p.grad or 0.0)
+    text = f"grad norm {_g(first.grad or 0.0)}x its level at step {first.step}, {inc.peak_step - first.step} steps before the loss peak at {inc.peak_step}"
+    if top.step != first.step:
+        text += f"; {_g(top.grad or 0.0)}x at step {top.step}"
+    return text
+
+
+def _numeric(inc: Incident, b: _Board) -> None:
+    f = inc.facts
+    if f.nonfinite_step is not None:
+        where = f" in `{f.nonfinite_at}`" if f.nonfinite_at else ""
+        b.add(Cause.NUMERIC, "nonfinite", f"non-finite values first at step {f.nonfinite_step}{where} on ranks {f.nonfinite_ranks}")
+        if f.rose_before_nonfinite:
+            b.add(
+                Cause.NUMERIC,
+                "nonfinite_after_rise",
+                f"but {inc.first_anomaly.metric} left its band at step {inc.onset_step}, before the first NaN",
+            )
+        else:
+            b.add(Cause.NUMERIC, "nonfinite_sudden", "nothing was out of band before it")
+    dropped = f.loss_scale_drop is not None and f.loss_scale_drop[1] < f.loss_scale_drop[0]
+    if f.overflow_steps or dropped:
+        text = f"{f.overflow_steps} overflowed (skipped) steps" if f.overflow_steps else "loss scale dropped"
+        if f.loss_scale_drop is not None and dropped:
+            text += f"; loss scale {_g(f.loss_scale_drop[0])} -> {_g(f.loss_scale_drop[1])}"
+        b.add(Cause.NUMERIC, "overflow", text)
+        if f.first_overflow is not None and abs(f.first_overflow - inc.onset_step) <= 1:
+            b.add(Cause.NUMERIC, "overflow", f"the first overflow is at step {f.first_overflow}, with the onset")
+
+
+def _metric(inc: Incident, b: _Board, calm: bool) -> None:
+    f = inc.facts
+    if f.misreport is not None:
+        step, rank, rep, true = f.misreport
+        b.add(
+            Cause.METRIC_ARTIFACT,
+            "metric_mismatch",
+            f"rank {rank} reported loss {_g(rep)} but loss_sum/tokens = {_g(true)} at step {step}",
+        )
+    elif f.reported_vs_true is not None:
+        step, rep, true = f.reported_vs_true
+        b.add(
+            Cause.METRIC_ARTIFACT,
+            "metric_mismatch",
+            f"reported mean loss {_g(rep)} vs token-weighted {_g(true)} recomputed from loss_sum/tokens at step {step}",
+        )
+    if f.collapse is not None:
+        step, rank, tok, med = f.collapse
+        b.add(Cause.METRIC_ARTIFACT, "token_collapse", f"rank {rank} had {_g(tok)} effective tokens vs median {_g(med)} at step {step}")
+    if f.batch_mean is not None:
+        step, rank, bm, loss = f.batch_mean
+        b.add(Cause.METRIC_ARTIFACT, "batch_mean", f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}")
+    if calm:
+        g, u = f.grad_ratio_at_peak, f.update_ratio_at_peak
+        parts = [f"grad norm {_g(g)}x" if g is not None else "", f"update ratio {_g(u)}x" if u is not None else ""]
+        text = " and ".join(p for p in parts if p) + f" their levels at the loss peak (step {inc.peak_step})"
+        b.add(Cause.METRIC_ARTIFACT, "calm_grads", text)

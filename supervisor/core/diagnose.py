@@ -1,0 +1,276 @@
+"""One incident from onset to close: the facts gathered step by step, and the diagnosis made of them.
+
+An ``Incident`` only accumulates facts (numbers, steps, ranks) as ``Signals`` arrive; the
+phenotype (``classify``), the ranked causes (``supervisor.core.causes``) and the severity are
+pure functions of those facts, recomputed whenever a diagnosis is asked for. That is what lets
+the preliminary diagnosis at "opened" be refined into the final one without special cases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from supervisor.core.causes import rank_causes
+from supervisor.core.detect import DetectorSettings, Signals
+from supervisor.core.model import Diagnosis, FirstAnomaly, Phenotype, Severity
+
+#: Most sample IDs kept as suspects (a global bad step on 1,024 ranks must not carry them all).
+MAX_SUSPECTS = 32
+
+
+@dataclass(slots=True)
+class Point:
+    """One step of an incident's trajectory."""
+
+    step: int
+    excess: float  # log(loss) - pre-incident level; inf when non-finite
+    loss: float
+    in_band: bool
+    nonfinite: bool
+    grad: float | None = None  # grad norm / its level
+    update: float | None = None  # update ratio / its level
+
+
+@dataclass(slots=True)
+class Facts:
+    """Everything the cause ranking may cite. Numbers, never prose; prose is made in causes.py."""
+
+    trigger: str = "loss"
+    baseline_loss: float | None = None  # pre-incident loss level (not log)
+    peak_loss: float | None = None
+    grad_known: bool = False
+    grad_ratio_at_peak: float | None = None  # grad norm / its level at the loss peak
+    update_ratio_at_peak: float | None = None
+    update_spike: tuple[int, float] | None = None  # (step, ratio) of the largest update-ratio excess
+    lr_jump: tuple[int, float] | None = None  # (step, lr / previous lr)
+    nonfinite_step: int | None = None
+    nonfinite_at: str | None = None
+    nonfinite_ranks: list[int] = field(default_factory=list)
+    rose_before_nonfinite: bool = False
+    overflow_steps: int = 0
+    first_overflow: int | None = None
+    loss_scale_drop: tuple[float, float] | None = None  # (before, lowest)
+    rank: tuple[int, int, float, float] | None = None  # (step, rank, its loss, ranks' median)
+    rank_z: float | None = None
+    checksum: tuple[int, list[int]] | None = None  # (first step, minority ranks)
+    misreport: tuple[int, int, float, float] | None = None  # (step, rank, reported, recomputed)
+    reported_vs_true: tuple[int, float, float] | None = None  # (step, reported mean, token-weighted)
+    collapse: tuple[int, int, float, float] | None = None  # (step, rank, tokens, median tokens)
+    batch_mean: tuple[int, int, float, float] | None = None  # (step, rank, batch_mean_loss, loss)
+    source: tuple[str, float, float] | None = None  # (name, z, loss) when one source carries the spike
+    resume_step: int | None = None
+    rising_steps: int = 0  # steps after onset that set a new loss peak
+    occurrences: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Incident:
+    """The mutable state of one incident (one key), open or closed."""
+
+    key: int
+    onset_step: int
+    detected_step: int
+    first_anomaly: FirstAnomaly
+    baseline_log: float  # pre-incident loss level, log units
+    facts: Facts
+    suspect_samples: list[str] = field(default_factory=list)
+    first_rank: int | None = None
+    rank_local: bool = False
+    after_resume: bool = False
+    peak_step: int = 0
+    peak_excess: float = -math.inf
+    trajectory: list[Point] = field(default_factory=list)
+    end_step: int | None = None
+    closed: bool = False
+    ready: bool = False
+    period: int | None = None
+    merged_into: int | None = None
+    in_band_run: int = 0
+    last_phenotype: str | None = None
+    last_top: str | None = None
+
+    # -- facts ---------------------------------------------------------------------------
+    def observe(self, sig: Signals, in_band: bool, settings: DetectorSettings) -> None:
+        s = sig.summary
+        excess = sig.loss_excess if not s.nonfinite else math.inf
+        grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
+        upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
+        self.trajectory.append(Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd))
+        if len(self.trajectory) > settings.max_incident_steps + 8:
+            del self.trajectory[0]
+        self.in_band_run = self.in_band_run + 1 if in_band else 0
+        f = self.facts
+        if excess > self.peak_excess:
+            if len(self.trajectory) > 1:
+                f.rising_steps += 1
+            self.peak_excess, self.peak_step = excess, s.step
+            f.peak_loss = s.loss_main
+            if sig.grad_excess is not None:
+                f.grad_ratio_at_peak = math.exp(sig.grad_excess)
+            if sig.update_excess is not None:
+                f.update_ratio_at_peak = math.exp(sig.update_excess)
+        f.grad_known = f.grad_known or sig.grad_z is not None or sig.update_z is not None
+        note_step_facts(f, sig, settings)
+        if s.nonfinite and f.nonfinite_step is None:
+            f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = s.step, s.nonfinite_at, list(s.nonfinite_ranks)
+            f.rose_before_nonfinite = self.onset_step < s.step - 1 and f.rising_steps >= 1
+
+    # -- verdicts ------------------------------------------------------------------------
+    def classify(self, settings: DetectorSettings) -> Phenotype:
+        return classify(self, settings)
+
+    def diagnosis(self, settings: DetectorSettings) -> Diagnosis:
+        phen = self.classify(settings)
+        causes = rank_causes(self, phen)
+        nonfinite = self.facts.nonfinite_step is not None
+        return Diagnosis(
+            onset_step=self.onset_step,
+            peak_step=self.peak_step,
+            end_step=self.end_step,
+            phenotype=phen,
+            period=self.period if phen is Phenotype.PERIODIC else None,
+            nonfinite=nonfinite,
+            nonfinite_at=self.facts.nonfinite_at if nonfinite else None,
+            rank_local=self.rank_local,
+            first_rank=self.first_rank,
+            after_resume=self.after_resume,
+            source_local=self.facts.source[0] if self.facts.source else None,
+            causes=causes,
+            suspect_samples=list(self.suspect_samples),
+            severity=severity(self, phen, causes[0].cause.value if causes else None),
+            first_anomaly=self.first_anomaly,
+            detected_step=self.detected_step,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["trajectory"] = [asdict(p) for p in self.trajectory]
+        return d
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> Incident:
+        d = dict(d)
+        d["first_anomaly"] = FirstAnomaly(**d["first_anomaly"])
+        facts = dict(d["facts"])
+        for k, v in facts.items():
+            if isinstance(v, list) and k not in ("nonfinite_ranks", "occurrences"):
+                facts[k] = tuple(v)
+        if facts.get("checksum"):
+            facts["checksum"] = (facts["checksum"][0], list(facts["checksum"][1]))
+        d["facts"] = Facts(**facts)
+        d["trajectory"] = [Point(**p) for p in d["trajectory"]]
+        return cls(**d)
+
+
+def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
+    """Record the first occurrence of each kind of evidence seen at this step."""
+    s = sig.summary
+    if s.checksum_minority and f.checksum is None:
+        f.checksum = (s.step, list(s.checksum_minority))
+    if s.misreported and f.misreport is None:
+        rank, rep, true = max(s.misreported, key=lambda m: abs(m[1] - m[2]))
+        f.misreport = (s.step, rank, rep, true)
+    if s.loss_true is not None and f.reported_vs_true is None and math.isfinite(s.loss):
+        if s.loss > s.loss_true * (1 + settings.min_loss_jump) and sig.reported_z >= settings.z_threshold:
+            f.reported_vs_true = (s.step, s.loss, s.loss_true)
+    if s.collapsed_ranks and f.collapse is None:
+        rank, tok, med = min(s.collapsed_ranks, key=lambda c: c[1])
+        f.collapse = (s.step, rank, tok, med)
+    if s.batch_mean_gap is not None and f.batch_mean is None:
+        rank, bm, loss = s.batch_mean_gap
+        if bm > loss * (1 + 2 * settings.min_loss_jump):
+            f.batch_mean = (s.step, rank, bm, loss)
+    if s.overflow:
+        f.overflow_steps += 1
+        if f.first_overflow is None:
+            f.first_overflow = s.step
+    if s.loss_scale is not None:
+        before = f.loss_scale_drop[0] if f.loss_scale_drop else s.loss_scale
+        lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
+        f.loss_scale_drop = (before, lowest)
+    if sig.lr_ratio is not None and (sig.lr_ratio >= 1.5 or sig.lr_ratio <= 1 / 1.5):
+        if f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])):
+            f.lr_jump = (s.step, sig.lr_ratio)
+    if sig.update_z is not None and sig.update_excess is not None and sig.update_z >= settings.grad_z_threshold:
+        ratio = math.exp(sig.update_excess)
+        if f.update_spike is None or ratio > f.update_spike[1]:
+            f.update_spike = (s.step, ratio)
+    _note_source(f, sig, settings)
+
+
+def _note_source(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
+    """One source far out of band while every other source of the step stays in band."""
+    if len(sig.source_z) < 2 or f.source is not None:
+        return
+    ranked = sorted(sig.source_z.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else math.inf)
+    (name, z), rest = ranked[0], ranked[1:]
+    if math.isfinite(z) and z >= settings.z_threshold and all(r[1] < settings.band_z for r in rest):
+        f.source = (name, z, sig.summary.sources[name][1])
+
+
+def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
+    """The phenotype from the trajectory after onset (the shape of the curve, not its cause)."""
+    if inc.period is not None:
+        return Phenotype.PERIODIC
+    traj = inc.trajectory
+    if not traj:
+        return Phenotype.TRANSIENT
+    nonfinite_run = 0
+    for p in reversed(traj):
+        if not p.nonfinite:
+            break
+        nonfinite_run += 1
+    if nonfinite_run >= 2 or (nonfinite_run == 1 and inc.facts.rose_before_nonfinite):
+        return Phenotype.DIVERGENCE
+    after_peak = [p for p in traj if p.step > inc.peak_step]
+    recovered = next((p for p in after_peak if p.in_band), None)
+    if recovered is not None:
+        if recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc):
+            return Phenotype.TRANSIENT
+        return Phenotype.SLOW_RECOVERY
+    last = traj[-1]
+    since_onset = last.step - inc.onset_step
+    if inc.facts.rising_steps >= 2 and inc.peak_step >= last.step - 1 and since_onset >= 2:
+        return Phenotype.DIVERGENCE
+    if last.step - inc.peak_step <= settings.transient_steps and last.excess >= 0.5 * inc.peak_excess:
+        # Still up and not yet falling: too early to tell a plateau from the start of a recovery.
+        return Phenotype.TRANSIENT if since_onset <= 1 else Phenotype.SLOW_RECOVERY
+    return Phenotype.SLOW_RECOVERY
+
+
+def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
+    """The step before returning to band was still at >= half the peak excess: input-driven, not model decay.
+
+    Only when that step is the previous logged one: across a gap in the log the path is unknown.
+    """
+    prev = [p for p in traj if p.step < recovered.step]
+    if not prev or not math.isfinite(prev[-1].excess) or prev[-1].excess < 0.5 * inc.peak_excess:
+        return False
+    return recovered.step - prev[-1].step <= typical_interval(traj)
+
+
+def typical_interval(traj: list[Point]) -> int:
+    """The usual distance between logged steps of a trajectory (1 for per-step telemetry)."""
+    gaps = sorted(b.step - a.step for a, b in zip(traj, traj[1:], strict=False) if b.step > a.step)
+    return gaps[len(gaps) // 2] if gaps else 1
+
+
+def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
+    """How bad it is for training (not how sure we are): drives what a policy may do."""
+    if top == "metric_artifact":
+        return Severity.LOW
+    if inc.facts.nonfinite_step is not None and phen is not Phenotype.TRANSIENT:
+        return Severity.CRITICAL
+    if phen is Phenotype.DIVERGENCE:
+        return Severity.CRITICAL
+    if top in ("distributed", "resume_state") or phen in (Phenotype.SLOW_RECOVERY, Phenotype.PERIODIC):
+        return Severity.HIGH
+    peak = inc.peak_excess if math.isfinite(inc.peak_excess) else 10.0
+    grad = inc.facts.grad_ratio_at_peak
+    if inc.facts.nonfinite_step is not None or peak >= math.log(2.0) or (grad is not None and grad >= 10.0):
+        return Severity.HIGH if peak >= math.log(2.0) else Severity.MEDIUM
+    if inc.rank_local and inc.facts.trigger == "rank":
+        return Severity.LOW  # one rank off while the global loss and the gradients stayed calm
+    return Severity.MEDIUM if peak >= math.log(1.2) or (grad is not None and grad >= 3.0) else Severity.LOW

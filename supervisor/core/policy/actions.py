@@ -1,0 +1,198 @@
+"""The action registry: every action a policy may list, with its validated parameters.
+
+An action name maps to a pydantic params model (STYLE.md point 7): a policy that names an
+action missing here fails at load time with the list of valid names. The runtime executes
+actions by the same names; the engine only plans them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from supervisor.errors import PolicyError
+
+OnFailure = Literal["escalate", "stop", "continue"]
+"""What the runtime does when an action fails: hand over to a person, stop the job, or go on."""
+
+
+class ActionParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AlertParams(ActionParams):
+    """Send the incident summary (log + webhook). Never changes training."""
+
+    message: str | None = Field(None, description="Extra line added to the incident summary.")
+
+
+class FreezeParams(ActionParams):
+    """Pause every worker at the next step boundary (cooperative)."""
+
+
+class SnapshotParams(ActionParams):
+    """Save the current (suspect) state, marked `diagnostic`: evidence, never a rollback target."""
+
+    include_optimizer: bool = Field(True, description="Also save optimizer moments (to inspect for NaN/Inf).")
+
+
+class BlockLatestParams(ActionParams):
+    """Stop `latest` from advancing while the incident is open."""
+
+
+class ReplayParams(ActionParams):
+    """Replay the suspect batch and a control batch from the last healthy checkpoint, at small scale."""
+
+    batches: int = Field(1, ge=1, le=64, description="Suspect batches to replay (from the onset step).")
+    control: bool = Field(True, description="Also replay a control batch from before the onset.")
+    other_rank: bool = Field(
+        False, description="Replay on a different rank than the first deviating one (hardware suspect test)."
+    )
+
+
+class RollbackParams(ActionParams):
+    """Roll back to the newest healthy checkpoint at least `margin_steps` before the onset."""
+
+    margin_steps: int = Field(100, ge=0, description="Steps between the target checkpoint and the onset.")
+    require_verified: bool = Field(True, description="Always true: the target is re-verified before loading.")
+    min_mark: Literal["healthy", "verified"] = Field(
+        "healthy", description="Weakest health mark a target may have (`diagnostic` never qualifies)."
+    )
+    check_completeness: bool = Field(
+        False,
+        description="Also require every state component (optimizer, scheduler, scaler, rng, data cursor).",
+    )
+
+    @field_validator("require_verified")
+    @classmethod
+    def _verified(cls, v: bool) -> bool:
+        if not v:
+            raise ValueError("cannot be false: a rollback target must always be verified")
+        return v
+
+
+class Exclude(ActionParams):
+    """What to take out of the data stream. Symbolic values refer to the incident's diagnosis."""
+
+    samples: Literal["suspects"] | list[str] | None = Field(
+        None, description="`suspects` (the diagnosis' suspect samples) or explicit sample IDs."
+    )
+    sources: Literal["suspect"] | list[str] | None = Field(
+        None, description="`suspect` (the source the incident is confined to) or explicit source names."
+    )
+    batch_range: Literal["incident"] | tuple[int, int] | None = Field(
+        None, description="`incident` (onset..end step) or an explicit [first, last] step range."
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> Exclude:
+        if self.samples is None and self.sources is None and self.batch_range is None:
+            raise ValueError("exclude needs at least one of samples, sources, batch_range")
+        if isinstance(self.batch_range, tuple) and self.batch_range[0] > self.batch_range[1]:
+            raise ValueError(f"batch_range first step > last step (got {list(self.batch_range)})")
+        return self
+
+
+class ApplyParams(ActionParams):
+    """Change the training recipe from the resume point on."""
+
+    lr_scale: float | None = Field(
+        None, gt=0, le=1, description="Multiply the learning rate (< 1 lowers it)."
+    )
+    warmup_steps: int | None = Field(None, ge=0, description="Re-warm the LR over this many steps.")
+    grad_clip: float | None = Field(None, gt=0, description="Clip the global grad norm to this value.")
+    precision: Literal["fp32", "bf16", "fp16"] | None = Field(None, description="Switch compute precision.")
+    exclude: Exclude | None = Field(None, description="Data to quarantine.")
+    skip_batches: int | None = Field(None, ge=1, description="Skip this many batches after the resume point.")
+
+    @model_validator(mode="after")
+    def _something(self) -> ApplyParams:
+        if all(getattr(self, f) is None for f in type(self).model_fields):
+            names = ", ".join(type(self).model_fields)
+            raise ValueError(f"apply needs at least one of {names}")
+        return self
+
+
+class PassCriteria(ActionParams):
+    """Checks of the observation window against the pre-incident baseline."""
+
+    loss_within_mads: float = Field(3.0, gt=0, description="Loss stays within N MADs of the baseline median.")
+    grad_norm_ratio_max: float = Field(2.0, gt=1, description="Grad norm median ≤ N × baseline median.")
+    update_ratio_max: float = Field(2.0, gt=1, description="Update ratio median ≤ N × baseline median.")
+    throughput_min_ratio: float = Field(0.8, gt=0, le=1, description="Tokens/s ≥ N × baseline.")
+
+
+class ObserveParams(ActionParams):
+    """Watch N steps after the fix; the action fails if a pass criterion fails."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    steps: int = Field(100, ge=50, le=200, description="Length of the observation window.")
+    pass_: PassCriteria = Field(default_factory=PassCriteria, alias="pass")  # type: ignore[arg-type]
+
+
+class ResumeParams(ActionParams):
+    """Let the workers continue (after a freeze / rollback)."""
+
+
+class EscalateParams(ActionParams):
+    """Hand the incident to a person; training stays frozen."""
+
+    message: str | None = Field(None, description="Why, in the policy author's words.")
+
+
+class StopParams(ActionParams):
+    """Stop the job (after a final snapshot is the caller's choice)."""
+
+    message: str | None = Field(None, description="Why, in the policy author's words.")
+
+
+@dataclass(frozen=True, slots=True)
+class ActionKind:
+    name: str
+    params: type[ActionParams]
+    summary: str
+
+
+ACTIONS: dict[str, ActionKind] = {}
+
+#: Actions after which nothing else in a plan runs.
+TERMINAL = frozenset({"escalate", "stop"})
+#: Actions that let training go on with the current state (what a broken state must never get).
+CONTINUES = frozenset({"apply", "observe", "resume"})
+
+
+def register(name: str, params: type[ActionParams], summary: str) -> None:
+    if name in ACTIONS:
+        raise ValueError(f"action {name!r} registered twice")
+    ACTIONS[name] = ActionKind(name, params, summary)
+
+
+def action_names() -> list[str]:
+    return sorted(ACTIONS)
+
+
+def get_action(name: str) -> ActionKind:
+    """The registered action, or PolicyError naming the valid ones."""
+    try:
+        return ACTIONS[name]
+    except (KeyError, TypeError):
+        raise PolicyError(f"unknown action {name!r} (valid: {', '.join(action_names())})") from None
+
+
+for _name, _params, _summary in (
+    ("alert", AlertParams, "send the incident summary"),
+    ("freeze", FreezeParams, "pause all workers at the next step boundary"),
+    ("snapshot", SnapshotParams, "save the suspect state as a diagnostic checkpoint"),
+    ("block_latest", BlockLatestParams, "stop `latest` from advancing"),
+    ("replay", ReplayParams, "replay the suspect and a control batch at small scale"),
+    ("rollback", RollbackParams, "restore a verified healthy checkpoint before the onset"),
+    ("apply", ApplyParams, "change LR / warmup / clipping / precision / data"),
+    ("observe", ObserveParams, "watch a window of steps against the baseline"),
+    ("resume", ResumeParams, "let training continue"),
+    ("escalate", EscalateParams, "hand the incident to a person"),
+    ("stop", StopParams, "stop the job"),
+):
+    register(_name, _params, _summary)

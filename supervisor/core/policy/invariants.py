@@ -1,0 +1,96 @@
+"""Safety rules the engine enforces whatever a policy says (shared/DESIGN.md, "Policies").
+
+1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
+2. A state that may hold non-finite weights or optimizer moments is never "fixed" by
+   lowering the LR and continuing: a rollback precedes the first action that lets training
+   go on (the engine escalates when no checkpoint qualifies).
+3. `block_latest` precedes any rollback.
+4. A rollback target is always verified and never `diagnostic` (see resolve._rollback).
+
+Each function takes the rule's action list and returns the adjusted list plus notes; an
+entry carries ``inserted`` (why the engine added or moved it) or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.core.model import Cause, Diagnosis, Phenotype
+from supervisor.core.policy.actions import CONTINUES
+from supervisor.core.policy.plan import JobState
+from supervisor.core.policy.schema import ActionSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    spec: ActionSpec
+    inserted: str | None = None
+
+
+def metric_artifact_only(steps: list[Step]) -> tuple[list[Step], list[str]]:
+    """Invariant 1 (for a top cause of metric_artifact): keep only the alert, adding one if missing."""
+    alerts = [s for s in steps if s.spec.action == "alert"][:1]
+    dropped = [s.spec.action for s in steps if s not in alerts]
+    if not alerts:
+        why = "top cause is metric_artifact: alert only"
+        alerts = [Step(ActionSpec.model_validate("alert"), why)]
+    notes = []
+    if dropped:
+        notes.append(
+            f"top cause is metric_artifact: the spike is in how the metric is computed, not in the model; "
+            f"dropped {', '.join(dropped)} (never rollback or apply on a metric artifact)"
+        )
+    return alerts, notes
+
+
+def maybe_nonfinite(d: Diagnosis, state: JobState) -> str | None:
+    """Why weights/optimizer moments may be non-finite, or None."""
+    if d.nonfinite:
+        where = f" (first at {d.nonfinite_at})" if d.nonfinite_at else ""
+        return f"NaN/Inf seen{where}"
+    if state.state_maybe_nonfinite:
+        return "the job state reports possibly non-finite weights or optimizer moments"
+    if d.phenotype is Phenotype.DIVERGENCE and d.top_cause is Cause.NUMERIC:
+        return "numeric divergence"
+    return None
+
+
+def rollback_before_continuing(
+    steps: list[Step], d: Diagnosis, state: JobState
+) -> tuple[list[Step], list[str]]:
+    """Invariant 2: no apply/observe/resume on a possibly non-finite state before a rollback."""
+    why = maybe_nonfinite(d, state)
+    names = [s.spec.action for s in steps]
+    first_go = next((i for i, n in enumerate(names) if n in CONTINUES), None)
+    if why is None or first_go is None or "rollback" in names[:first_go]:
+        return steps, []
+    out = list(steps)
+    later = next((s for s in out[first_go:] if s.spec.action == "rollback"), None)
+    reason = f"{why}: lowering the LR and continuing is never a fix; roll back first"
+    if later is not None:
+        out.remove(later)
+        rollback = Step(later.spec, f"moved before {names[first_go]!r}: {reason}")
+    else:
+        rollback = Step(ActionSpec.model_validate("rollback"), reason)
+    out.insert(first_go, rollback)
+    notes = [f"rollback {'moved' if later else 'inserted'} before {names[first_go]!r}: {reason}"]
+    if "freeze" not in names[:first_go]:
+        out.insert(first_go, Step(ActionSpec.model_validate("freeze"), "stop updates before rollback"))
+        notes.append("freeze inserted before the rollback")
+    return out, notes
+
+
+def block_before_rollback(steps: list[Step]) -> tuple[list[Step], list[str]]:
+    """Invariant 3: `latest` is blocked before the first rollback."""
+    names = [s.spec.action for s in steps]
+    if "rollback" not in names:
+        return steps, []
+    first = names.index("rollback")
+    if "block_latest" in names[:first]:
+        return steps, []
+    # None precedes the rollback, so dropping later ones leaves `first` where it was.
+    out = [s for s in steps if s.spec.action != "block_latest"]
+    reason = "block_latest must precede any rollback so `latest` cannot advance past the incident"
+    out.insert(first, Step(ActionSpec.model_validate("block_latest"), reason))
+    moved = "block_latest" in names
+    return out, [f"block_latest {'moved' if moved else 'inserted'} before rollback"]

@@ -1,0 +1,159 @@
+"""What the engine reads (``JobState``) and what it returns (``Plan``): plain frozen values.
+
+The runtime builds a ``JobState`` from the incident store and the checkpoint store, asks the
+engine for a ``Plan``, records ``Plan.to_json()`` in the incident timeline, and only then
+executes the actions in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from supervisor.core.model import HealthMark
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRef:
+    """A checkpoint the rollback could target: its step and health mark."""
+
+    step: int
+    mark: HealthMark
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "mark": self.mark.value}
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The job as the engine needs to see it when an incident is (re)planned.
+
+    ``attempts`` counts recoveries already started per rule name; ``observation_failures``
+    counts failed observation windows of *this* incident; ``steps_since_last_incident``
+    drives the cooldown (None: no earlier incident). ``checkpoints`` is None when unknown
+    (the runtime picks the target at execution time) and empty when there are none.
+    ``state_maybe_nonfinite`` says weights or optimizer moments may hold NaN/Inf.
+    """
+
+    step: int
+    attempts: Mapping[str, int] = field(default_factory=dict)
+    observation_failures: int = 0
+    steps_since_last_incident: int | None = None
+    checkpoints: Sequence[CheckpointRef | tuple[int, HealthMark | str]] | None = None
+    state_maybe_nonfinite: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attempts", MappingProxyType(dict(self.attempts)))
+        if self.checkpoints is not None:
+            object.__setattr__(self, "checkpoints", _refs(self.checkpoints))
+
+    @property
+    def checkpoint_refs(self) -> tuple[CheckpointRef, ...] | None:
+        """The checkpoints as ``CheckpointRef`` values, oldest first (None: unknown)."""
+        return None if self.checkpoints is None else _refs(self.checkpoints)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "attempts": dict(self.attempts),
+            "observation_failures": self.observation_failures,
+            "steps_since_last_incident": self.steps_since_last_incident,
+            "checkpoints": None
+            if self.checkpoint_refs is None
+            else [c.to_json() for c in self.checkpoint_refs],
+            "state_maybe_nonfinite": self.state_maybe_nonfinite,
+        }
+
+
+def _refs(items: Iterable[CheckpointRef | tuple[int, HealthMark | str]]) -> tuple[CheckpointRef, ...]:
+    refs = [c if isinstance(c, CheckpointRef) else CheckpointRef(int(c[0]), HealthMark(c[1])) for c in items]
+    return tuple(sorted(refs, key=lambda c: c.step))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedAction:
+    """One step of a plan, with parameters resolved against the incident (no symbolic values left)."""
+
+    name: str
+    params: Mapping[str, Any]
+    reason: str
+    on_failure: str = "escalate"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "params": _plain(self.params),
+            "reason": self.reason,
+            "on_failure": self.on_failure,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PlannedAction:
+        return cls(
+            str(d["name"]),
+            dict(d.get("params") or {}),
+            str(d["reason"]),
+            str(d.get("on_failure", "escalate")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The engine's decision for one incident. ``escalate_reason`` is set when the plan escalates."""
+
+    policy: str
+    rule: str | None
+    matched_because: str
+    actions: tuple[PlannedAction, ...]
+    escalate_reason: str | None = None
+    notes: tuple[str, ...] = ()
+    attempt: int = 1
+    passed_over: tuple[tuple[str, str], ...] = ()
+    """(rule, why it did not match) for every rule tried before the one that matched."""
+
+    @property
+    def action_names(self) -> list[str]:
+        return [a.name for a in self.actions]
+
+    @property
+    def escalates(self) -> bool:
+        return self.escalate_reason is not None
+
+    def action(self, name: str) -> PlannedAction | None:
+        return next((a for a in self.actions if a.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "rule": self.rule,
+            "matched_because": self.matched_because,
+            "attempt": self.attempt,
+            "escalate_reason": self.escalate_reason,
+            "actions": [a.to_json() for a in self.actions],
+            "notes": list(self.notes),
+            "passed_over": [{"rule": r, "why": why} for r, why in self.passed_over],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Plan:
+        """The plan as recorded in the incident store (a restarted supervisor resumes from it)."""
+        return cls(
+            policy=str(d["policy"]),
+            rule=d.get("rule"),
+            matched_because=str(d.get("matched_because", "")),
+            actions=tuple(PlannedAction.from_json(a) for a in d.get("actions", [])),
+            escalate_reason=d.get("escalate_reason"),
+            notes=tuple(d.get("notes", [])),
+            attempt=int(d.get("attempt", 1)),
+            passed_over=tuple((p["rule"], p["why"]) for p in d.get("passed_over", [])),
+        )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,208 @@
+"""Robust rolling statistics: exact median and MAD over a sliding window, and a trend-aware z-score.
+
+``RollingWindow`` keeps the last ``size`` values twice: in arrival order (to know which value
+leaves) and sorted (bisect-maintained). Insertion is a memmove of at most ``size`` floats; the
+median is an index, and the MAD is exact in O(log n): the deviations left and right of the
+median are two ascending sequences read straight off the sorted list, and the MAD is their
+merged middle element (a k-th-of-two-sorted-arrays search), so nothing is re-sorted per step.
+
+``LevelTracker`` turns a metric into robust z-scores that survive trends: the *level* is the
+median of the last few values (it follows a falling loss curve), and the *noise scale* is the
+MAD of the residuals ``x - level`` over the long window. A spike is a residual that is many
+robust standard deviations (1.4826 x MAD) above the residuals' median.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+#: MAD -> standard deviation for normally distributed data.
+MAD_TO_SIGMA = 1.4826
+
+
+def _kth_of_two(a: Callable[[int], float], na: int, b: Callable[[int], float], nb: int, k: int) -> float:
+    """The k-th smallest (0-based) element of two ascending sequences given as accessors."""
+    lo, hi = max(0, k + 1 - nb), min(k + 1, na)
+    while lo < hi:  # i = how many of the k+1 smallest come from ``a``
+        i = (lo + hi) // 2
+        if a(i) < b(k - i):
+            lo = i + 1
+        else:
+            hi = i
+    i, j = lo, k + 1 - lo
+    if i == 0:
+        return b(j - 1)
+    if j == 0:
+        return a(i - 1)
+    return max(a(i - 1), b(j - 1))
+
+
+def sorted_median(s: list[float]) -> float:
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def sorted_mad(s: list[float], med: float | None = None) -> float:
+    """Median absolute deviation of an ascending list, exact, without building the deviations."""
+    n = len(s)
+    if n < 2:
+        return 0.0
+    m = sorted_median(s) if med is None else med
+    p = bisect.bisect_left(s, m)
+
+    def left(k: int) -> float:  # k-th smallest deviation among values below the median
+        return m - s[p - 1 - k]
+
+    def right(k: int) -> float:
+        return s[p + k] - m
+
+    if n % 2:
+        return _kth_of_two(left, p, right, n - p, n // 2)
+    lo = _kth_of_two(left, p, right, n - p, n // 2 - 1)
+    hi = _kth_of_two(left, p, right, n - p, n // 2)
+    return 0.5 * (lo + hi)
+
+
+class RollingWindow:
+    """The last ``size`` finite values, with exact median and MAD."""
+
+    __slots__ = ("size", "_fifo", "_sorted")
+
+    def __init__(self, size: int, values: Iterable[float] = ()) -> None:
+        self.size = size
+        self._fifo: deque[float] = deque()
+        self._sorted: list[float] = []
+        for v in values:
+            self.push(v)
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def push(self, x: float) -> None:
+        self._fifo.append(x)
+        bisect.insort(self._sorted, x)
+        if len(self._fifo) > self.size:
+            self._remove(self._fifo.popleft())
+
+    def pop_newest(self) -> float:
+        """Take back the most recent value (used when steps are replayed after a rollback)."""
+        x = self._fifo.pop()
+        self._remove(x)
+        return x
+
+    def _remove(self, x: float) -> None:
+        i = bisect.bisect_left(self._sorted, x)
+        del self._sorted[i]
+
+    def clear(self) -> None:
+        self._fifo.clear()
+        self._sorted.clear()
+
+    def median(self) -> float:
+        return sorted_median(self._sorted) if self._sorted else math.nan
+
+    def mad(self) -> float:
+        return sorted_mad(self._sorted)
+
+    def values(self) -> list[float]:
+        return list(self._fifo)
+
+
+class LevelTracker:
+    """Robust z-scores of one metric against its recent level and its long-run residual noise.
+
+    ``level_size`` values define the level (their median); ``window`` residuals define the
+    noise. ``floor`` bounds the noise scale from below (in the metric's units — log units for
+    loss and grad norm), so a perfectly flat history does not turn a rounding difference into
+    an alarm. Values are pushed only by the caller's decision (windows freeze during incidents).
+    """
+
+    __slots__ = ("floor", "_level", "_resid", "_steps")
+
+    def __init__(self, window: int, level_size: int, floor: float) -> None:
+        self.floor = floor
+        self._level = RollingWindow(level_size)
+        self._resid = RollingWindow(window)
+        self._steps: deque[int] = deque(maxlen=level_size + 64)
+
+    @property
+    def history(self) -> int:
+        """How many values the level has seen (residuals lag the level by one value)."""
+        return len(self._resid) + (1 if len(self._level) else 0)
+
+    def level(self) -> float:
+        return self._level.median()
+
+    def scale(self) -> float:
+        mad = self._resid.mad() if len(self._resid) >= 2 else 0.0
+        return max(MAD_TO_SIGMA * mad, self.floor)
+
+    def excess(self, x: float) -> float:
+        """How far ``x`` is above the level, in the metric's units (NaN when there is no level yet)."""
+        return x - self._level.median() if len(self._level) else math.nan
+
+    def z(self, x: float) -> float:
+        """Robust z of ``x``; NaN without history, so a comparison against a threshold is False."""
+        if not len(self._level):
+            return math.nan
+        resid_med = self._resid.median() if len(self._resid) else 0.0
+        return (x - self._level.median() - resid_med) / self.scale()
+
+    def push(self, x: float, step: int) -> None:
+        if not math.isfinite(x):
+            return
+        if len(self._level):
+            self._resid.push(x - self._level.median())
+        self._level.push(x)
+        self._steps.append(step)
+
+    def forget_after(self, step: int) -> int:
+        """Take back values pushed for steps > ``step`` (a rollback replays them); returns how many."""
+        n = 0
+        while self._steps and self._steps[-1] > step and len(self._level):
+            self._steps.pop()
+            self._level.pop_newest()
+            if len(self._resid):
+                self._resid.pop_newest()
+            n += 1
+        return n
+
+    def reset(self) -> None:
+        """Forget everything (after a gap in the log, or when a new level is accepted)."""
+        self._level.clear()
+        self._resid.clear()
+        self._steps.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "level": self._level.values(),
+            "resid": self._resid.values(),
+            "steps": list(self._steps),
+            "floor": self.floor,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reset()
+        self.floor = float(state.get("floor", self.floor))
+        for v in state["level"]:
+            self._level.push(float(v))
+        for v in state["resid"]:
+            self._resid.push(float(v))
+        self._steps.extend(int(s) for s in state.get("steps", []))
+
+
+def median(values: list[float]) -> float:
+    """Median of an unsorted list (NaN when empty)."""
+    return sorted_median(sorted(values)) if values else math.nan
+
+
+def safe_log(x: float | None) -> float | None:
+    """log(x) for positive finite x; None otherwise (absent, zero, negative or non-finite)."""
+    if x is None or not (x > 0.0) or not math.isfinite(x):
+        return None
+    return math.log(x)

@@ -1,0 +1,163 @@
+"""When to open an incident, and where it really began.
+
+``decide`` looks at one step's signals (with no incident open) and returns a ``Trigger`` —
+a value naming the rule that fired — or None. ``locate_first`` walks back over the last few
+steps for the earliest step, rank and metric that left its band: the first abnormal quantity,
+which is often a grad norm or update ratio a few steps before the loss peak.
+
+Rules, in order (robust-z units; see ``DetectorSettings``):
+
+1. non-finite loss or grad norm on any rank (no history needed);
+2. param fingerprints that disagree between ranks (no history needed);
+3. loss above ``z_threshold`` and ``min_loss_jump``, confirmed by grad norm or update ratio
+   above ``grad_z_threshold`` — or with no grad metrics logged at all;
+4. loss above threshold with calm gradients: only with metric-truth evidence (reported vs
+   recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
+   a possible benign shift (heavy-tailed single-step noise never opens anything);
+5. the reported loss spikes while the recomputed one does not (a metric artifact);
+6. one rank far from the others' median, beyond both the usual spread and the usual worst rank;
+7. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from supervisor.core.detect import DetectorSettings, Signals
+from supervisor.core.model import FirstAnomaly
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    rule: str  # nonfinite | checksum | loss | loss_only | metric | rank | grad
+    immediate: bool  # ready to act on at once (facts, not shapes)
+
+
+def _ge(x: float | None, t: float) -> bool:
+    return x is not None and not math.isnan(x) and x >= t
+
+
+def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Trigger | None:
+    s = sig.summary
+    if s.nonfinite:
+        return Trigger("nonfinite", True)
+    if s.checksum_minority:
+        return Trigger("checksum", True)
+    if not sig.ready:
+        return None
+    co = sig.co_z
+    loss_hi = sig.loss_z >= st.z_threshold and sig.jump >= st.min_loss_jump
+    if loss_hi and (co is None or co >= st.grad_z_threshold):
+        return Trigger("loss", False)
+    metric_evidence = bool(s.misreported or s.collapsed_ranks)
+    if loss_hi and (metric_evidence or sig.jump >= st.loss_only_jump):
+        return Trigger("metric" if metric_evidence else "loss_only", metric_evidence)
+    reported_jump = s.loss_true is not None and s.loss > s.loss_true * (1 + st.min_loss_jump)
+    if sig.reported_z >= st.z_threshold and reported_jump and not loss_hi:
+        return Trigger("metric", True)
+    if _ge(sig.rank_z, st.rank_z_threshold) and _ge(sig.rank_tail_z, st.z_threshold):
+        if s.worst_dev >= math.log1p(st.min_loss_jump):
+            return Trigger("rank", False)
+    if co is not None and co >= st.grad_z_threshold and len(recent) >= 3:
+        last3 = list(recent)[-3:]
+        if all(_ge(r.co_z, st.grad_z_threshold) for r in last3) and _contiguous(last3):
+            return Trigger("grad", False)
+    return None
+
+
+def _contiguous(sigs: Sequence[Signals], max_gap: int = 1) -> bool:
+    steps = [s.step for s in sigs]
+    return all(0 < b - a <= max_gap for a, b in zip(steps, steps[1:], strict=False))
+
+
+def _metric_z(sig: Signals, metric: str) -> float | None:
+    if metric == "loss":
+        return sig.loss_z
+    if metric == "grad_norm":
+        return sig.grad_z
+    if metric == "update_ratio":
+        return sig.update_z
+    return sig.rank_z if _ge(sig.rank_tail_z, 0.0) else None  # rank_loss
+
+
+def _value(sig: Signals, metric: str) -> tuple[float | None, float | None, int | None]:
+    """(value, baseline, rank) of ``metric`` at this step, for the report."""
+    s = sig.summary
+    if metric == "grad_norm" and s.grad_norm is not None and sig.grad_excess is not None:
+        return s.grad_norm, s.grad_norm / math.exp(sig.grad_excess), None
+    if metric == "update_ratio" and s.update_ratio is not None and sig.update_excess is not None:
+        return s.update_ratio, s.update_ratio / math.exp(sig.update_excess), None
+    if metric == "rank_loss" and s.worst_rank is not None:
+        return math.exp(s.rank_log_loss[s.worst_rank]), s.ranks_median_loss, s.worst_rank
+    if math.isfinite(sig.loss_excess):
+        return s.loss_main, s.loss_main / math.exp(sig.loss_excess), None
+    return s.loss_main, None, None
+
+
+def locate_first(recent: Sequence[Signals], st: DetectorSettings, rule: str, interval: int = 1) -> FirstAnomaly:
+    """The earliest step/metric of an unbroken out-of-band run ending at (or just before) detection.
+
+    ``interval`` is the usual distance between logged steps (1 for per-step telemetry).
+    """
+    det = recent[-1]
+    if rule == "nonfinite" and not _rose(recent, st):
+        s = det.summary
+        rank = s.nonfinite_ranks[0] if s.nonfinite_ranks else None
+        return FirstAnomaly(step=det.step, metric=s.nonfinite_at or "loss", rank=rank, value=s.loss_main)
+    band = {"loss": st.band_z, "grad_norm": st.band_z, "update_ratio": st.band_z}
+    band["rank_loss"] = max(st.band_z, st.rank_z_threshold / 2)
+    best: tuple[int, float, str, Signals] | None = None
+    for metric in ("rank_loss", "loss", "grad_norm", "update_ratio"):
+        first = _run_start(recent, metric, band[metric], st.lookback, interval)
+        if first is None:
+            continue
+        # Earliest step first; at the same step the quantity furthest out of its band.
+        strength = -(_metric_z(first, metric) or 0.0) / band[metric]
+        if best is None or (first.step, strength) < (best[0], best[1]):
+            best = (first.step, strength, metric, first)
+    if best is None:
+        metric = {"checksum": "param_checksum", "metric": "reported_loss"}.get(rule, "loss")
+        s = det.summary
+        rank = s.checksum_minority[0] if rule == "checksum" and s.checksum_minority else None
+        return FirstAnomaly(step=det.step, metric=metric, rank=rank, value=s.loss_main)
+    _, _, metric, sig = best
+    value, baseline, rank = _value(sig, metric)
+    z = _metric_z(sig, metric)
+    return FirstAnomaly(
+        step=sig.step,
+        metric=metric,
+        rank=rank,
+        value=value,
+        baseline=baseline,
+        z=round(z, 2) if z is not None and math.isfinite(z) else None,
+    )
+
+
+def _run_start(recent: Sequence[Signals], metric: str, band: float, lookback: int, interval: int) -> Signals | None:
+    """Walk back from detection (allowing the detection step itself to be calm for this metric)."""
+    seq = list(recent)[-(lookback + 1) :]
+    first: Signals | None = None
+    prev_step: int | None = None
+    for i, sig in enumerate(reversed(seq)):
+        if prev_step is not None and prev_step - sig.step > interval and first is not None:
+            break
+        z = _metric_z(sig, metric)
+        if _ge(z, band):
+            first = sig
+        elif i == 0:
+            pass  # e.g. an oversized update at step s shows as a loss jump at s + 1
+        else:
+            break
+        prev_step = sig.step
+    return first
+
+
+def _rose(recent: Sequence[Signals], st: DetectorSettings) -> bool:
+    """Something was already out of band in the steps before a non-finite value."""
+    prior = list(recent)[-4:-1]
+    return any(
+        _ge(r.loss_z, st.band_z) or _ge(r.grad_z, st.grad_z_threshold) or _ge(r.update_z, st.grad_z_threshold)
+        for r in prior
+    )

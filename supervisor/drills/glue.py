@@ -1,0 +1,160 @@
+"""Wiring a fault plan into a supervised worker: its markers, the record stream, the dataset.
+
+    plan = plan_for_worker(ctx)                     # empty unless job.yaml lists faults
+    dataset = plan_dataset(plan, dataset)           # mixture_shift
+    probe = sdk.init(...)
+    attach(plan, probe)                             # model hooks, record stream, step counter
+
+Records reach the plan through the probe's transport: the logging bug rewrites ``loss`` on
+its way out, and the ``checkpoint_saved`` event of a record is when ``corrupt_checkpoint``
+strikes. A record of step ``s`` leaves during step ``s + 1``, so these hooks never move the
+plan's notion of the current step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from supervisor.drills import batchio
+from supervisor.drills.base import Markers
+from supervisor.drills.faults import FaultPlan
+from supervisor.storage import open_backend
+
+#: Set (to anything) in a drill run's environment: each rank appends the records it sends to
+#: ``<storage>/<job>/drill/trace.rank<r>.jsonl`` (local storage only), which the drill checks read.
+TRACE_ENV = "SUPERVISOR_DRILL_TRACE"
+
+
+def plan_for_worker(ctx: Any, *, vocab_size: int | None = None) -> FaultPlan:
+    """The plan of this rank from ``ctx.job.faults``; markers live under ``<storage>/<job>/faults``."""
+    job = getattr(ctx, "job", None)
+    if job is None:
+        return FaultPlan.empty()
+    plan = FaultPlan.empty()
+    if job.faults:
+        store = getattr(ctx, "checkpoint_store", None)
+        backend = (
+            store.backend
+            if store is not None
+            else open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
+        )
+        markers = Markers(backend, f"{job.name}/faults")
+        plan = FaultPlan.from_specs(
+            job.faults, rank=ctx.rank, world_size=ctx.world_size, state_dir=markers, vocab_size=vocab_size
+        )
+    if os.environ.get(TRACE_ENV) and not job.storage.is_s3:
+        plan.trace_path = trace_file(Path(job.storage.path), job.name, int(ctx.rank))
+    return plan
+
+
+def trace_file(storage: Path, job: str, rank: int) -> Path:
+    return storage.expanduser() / job / "drill" / f"trace.rank{rank}.jsonl"
+
+
+class FaultTransport:
+    """A ``Transport`` that passes records through the plan before the real transport sends them."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, checkpoint_store: Any = None) -> None:
+        self.inner, self.plan, self.checkpoint_store = inner, plan, checkpoint_store
+        self.trace = None
+        if plan.trace_path is not None:
+            plan.trace_path.parent.mkdir(parents=True, exist_ok=True)
+            self.trace = open(plan.trace_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def send(self, batch: list[dict[str, Any]]) -> None:
+        out = []
+        for rec in batch:
+            if "loss" in rec and "step" in rec:  # control messages carry no loss and pass untouched
+                rec = self.plan.record(int(rec["step"]), rec)
+                if "checkpoint_saved" in rec.get("events", []) and self.checkpoint_store is not None:
+                    self.plan.on_checkpoint_saved(int(rec["step"]), self.checkpoint_store)
+            out.append(rec)
+        if self.trace is not None:
+            # One flushed line per record: a SIGKILLed worker loses nothing it already sent.
+            self.trace.write("".join(json.dumps(r, default=str) + "\n" for r in out))
+            self.trace.flush()
+        self.inner.send(out)
+
+    def poll(self) -> list[Any]:
+        return list(self.inner.poll())
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            if self.trace is not None:
+                self.trace.close()
+
+    def __getattr__(self, name: str) -> Any:  # stats, dropped, ... of the real transport
+        return getattr(self.inner, name)
+
+
+def attach(plan: FaultPlan, probe: Any) -> None:
+    """Install model hooks, route the probe's records through the plan, and follow its step counter."""
+    if not plan and plan.trace_path is None:
+        return
+    plan.install(probe.model)
+    plan.step_fn = lambda: int(probe.step_count) + 1
+    probe.transport = FaultTransport(probe.transport, plan, getattr(probe, "checkpoint", None))
+
+
+class MixtureDataset:
+    """A dataset whose items follow the plan's source weights once a ``mixture_shift`` is active.
+
+    Index ``i`` is mapped, deterministically, to a sample of a source drawn with those
+    weights; ``sample_id``/``source`` describe the sample actually returned, so exclusions and
+    per-source telemetry stay truthful.
+    """
+
+    def __init__(self, dataset: Any, plan: FaultPlan) -> None:
+        self.dataset, self.plan = dataset, plan
+        self._by_source: dict[str, list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dataset, name)
+
+    def _index(self) -> dict[str, list[int]]:
+        if self._by_source is None:
+            self._by_source = {}
+            for i in range(len(self.dataset)):
+                self._by_source.setdefault(str(self.dataset.source(i)), []).append(i)
+        return self._by_source
+
+    def _map(self, i: int) -> int:
+        weights = self.plan.mixture(self.plan.current_step())
+        if not weights:
+            return i
+        by_source = self._index()
+        names = [n for n in sorted(weights) if weights[n] > 0 and n in by_source]
+        if not names:
+            return i
+        cumulative, total = [], 0.0
+        for n in names:
+            total += weights[n]
+            cumulative.append(total)
+        u = batchio.stable_seed("mixture", i) / float(1 << 63) * total
+        pool = by_source[names[min(bisect.bisect_right(cumulative, u), len(names) - 1)]]
+        return pool[batchio.stable_seed("mixture-pick", i) % len(pool)]
+
+    def __getitem__(self, i: int) -> Any:
+        return self.dataset[self._map(i)]
+
+    def sample_id(self, i: int) -> str:
+        return str(self.dataset.sample_id(self._map(i)))
+
+    def source(self, i: int) -> str:
+        return str(self.dataset.source(self._map(i)))
+
+
+def plan_dataset(plan: FaultPlan, dataset: Any) -> Any:
+    """``dataset`` itself unless the plan holds a mixture shift (needs ``source(i)`` on the dataset)."""
+    if "mixture_shift" not in plan.kinds or not callable(getattr(dataset, "source", None)):
+        return dataset
+    return MixtureDataset(dataset, plan)

@@ -1,0 +1,106 @@
+"""Data faults: garbage samples, a corrupt shard, a periodic garbage source, a mixture switch.
+
+Garbage lives in the data: once a sample has been turned to garbage it stays garbage
+wherever it recurs (a replay after rollback reproduces the spike, as real bad data would),
+and only a fix that keeps the sample out — exclusion, skipping the batch — makes it go away.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from supervisor.drills import batchio
+from supervisor.drills.base import Injector, PlanContext
+from supervisor.drills.specs import CorruptShard, FaultParams, GarbageBatch, MixtureShift, PeriodicGarbage
+
+
+class _Garbage(Injector):
+    def vocab(self, batch: Any) -> int:
+        return self.ctx.vocab_size or batchio.max_token(batch) + 1
+
+    def rewrite(self, step: int, batch: Any, rows: list[int], ids: list[str] | None) -> Any:
+        if not rows:
+            return batch
+        seeds = [
+            batchio.stable_seed(self.key, self.spec.seed, ids[r] if ids else f"{step}:{r}") for r in rows
+        ]
+        return batchio.garbage_rows(batch, rows, self.vocab(batch), seeds)
+
+    @staticmethod
+    def head(n: int, fraction: float) -> list[int]:
+        return list(range(max(1, math.ceil(n * fraction)) if n else 0))
+
+
+class SampleGarbage(_Garbage):
+    """The rows fed on the first pass through the window become garbage, keyed by sample ID."""
+
+    spec: GarbageBatch | CorruptShard
+
+    def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
+        super().__init__(spec, index, ctx)
+        self.window = self.once_window(getattr(spec, "steps", 1))
+        self.on = False
+        self.bad_ids: set[str] = set()
+
+    def observe_step(self, step: int) -> None:
+        self.on = self.window.active(step)
+
+    def batch(self, step: int, batch: Any) -> Any:
+        ids = batchio.sample_ids(batch)
+        if self.on:
+            rows = self.head(batchio.num_rows(batch), self.spec.fraction)
+            if ids:
+                self.bad_ids.update(ids[r] for r in rows)
+            self.fired(step, rows=len(rows), samples=[ids[r] for r in rows][:8] if ids else None)
+        elif ids and self.bad_ids:
+            rows = [r for r, sid in enumerate(ids) if sid in self.bad_ids]
+            if rows:
+                self.fired(step, rows=len(rows), recurring=True)
+        else:
+            return batch
+        return self.rewrite(step, batch, rows, ids)
+
+
+class PeriodicGarbageInjector(_Garbage):
+    """Every ``period`` steps the named source (or a share of the batch) is garbage, on every pass."""
+
+    spec: PeriodicGarbage
+
+    def hit(self, step: int) -> bool:
+        offset = step - self.spec.step
+        if offset < 0 or offset % self.spec.period:
+            return False
+        return self.spec.count is None or offset // self.spec.period < self.spec.count
+
+    def batch(self, step: int, batch: Any) -> Any:
+        if not self.hit(step):
+            return batch
+        ids = batchio.sample_ids(batch)
+        labels = batchio.source_labels(batch)
+        if self.spec.source is not None and labels is not None:
+            # Exclusion of the source by the supervisor leaves no matching rows: nothing to corrupt.
+            rows = [r for r, src in enumerate(labels) if src == self.spec.source]
+        else:
+            rows = self.head(batchio.num_rows(batch), self.spec.fraction)
+        if rows:
+            self.fired(step, rows=len(rows), source=self.spec.source)
+        return self.rewrite(step, batch, rows, ids)
+
+
+class MixtureShiftInjector(Injector):
+    """From ``step`` on the loader is asked to sample with other source weights (benign, harder data)."""
+
+    spec: MixtureShift
+
+    def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
+        super().__init__(spec, index, ctx)
+        self.announced = False
+
+    def mixture(self, step: int) -> dict[str, float] | None:
+        if step < self.spec.step:
+            return None
+        if not self.announced:
+            self.announced = True
+            self.fired(step, weights=self.spec.weights)
+        return dict(self.spec.weights)

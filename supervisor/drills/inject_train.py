@@ -1,0 +1,144 @@
+"""Optimizer, numeric and distributed faults: they act on the LR, the gradients, the forward pass.
+
+The one-off ones (oversized update, overflow, corrupted gradients, lost optimizer state) use
+``OnceWindow``: they model an event, not a property of the data, so a replay after a
+rollback runs clean. ``lr_spike`` models a wrong schedule and stays until the run ends; only
+the supervisor's own LR fix counters it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from supervisor.drills import batchio
+from supervisor.drills.base import Injector, PlanContext
+from supervisor.drills.specs import (
+    FaultParams,
+    LrSpike,
+    Overflow,
+    OversizedUpdate,
+    RankGradCorruption,
+    ResumeWithoutOptimizer,
+)
+from supervisor.errors import ConfigError
+
+FP16_MAX = 65504.0
+
+
+class _Windowed(Injector):
+    def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
+        super().__init__(spec, index, ctx)
+        self.window = self.once_window(getattr(spec, "steps", 1))
+        self.on = False
+
+    def observe_step(self, step: int) -> None:
+        self.on = self.window.active(step)
+
+
+class LrSpikeInjector(Injector):
+    spec: LrSpike
+
+    def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
+        super().__init__(spec, index, ctx)
+        self.announced = False
+
+    def lr_scale(self, step: int) -> float:
+        if step < self.spec.step:
+            return 1.0
+        if not self.announced:
+            self.announced = True
+            self.fired(step, factor=self.spec.factor)
+        return self.spec.factor
+
+
+class OversizedUpdateInjector(_Windowed):
+    spec: OversizedUpdate
+
+    def lr_scale(self, step: int) -> float:
+        if not self.on:
+            return 1.0
+        self.fired(step, factor=self.spec.factor)
+        return self.spec.factor
+
+
+class OverflowInjector(_Windowed):
+    """A forward hook scales one module's output and casts it through fp16: values past 65504 become Inf."""
+
+    spec: Overflow
+
+    def install(self, model: torch.nn.Module) -> None:
+        name, module = self.pick(model)
+        self.module_name = name
+        module.register_forward_hook(self.hook)
+
+    def pick(self, model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+        modules = dict(model.named_modules())
+        if self.spec.module is not None:
+            if self.spec.module not in modules:
+                valid = ", ".join(n for n in modules if n) or "(none)"
+                raise ConfigError(
+                    f"no module {self.spec.module!r} in the model; valid: {valid}", field="faults.module"
+                )
+            return self.spec.module, modules[self.spec.module]
+        linears = [(n, m) for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
+        if not linears:
+            raise ConfigError("the model has no nn.Linear to overflow; set `module`", field="faults.module")
+        return linears[len(linears) // 2]
+
+    def hook(self, module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+        if not (self.on and module.training and isinstance(output, torch.Tensor)):
+            return None
+        self.fired(self.window.last, module=self.module_name)
+        scaled = output * self.spec.scale
+        return scaled.to(torch.float16).to(output.dtype) if scaled.abs().max() > FP16_MAX else scaled
+
+
+class RankGradCorruptionInjector(_Windowed):
+    """Noise added to this rank's synchronized gradients: its replica drifts from the others."""
+
+    spec: RankGradCorruption
+
+    def before_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if not self.on:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        gen = torch.Generator().manual_seed(batchio.stable_seed(self.key, step))
+        noise = [torch.randn(g.shape, generator=gen, dtype=torch.float32) for g in grads]
+        grad_norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+        )
+        noise_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(n) for n in noise]))
+        factor = self.spec.scale * grad_norm / (noise_norm + 1e-12)
+        with torch.no_grad():
+            for g, n in zip(grads, noise, strict=True):
+                g.add_((n * factor).to(device=g.device, dtype=g.dtype))
+        self.fired(step, grad_norm=float(grad_norm), noise_norm=float(grad_norm * self.spec.scale))
+
+
+class ResumeWithoutOptimizerInjector(_Windowed):
+    """At ``step`` the optimizer state is dropped, as after a resume from a model-only checkpoint."""
+
+    spec: ResumeWithoutOptimizer
+    resumed_at: int | None = None
+
+    def before_optimizer_step(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if not self.on:
+            return
+        # AdamW re-initializes moments and its step count lazily when a parameter's state is empty.
+        optimizer.state.clear()
+        self.resumed_at = step
+        self.fired(step, params=sum(len(g["params"]) for g in optimizer.param_groups))
+
+    def record(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        # A real resume emits `resumed` with the first record after the restore.
+        if step == self.resumed_at and "resumed" not in record.get("events", []):
+            record = {**record, "events": [*record.get("events", []), "resumed"]}
+        return record

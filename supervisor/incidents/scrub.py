@@ -1,0 +1,89 @@
+"""Keep raw sample text out of the incident store.
+
+Records hold sample IDs only (shared/DESIGN.md), but the store is the one place that
+outlives a run and gets shared with people, so it defends itself: telemetry windows keep a
+whitelist of numeric fields, and payloads lose any key that names text content.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Fields of a telemetry record kept in an incident's series (all numeric or flags).
+SERIES_FIELDS = (
+    "step", "rank", "world_size", "time", "loss", "loss_sum", "tokens", "batch_mean_loss", "lr",
+    "grad_norm", "param_norm", "update_norm", "update_ratio", "loss_scale", "overflow", "nonfinite",
+    "seq_len_max", "seq_len_mean", "step_time", "tokens_per_s",
+)  # fmt: skip
+
+#: Payload keys that would hold raw text; dropped wherever they appear.
+TEXT_KEYS = frozenset(
+    {
+        "text",
+        "sample_text",
+        "raw_text",
+        "raw",
+        "content",
+        "prompt",
+        "completion",
+        "document",
+        "decoded",
+        "input_text",
+    }
+)
+
+_MAX_LABEL = 80
+
+
+def series_row(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The storable part of one record (or aggregate row); None when it has no usable step."""
+    try:
+        step = int(record["step"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    out: dict[str, Any] = {"step": step}
+    for name in SERIES_FIELDS[1:]:
+        value = record.get(name)
+        if isinstance(value, bool):
+            out[name] = value
+        elif isinstance(value, int | float):
+            out[name] = (
+                float(value) if name not in ("rank", "world_size", "tokens", "seq_len_max") else int(value)
+            )
+    if "update_ratio" not in out and "update_norm" in out and "param_norm" in out:
+        out["update_ratio"] = out["update_norm"] / (out["param_norm"] + 1e-12)
+    sources = record.get("sources")
+    if isinstance(sources, dict):
+        out["sources"] = {
+            str(name)[:_MAX_LABEL]: {
+                k: float(v) for k, v in split.items() if k in ("tokens", "loss_sum") and _num(v)
+            }
+            for name, split in sources.items()
+            if isinstance(split, dict)
+        }
+    events = record.get("events")
+    if isinstance(events, list):
+        out["events"] = [e for e in events if isinstance(e, str) and len(e) <= _MAX_LABEL]
+    return out
+
+
+def payload(obj: Any, dropped: list[str] | None = None, path: str = "") -> Any:
+    """A copy of ``obj`` without text-content keys; their dotted paths are appended to ``dropped``."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            where = f"{path}.{key}" if path else str(key)
+            if str(key).lower() in TEXT_KEYS:
+                if dropped is not None:
+                    dropped.append(where)
+                continue
+            out[str(key)] = payload(value, dropped, where)
+        return out
+    if isinstance(obj, list | tuple):
+        return [payload(v, dropped, f"{path}[{i}]") for i, v in enumerate(obj)]
+    return obj
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))

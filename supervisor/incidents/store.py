@@ -1,0 +1,423 @@
+"""The incident store: SQLite (WAL), one connection per thread and process, append-only timeline.
+
+Every public write is one transaction; ``with store.transaction():`` groups several into
+one (see ``db.py`` for locking). Readers (the CLI) never block the supervisor writing.
+
+Write-ahead rule for the runtime: ``begin()`` an action's event (``pending``) and let it
+commit *before* executing the action, then ``finish()`` it. After a restart,
+``pending_events()`` shows what was interrupted and ``last_done()`` / ``event_for_action()``
+what must not be repeated.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from supervisor.core.model import Diagnosis
+from supervisor.errors import IncidentStoreError
+from supervisor.incidents import scrub
+from supervisor.incidents.db import Database
+from supervisor.incidents.models import Artifact, Event, Incident, dumps, loads
+from supervisor.incidents.states import (
+    TRANSITIONS,
+    EventKind,
+    EventStatus,
+    IncidentState,
+    can_transition,
+    parse_enum,
+)
+from supervisor.logging import get_logger
+
+_AGGREGATE_RANK = -1
+
+
+class IncidentStore:
+    """Incidents of any number of jobs in one SQLite file (safe across threads and processes)."""
+
+    def __init__(
+        self, path: str | Path, *, busy_timeout_s: float = 30.0, clock: Callable[[], float] = time.time
+    ):
+        self.path = Path(path)
+        self._clock = clock
+        self._log = get_logger("incidents", db=str(self.path))
+        self._db = Database(self.path, busy_timeout_s)
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction; the store's writes inside it join it (all or nothing)."""
+        return self._db.transaction()
+
+    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        return self._db.read(sql, args)
+
+    def close(self) -> None:
+        """Close this thread's connection (others close when their thread ends)."""
+        self._db.close()
+
+    def __enter__(self) -> IncidentStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- incidents ----------------------------------------------------------------------------
+
+    def open_incident(
+        self,
+        job: str,
+        diagnosis: Diagnosis | dict[str, Any],
+        *,
+        actor: str = "detector",
+        step: int | None = None,
+        key: int | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> Incident:
+        """Create an ``open`` incident and its ``detected`` event in one transaction."""
+        diag = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else dict(diagnosis)
+        now = self._clock()
+        detected = step if step is not None else diag.get("detected_step")
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "INSERT INTO incidents (job, state, opened_at, updated_at, analyzer_key) VALUES (?, ?, ?, ?, ?)",
+                (job, IncidentState.OPEN.value, now, now, key),
+            )
+            incident_id = int(cur.lastrowid or 0)
+            self._set_diagnosis(conn, incident_id, diag, now)
+            body = {"diagnosis": diag, **(payload or {})}
+            self._insert_event(conn, incident_id, EventKind.DETECTED, actor, detected, body, EventStatus.DONE)
+        self._log.info(
+            "incident_opened", incident=incident_id, job=job, step=detected, phenotype=diag.get("phenotype")
+        )
+        return self.get(incident_id)
+
+    def get(self, incident_id: int) -> Incident:
+        rows = self._read("SELECT * FROM incidents WHERE id = ?", (incident_id,))
+        if not rows:
+            raise IncidentStoreError(f"no incident {incident_id}", source=str(self.path))
+        return Incident.from_row(rows[0])
+
+    def find(self, job: str, key: int) -> Incident | None:
+        """The newest incident of ``job`` opened for the analyzer's incident ``key``."""
+        rows = self._read(
+            "SELECT * FROM incidents WHERE job = ? AND analyzer_key = ? ORDER BY id DESC LIMIT 1", (job, key)
+        )
+        return Incident.from_row(rows[0]) if rows else None
+
+    def list_incidents(
+        self, *, job: str | None = None, state: IncidentState | str | None = None, limit: int | None = None
+    ) -> list[Incident]:
+        sql, args = "SELECT * FROM incidents WHERE 1 = 1", list[str]()
+        if job is not None:
+            sql, args = sql + " AND job = ?", [*args, job]
+        if state is not None:
+            sql, args = sql + " AND state = ?", [*args, parse_enum(IncidentState, state, "state").value]
+        sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        return [Incident.from_row(r) for r in self._read(sql, args)]
+
+    def active(self, job: str) -> list[Incident]:
+        """Incidents of ``job`` not yet in a terminal state (what a restarted supervisor resumes)."""
+        terminal = [s.value for s in IncidentState if s.is_terminal]
+        rows = self._read(
+            f"SELECT * FROM incidents WHERE job = ? AND state NOT IN ({','.join('?' * len(terminal))}) ORDER BY id",
+            (job, *terminal),
+        )
+        return [Incident.from_row(r) for r in rows]
+
+    def transition(
+        self,
+        incident_id: int,
+        new_state: IncidentState | str,
+        reason: str,
+        *,
+        actor: str,
+        step: int | None = None,
+    ) -> Incident:
+        """Move to ``new_state`` (checked against ``TRANSITIONS``) and record the reason as an event."""
+        new = parse_enum(IncidentState, new_state, "incident state")
+        with self.transaction() as conn:
+            old = self.get(incident_id).state
+            if old == new:
+                return self.get(incident_id)
+            if not can_transition(old, new):
+                valid = ", ".join(sorted(s.value for s in TRANSITIONS[old])) or "none (terminal)"
+                raise IncidentStoreError(
+                    f"incident {incident_id}: cannot go from {old.value} to {new.value}; valid: {valid}",
+                    source=str(self.path),
+                )
+            now = self._clock()
+            conn.execute(
+                "UPDATE incidents SET state = ?, updated_at = ?, closed_at = ? WHERE id = ?",
+                (new.value, now, now if new.is_terminal else None, incident_id),
+            )
+            body = {"from": old.value, "to": new.value, "reason": reason}
+            self._insert_event(
+                conn, incident_id, EventKind.STATE_CHANGED, actor, step, body, EventStatus.DONE
+            )
+        self._log.info("incident_state", incident=incident_id, old=old.value, new=new.value, reason=reason)
+        return self.get(incident_id)
+
+    def update_diagnosis(
+        self,
+        incident_id: int,
+        diagnosis: Diagnosis | dict[str, Any],
+        *,
+        actor: str = "diagnose",
+        step: int | None = None,
+    ) -> Event:
+        """Store a (refined) diagnosis and append a ``diagnosed`` event carrying it."""
+        diag = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else dict(diagnosis)
+        with self.transaction() as conn:
+            self.get(incident_id)
+            self._set_diagnosis(conn, incident_id, diag, self._clock())
+            event_id = self._insert_event(
+                conn, incident_id, EventKind.DIAGNOSED, actor, step, {"diagnosis": diag}, EventStatus.DONE
+            )
+        return self.event(event_id)
+
+    def _set_diagnosis(
+        self, conn: sqlite3.Connection, incident_id: int, diag: dict[str, Any], now: float
+    ) -> None:
+        causes = diag.get("causes") or []
+        conn.execute(
+            "UPDATE incidents SET diagnosis = ?, onset_step = ?, detected_step = ?, phenotype = ?, severity = ?, "
+            "top_cause = ?, updated_at = ? WHERE id = ?",
+            (
+                dumps(scrub.payload(diag)),
+                diag.get("onset_step"),
+                diag.get("detected_step"),
+                diag.get("phenotype"),
+                diag.get("severity"),
+                causes[0].get("cause") if causes else None,
+                now,
+                incident_id,
+            ),
+        )
+
+    # -- timeline -----------------------------------------------------------------------------
+
+    def begin(
+        self,
+        incident_id: int,
+        kind: EventKind | str,
+        *,
+        actor: str,
+        step: int | None = None,
+        payload: dict[str, Any] | None = None,
+        action_id: str | None = None,
+    ) -> Event:
+        """Write a ``pending`` event; commit it *before* running the action it describes."""
+        k = parse_enum(EventKind, kind, "event kind")
+        with self.transaction() as conn:
+            self.get(incident_id)
+            event_id = self._insert_event(
+                conn, incident_id, k, actor, step, payload or {}, EventStatus.PENDING, action_id
+            )
+        return self.event(event_id)
+
+    def finish(self, event_id: int, *, result: dict[str, Any] | None = None, failed: bool = False) -> Event:
+        """Mark a pending event ``done`` (or ``failed``) with its result. Finishing twice is refused."""
+        status = EventStatus.FAILED if failed else EventStatus.DONE
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE events SET status = ?, result = ?, finished_at = ? WHERE id = ? AND status = 'pending'",
+                (
+                    status.value,
+                    None if result is None else dumps(self._clean(result)),
+                    self._clock(),
+                    event_id,
+                ),
+            )
+            if cur.rowcount != 1:
+                current = self.event(event_id)  # raises when it does not exist
+                raise IncidentStoreError(
+                    f"event {event_id} is already {current.status.value}; only pending events can finish",
+                    source=str(self.path),
+                )
+        return self.event(event_id)
+
+    def record(
+        self,
+        incident_id: int,
+        kind: EventKind | str,
+        *,
+        actor: str,
+        step: int | None = None,
+        payload: dict[str, Any] | None = None,
+        result: dict[str, Any] | None = None,
+        failed: bool = False,
+        action_id: str | None = None,
+    ) -> Event:
+        """Append an event that is already complete (an observation, an alert that was sent, a note)."""
+        k = parse_enum(EventKind, kind, "event kind")
+        status = EventStatus.FAILED if failed else EventStatus.DONE
+        with self.transaction() as conn:
+            self.get(incident_id)
+            event_id = self._insert_event(
+                conn, incident_id, k, actor, step, payload or {}, status, action_id, result
+            )
+        return self.event(event_id)
+
+    def _insert_event(
+        self,
+        conn: sqlite3.Connection,
+        incident_id: int,
+        kind: EventKind,
+        actor: str,
+        step: int | None,
+        payload: dict[str, Any],
+        status: EventStatus,
+        action_id: str | None = None,
+        result: dict[str, Any] | None = None,
+    ) -> int:
+        now = self._clock()
+        cur = conn.execute(
+            "INSERT INTO events (incident_id, kind, wall_time, step, actor, payload, status, result, finished_at, "
+            "action_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                incident_id,
+                kind.value,
+                now,
+                step,
+                actor,
+                dumps(self._clean(payload)),
+                status.value,
+                None if result is None else dumps(self._clean(result)),
+                now if status.is_final else None,
+                action_id,
+            ),
+        )
+        conn.execute("UPDATE incidents SET updated_at = ? WHERE id = ?", (now, incident_id))
+        return int(cur.lastrowid or 0)
+
+    def _clean(self, obj: dict[str, Any]) -> Any:
+        dropped: list[str] = []
+        out = scrub.payload(obj, dropped)
+        if dropped:
+            self._log.warning(
+                "text_dropped_from_payload", keys=dropped, why="incident records hold sample IDs only"
+            )
+        return out
+
+    def event(self, event_id: int) -> Event:
+        rows = self._read("SELECT * FROM events WHERE id = ?", (event_id,))
+        if not rows:
+            raise IncidentStoreError(f"no event {event_id}", source=str(self.path))
+        return Event.from_row(rows[0])
+
+    def timeline(self, incident_id: int) -> list[Event]:
+        return [
+            Event.from_row(r)
+            for r in self._read("SELECT * FROM events WHERE incident_id = ? ORDER BY id", (incident_id,))
+        ]
+
+    def pending_events(self, incident_id: int) -> list[Event]:
+        """Events whose action was started and never finished: the work interrupted by a crash."""
+        rows = self._read(
+            "SELECT * FROM events WHERE incident_id = ? AND status = 'pending' ORDER BY id", (incident_id,)
+        )
+        return [Event.from_row(r) for r in rows]
+
+    def last_done(self, incident_id: int, kind: EventKind | str) -> Event | None:
+        k = parse_enum(EventKind, kind, "event kind")
+        rows = self._read(
+            "SELECT * FROM events WHERE incident_id = ? AND kind = ? AND status = 'done' ORDER BY id DESC LIMIT 1",
+            (incident_id, k.value),
+        )
+        return Event.from_row(rows[0]) if rows else None
+
+    def event_for_action(self, incident_id: int, action_id: str) -> Event | None:
+        """The newest event written for a plan action (to skip it when already ``done``)."""
+        rows = self._read(
+            "SELECT * FROM events WHERE incident_id = ? AND action_id = ? ORDER BY id DESC LIMIT 1",
+            (incident_id, action_id),
+        )
+        return Event.from_row(rows[0]) if rows else None
+
+    def restore(self, incident: dict[str, Any], events: list[dict[str, Any]]) -> int:
+        """Insert an exported incident and its timeline verbatim (times, statuses, results) under a new id."""
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "INSERT INTO incidents (job, state, opened_at, updated_at, closed_at, analyzer_key) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    incident["job"],
+                    parse_enum(IncidentState, incident["state"], "incident state").value,
+                    incident["opened_at"],
+                    incident["updated_at"],
+                    incident.get("closed_at"),
+                    incident.get("analyzer_key"),
+                ),
+            )
+            new_id = int(cur.lastrowid or 0)
+            self._set_diagnosis(conn, new_id, incident.get("diagnosis") or {}, incident["updated_at"])
+            conn.executemany(
+                "INSERT INTO events (incident_id, kind, wall_time, step, actor, payload, status, result, "
+                "finished_at, action_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        new_id,
+                        parse_enum(EventKind, e["kind"], "event kind").value,
+                        e["wall_time"],
+                        e.get("step"),
+                        e["actor"],
+                        dumps(self._clean(e.get("payload") or {})),
+                        parse_enum(EventStatus, e["status"], "event status").value,
+                        None if e.get("result") is None else dumps(self._clean(e["result"])),
+                        e.get("finished_at"),
+                        e.get("action_id"),
+                    )
+                    for e in events
+                ],
+            )
+        return new_id
+
+    # -- series and artifacts -----------------------------------------------------------------
+
+    def attach_series(
+        self, incident_id: int, records: Iterable[dict[str, Any] | Any], *, replay: int = 0
+    ) -> int:
+        """Store telemetry around the incident (record dicts or ``Record`` objects), keyed by step and
+        rank; a row without ``rank`` is the per-step aggregate. ``replay`` is 0 for the original run
+        and n for steps re-run after the n-th rollback, so a replay never overwrites the spike.
+        Writing the same (replay, step, rank) again replaces it. Only numeric fields are kept."""
+        dicts = (rec.to_dict() if hasattr(rec, "to_dict") else rec for rec in records)
+        rows = [r for r in (scrub.series_row(d) for d in dicts) if r is not None]
+        with self.transaction() as conn:
+            self.get(incident_id)
+            conn.executemany(
+                "INSERT OR REPLACE INTO series (incident_id, replay, step, rank, data) VALUES (?, ?, ?, ?, ?)",
+                [
+                    (incident_id, replay, r["step"], int(r.get("rank", _AGGREGATE_RANK)), dumps(r))
+                    for r in rows
+                ],
+            )
+        return len(rows)
+
+    def series(self, incident_id: int, *, replay: int | None = 0) -> list[dict[str, Any]]:
+        """Rows of one run (``replay=None``: all runs); re-run rows carry their ``replay`` number. By step then rank;
+        aggregate rows have no ``rank`` key."""
+        sql, args = "SELECT replay, data FROM series WHERE incident_id = ?", [incident_id]
+        if replay is not None:
+            sql, args = sql + " AND replay = ?", [incident_id, replay]
+        rows = self._read(sql + " ORDER BY replay, step, rank", args)
+        return [{**loads(r["data"]), **({"replay": r["replay"]} if r["replay"] else {})} for r in rows]
+
+    def add_artifact(
+        self, incident_id: int, kind: str, ref: str, meta: dict[str, Any] | None = None
+    ) -> Artifact:
+        with self.transaction() as conn:
+            self.get(incident_id)
+            cur = conn.execute(
+                "INSERT INTO artifacts (incident_id, kind, ref, meta, created_at) VALUES (?, ?, ?, ?, ?)",
+                (incident_id, kind, ref, dumps(self._clean(meta or {})), self._clock()),
+            )
+        rows = self._read("SELECT * FROM artifacts WHERE id = ?", (cur.lastrowid,))
+        return Artifact.from_row(rows[0])
+
+    def artifacts(self, incident_id: int) -> list[Artifact]:
+        rows = self._read("SELECT * FROM artifacts WHERE incident_id = ? ORDER BY id", (incident_id,))
+        return [Artifact.from_row(r) for r in rows]

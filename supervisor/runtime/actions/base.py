@@ -1,0 +1,120 @@
+"""What an action executor is, and what it may ask of the runtime.
+
+An executor is a small state machine driven by the controller loop:
+
+1. ``prepare`` decides, without side effects, what the action will do (e.g. the directive
+   and its id) -- the controller writes this memo into the ``pending`` timeline event;
+2. ``start`` then does it (a directive, a Ray task, a store call). It must be idempotent:
+   a restarted supervisor that finds the event still pending calls it again with the same
+   memo (a directive with the same id is not issued twice);
+3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from supervisor.config.job import JobSpec
+from supervisor.core.model import Diagnosis
+from supervisor.incidents import EventKind
+from supervisor.runtime.directives import DirectiveLog
+from supervisor.runtime.observe import StepStats
+from supervisor.runtime.settings import RuntimeSettings
+from supervisor.sdk.directives import Directive
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+    @classmethod
+    def done(cls, **result: Any) -> Outcome:
+        return cls(True, result)
+
+    @classmethod
+    def fail(cls, reason: str, **result: Any) -> Outcome:
+        return cls(False, result, reason)
+
+
+class Runtime(Protocol):
+    """The controller, as the executors see it."""
+
+    job: JobSpec
+    settings: RuntimeSettings
+    directives: DirectiveLog
+    world_size: int
+    checkpoints: Any  # CheckpointStore
+    current_step: int
+
+    @property
+    def incident_id(self) -> int: ...
+    @property
+    def diagnosis(self) -> Diagnosis: ...
+
+    def issue(self, directive: Directive) -> None: ...
+    def set_frozen(self, frozen: bool) -> None: ...
+    def rewind(self, to_step: int) -> None: ...
+    def window_after(self, step: int) -> list[StepStats]: ...
+    def baseline(self) -> dict[str, Any] | None: ...
+    def submit(self, name: str, fn: Any, *args: Any) -> None: ...
+    def submit_replay(self, name: str, step: int, suspects: list[str], numeric: bool) -> None: ...
+    def result_of(self, name: str) -> tuple[bool, Any] | None: ...
+    def end_job(self, phase: str, reason: str) -> None: ...
+    def incidents_opened_since(self, step: int) -> int: ...
+    def training_ended(self) -> bool: ...
+    def batch_range(self, first_step: int, last_step: int) -> tuple[int, int]: ...
+
+
+class Executor(Protocol):
+    event: EventKind
+
+    def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]: ...
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None: ...
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None: ...
+
+
+def await_acks(rt: Runtime, directive_id: str, started_at: float) -> Outcome | None:
+    """Done once every rank acknowledged the directive; failed if one refused or time ran out."""
+    if rt.training_ended():
+        return Outcome.done(directive=directive_id, skipped="training already ended")
+    failed = rt.directives.failed_on(directive_id)
+    if failed:
+        return Outcome.fail(f"rank(s) {sorted(failed)} could not apply directive {directive_id}")
+    acked = rt.directives.acked_by(directive_id)
+    if set(acked) >= set(range(rt.world_size)):
+        return Outcome.done(directive=directive_id, acked_at_step=max(acked.values()), ranks=sorted(acked))
+    if time.time() - started_at > rt.settings.directive_timeout_s:
+        missing = sorted(set(range(rt.world_size)) - set(acked))
+        return Outcome.fail(
+            f"rank(s) {missing} did not acknowledge directive {directive_id} within "
+            f"{rt.settings.directive_timeout_s:.0f}s (RuntimeSettings.directive_timeout_s)"
+        )
+    return None
+
+
+class DirectiveAction:
+    """An action that is one directive to every rank, done when all ranks acknowledged it."""
+
+    event: EventKind
+
+    def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
+        raise NotImplementedError
+
+    def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
+        return {"directive": self.directive(rt, params, action_id).to_dict(), "started_at": time.time()}
+
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+        rt.issue(Directive.from_dict(memo["directive"]))
+
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+        out = await_acks(rt, memo["directive"]["id"], memo["started_at"])
+        if out is not None and out.ok:
+            return self.finished(rt, params, memo, out)
+        return out
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        return out

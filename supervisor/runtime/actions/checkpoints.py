@@ -1,0 +1,90 @@
+"""snapshot, block_latest, rollback: the actions that touch the checkpoint store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from supervisor.incidents import EventKind
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
+from supervisor.runtime.stores import pick_rollback_target
+from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
+
+
+class SnapshotAction(DirectiveAction):
+    """Every rank saves its current (suspect) state, marked diagnostic: evidence, never a target."""
+
+    event = EventKind.SNAPSHOT
+
+    def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
+        return Snapshot(reason=f"incident {rt.incident_id}", id=action_id)
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        return Outcome.done(mark="diagnostic", **out.result)
+
+
+class BlockLatestAction:
+    """`latest` stops advancing until this incident releases it (persisted in storage)."""
+
+    event = EventKind.LATEST_BLOCKED
+
+    def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
+        return {"incident": rt.incident_id}
+
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+        if rt.checkpoints is not None:
+            rt.checkpoints.block(f"incident {rt.incident_id} open", incident=rt.incident_id)
+
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+        if rt.checkpoints is None:
+            return Outcome.fail("the job has no checkpoint store")
+        state = rt.checkpoints.block_state()
+        if state is None:
+            return Outcome.fail("block did not persist")
+        return Outcome.done(
+            latest_at_block=state.latest_at_block, holders=[h.incident for h in state.holders]
+        )
+
+
+class RollbackAction(DirectiveAction):
+    """All ranks load the chosen checkpoint in place; the target is picked and re-verified first.
+
+    The target is chosen in ``prepare`` and written into the pending event, so a restarted
+    supervisor finishes the *same* rollback instead of choosing (and loading) again.
+    """
+
+    event = EventKind.ROLLED_BACK
+
+    def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
+        memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}
+        try:
+            target, verification = pick_rollback_target(
+                rt.checkpoints,
+                max_step=int(params.get("max_target_step", rt.diagnosis.onset_step)),
+                min_mark=str(params.get("min_mark", "healthy")),
+                world_size=rt.world_size,
+            )
+        except Exception as exc:  # no target: the action fails and the policy's on_failure decides
+            return memo | {"error": str(exc)}
+        directive = RollbackInPlace(step=target, id=action_id)
+        return memo | {"to_step": target, "verification": verification, "directive": directive.to_dict()}
+
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+        if "directive" in memo:
+            super().start(rt, params, memo)
+
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+        if "error" in memo:
+            return Outcome.fail(memo["error"])
+        return super().poll(rt, params, memo)
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        rt.rewind(memo["to_step"])
+        return Outcome.done(
+            from_step=memo["from_step"],
+            to_step=memo["to_step"],
+            margin_steps=params.get("margin_steps"),
+            onset_step=rt.diagnosis.onset_step,
+            verification=memo["verification"],
+            **out.result,
+        )

@@ -1,0 +1,81 @@
+"""freeze, resume, stop, escalate: directives that hold, release or end training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.incidents import EventKind
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
+from supervisor.sdk.directives import Continue, Directive, Freeze, Snapshot, Stop
+
+
+class FreezeAction(DirectiveAction):
+    """Every rank parks at the next step boundary with its state in memory."""
+
+    event = EventKind.FROZE
+
+    def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
+        return Freeze(reason=f"incident {rt.incident_id}", id=action_id)
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        rt.set_frozen(True)
+        return Outcome.done(**out.result)
+
+
+class ResumeAction(DirectiveAction):
+    """Release a freeze (harmless when training already runs) and let `latest` advance again."""
+
+    event = EventKind.RESUMED
+
+    def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
+        return Continue(id=action_id)
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        rt.set_frozen(False)
+        if rt.checkpoints is not None:
+            rt.checkpoints.unblock(rt.incident_id)
+        return Outcome.done(latest_unblocked=True, **out.result)
+
+
+class StopAction(DirectiveAction):
+    """End training at the next boundary; the job ends as stopped."""
+
+    event = EventKind.NOTE
+
+    def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
+        return Stop(
+            reason=params.get("message") or f"incident {rt.incident_id}: policy says stop", id=action_id
+        )
+
+    def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
+        rt.end_job("stopped", memo["directive"]["reason"])
+        return out
+
+
+class EscalateAction:
+    """Save the state (diagnostic snapshot), stop the job, and leave the incident to a person."""
+
+    event = EventKind.ESCALATED
+
+    def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
+        import time
+
+        why = params.get("message") or "escalated by policy"
+        snap = Snapshot(reason=f"escalation of incident {rt.incident_id}", id=f"{action_id}-snapshot")
+        stop = Stop(reason=why, id=f"{action_id}-stop")
+        return {"snapshot": snap.to_dict(), "stop": stop.to_dict(), "reason": why, "started_at": time.time()}
+
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+        rt.issue(Directive.from_dict(memo["snapshot"]))
+        rt.issue(Directive.from_dict(memo["stop"]))
+
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+        snap = await_acks(rt, memo["snapshot"]["id"], memo["started_at"])
+        stop = await_acks(rt, memo["stop"]["id"], memo["started_at"])
+        if snap is None or stop is None:
+            return None
+        rt.end_job("escalated", memo["reason"])
+        saved = snap.result.get("acked_at_step") if snap.ok else None
+        return Outcome.done(
+            state_saved_at_step=saved, snapshot_ok=snap.ok, stopped=stop.ok, reason=memo["reason"]
+        )

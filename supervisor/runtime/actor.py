@@ -1,0 +1,68 @@
+"""The supervisor as a named Ray actor (``supervisor:<job>`` in the ``spike-supervisor`` namespace).
+
+A threaded actor: the control loop runs in its own thread, started by ``__init__`` (so a
+restart by Ray's ``max_restarts`` resumes the loop with no caller), while Ray's thread pool
+serves ``ingest`` / ``directives`` / ``status`` / ``stop`` concurrently. ``__init__`` with
+``attach=True`` (or any restart) resumes from the incident store and the runtime state file.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any
+
+from supervisor.config.job import JobSpec
+from supervisor.logging import get_logger
+from supervisor.runtime.controller import Controller
+from supervisor.runtime.settings import RuntimeSettings
+from supervisor.runtime.state import JobPhase
+
+
+class SupervisorActor:
+    def __init__(self, job: dict[str, Any], settings: dict[str, Any], attach: bool) -> None:
+        import ray
+
+        spec = JobSpec.model_validate(job)
+        # A restart by Ray (max_restarts) re-runs __init__ with the original arguments: attach then.
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.log = get_logger("supervisor.runtime.actor", job=spec.name)
+        self.error: str | None = None
+        self.ctl = Controller(spec, RuntimeSettings.model_validate(settings), attach=attach or restarted)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.ctl.run()
+        except BaseException as exc:  # the loop died: report it; workers keep training meanwhile
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.log.error("supervisor_loop_crashed", error=self.error, tb=traceback.format_exc()[-3000:])
+            self.ctl.state.phase = JobPhase.FAILED
+            self.ctl.state.reason = self.error
+        finally:
+            self.done.set()
+
+    def ingest(self, rank: int, batch: list[dict[str, Any]]) -> None:
+        self.ctl.ingest_batch(rank, batch)
+
+    def directives(self, rank: int, after_seq: int) -> list[dict[str, Any]]:
+        return self.ctl.directives_after(rank, after_seq)
+
+    def status(self) -> dict[str, Any]:
+        out = self.ctl.status()
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def spec(self) -> dict[str, Any]:
+        return self.ctl.job.model_dump(mode="json")
+
+    def stop(self, reason: str = "stop requested") -> None:
+        self.ctl.request_stop(reason)
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Block until the job reaches a terminal phase (or the timeout); returns the status."""
+        self.done.wait(timeout_s)
+        return self.status()

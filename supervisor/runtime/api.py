@@ -1,0 +1,112 @@
+"""Launch, attach to, inspect and stop a supervised job on Ray (what the CLI calls).
+
+handle = launch(job)                  # or attach(job) / attach_by_name(name)
+status(handle)                         # a dict (phase, step, loss, incident, ...)
+wait(handle)                           # until finished / escalated / failed / stopped
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from supervisor.config.job import JobSpec
+from supervisor.errors import RuntimeBackendError
+from supervisor.runtime.actor import SupervisorActor
+from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.runtime.settings import RuntimeSettings
+
+RemoteSupervisor = ray.remote(SupervisorActor)
+
+
+def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, detached: bool) -> Any:
+    try:
+        existing = ray.get_actor(supervisor_name(job.name), namespace=NAMESPACE)
+    except ValueError:
+        existing = None
+    if existing is not None:
+        try:
+            ray.get(existing.status.remote(), timeout=10)
+            raise RuntimeBackendError(
+                f"a supervisor for job {job.name!r} is already running; `supervisor status {job.name}` shows it"
+            )
+        except (RayActorError, GetTimeoutError):
+            ray.kill(existing, no_restart=True)
+    settings = settings or RuntimeSettings.model_validate({})
+    return RemoteSupervisor.options(
+        name=supervisor_name(job.name),
+        namespace=NAMESPACE,
+        lifetime="detached" if detached else None,
+        max_concurrency=64,
+        max_restarts=3 if detached else 0,
+        num_cpus=0,
+    ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
+
+
+def launch(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
+    """Start the supervisor actor for a new run of ``job``; it launches the worker group."""
+    return _start(job, settings, attach=False, detached=detached)
+
+
+def attach(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
+    """Start a supervisor that resumes ``job`` from its incident store and state file."""
+    return _start(job, settings, attach=True, detached=detached)
+
+
+def find(job_name: str) -> Any:
+    """The running supervisor actor of ``job_name``; RuntimeBackendError if there is none."""
+    try:
+        return ray.get_actor(supervisor_name(job_name), namespace=NAMESPACE)
+    except ValueError:
+        raise RuntimeBackendError(f"no supervisor running for job {job_name!r}") from None
+
+
+def list_jobs() -> list[str]:
+    names = ray.util.list_named_actors(all_namespaces=True)
+    out = []
+    for entry in names:
+        name = entry["name"] if isinstance(entry, dict) else entry
+        ns = entry.get("namespace") if isinstance(entry, dict) else NAMESPACE
+        if ns == NAMESPACE and name.startswith("supervisor:"):
+            out.append(name.split(":", 1)[1])
+    return sorted(out)
+
+
+def status(handle: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = ray.get(handle.status.remote(), timeout=timeout_s)
+        return result
+    except (RayActorError, GetTimeoutError) as exc:
+        raise RuntimeBackendError(f"the supervisor does not answer: {type(exc).__name__}") from None
+
+
+def stop(handle: Any, reason: str = "stop requested") -> None:
+    ray.get(handle.stop.remote(reason), timeout=30)
+
+
+def wait(handle: Any, timeout_s: float | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = ray.get(
+        handle.wait.remote(timeout_s), timeout=None if timeout_s is None else timeout_s + 30
+    )
+    return result
+
+
+def job_of_running(job_name: str) -> JobSpec | None:
+    """The spec of ``job_name`` as its workers (or its supervisor) hold it on the cluster."""
+    from supervisor.runtime.group import WorkerGroup
+
+    try:
+        handle = ray.get_actor(supervisor_name(job_name), namespace=NAMESPACE)
+        return JobSpec.model_validate(ray.get(handle.spec.remote(), timeout=10))
+    except (ValueError, RayActorError, GetTimeoutError):
+        pass
+    names = WorkerGroup.names(job_name)
+    for name in names:
+        try:
+            worker = ray.get_actor(name, namespace=NAMESPACE)
+            return JobSpec.model_validate(ray.get(worker.spec.remote(), timeout=10))
+        except (ValueError, RayActorError, GetTimeoutError):
+            continue
+    return None

@@ -1,0 +1,166 @@
+"""The worker side of the telemetry channel: records out, directives in, over Ray actor calls.
+
+A rank has at most one ``ingest`` call in flight. That keeps its batches in order at the
+supervisor (a threaded actor does not order calls) and makes batches grow under load
+instead of piling up calls. Records wait in a bounded backlog while the supervisor is busy,
+dead or restarting; when the bound is hit the oldest are dropped and counted, never the
+training step blocked. A batch whose call failed is put back and sent again: the supervisor
+drops steps it has already analysed, so a resend is harmless.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from supervisor.logging import get_logger
+from supervisor.runtime.names import NAMESPACE, supervisor_name
+
+log = get_logger("supervisor.runtime.channel")
+
+_ACK = "directive_applied:"
+
+
+class SupervisorLink:
+    """Sends this rank's record batches to the supervisor actor and fetches directives from it."""
+
+    def __init__(
+        self, job: str, rank: int, *, buffer_records: int, poll_interval_s: float, after_seq: int = 0
+    ) -> None:
+        self.job = job
+        self.rank = rank
+        self.buffer_records = buffer_records
+        self.poll_interval_s = poll_interval_s
+        self.dropped = 0
+        self.sent = 0
+        self.applied: dict[str, str] = {}  # directive id -> kind, as acknowledged in records
+        self.last_step: int | None = None
+        self._backlog: deque[dict[str, Any]] = deque()
+        self._in_flight: tuple[Any, list[dict[str, Any]]] | None = None
+        self._handle: Any = None
+        self._next_lookup = 0.0
+        self._after_id = after_seq  # directives up to here predate this worker: never applied
+        self._directives: deque[dict[str, Any]] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"supervisor-link-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- called by the SDK transport ------------------------------------------------------
+    def sink(self, batch: list[dict[str, Any]]) -> None:
+        """Queue a batch of records (never blocks on the network)."""
+        with self._lock:
+            for rec in batch:
+                self._note(rec)
+            self._backlog.extend(batch)
+            overflow = len(self._backlog) - self.buffer_records
+            for _ in range(max(0, overflow)):
+                self._backlog.popleft()
+                self.dropped += 1
+        self._pump()
+
+    def take_directives(self) -> list[dict[str, Any]]:
+        """Directives received since the last call, oldest first, as plain dicts."""
+        with self._lock:
+            out = list(self._directives)
+            self._directives.clear()
+            return out
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait (bounded) until every queued record was accepted by the supervisor."""
+        deadline = time.monotonic() + timeout_s
+        while self._backlog or self._in_flight:
+            if time.monotonic() >= deadline:
+                return False
+            self._pump()
+            time.sleep(0.01)
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Flush what is buffered (bounded wait) and stop the background thread."""
+        self.flush(timeout_s)
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "sent": self.sent,
+                "dropped": self.dropped,
+                "backlog": len(self._backlog),
+                "connected": self._handle is not None,
+                "applied": dict(self.applied),
+                "last_step": self.last_step,
+                "after_id": self._after_id,
+            }
+
+    # -- background -------------------------------------------------------------------------
+    def _note(self, rec: dict[str, Any]) -> None:
+        if isinstance(rec.get("step"), int):
+            self.last_step = rec["step"]
+        for ev in rec.get("events") or ():
+            if isinstance(ev, str) and ev.startswith(_ACK):
+                parts = ev.split(":")
+                if len(parts) >= 3:
+                    self.applied[parts[1]] = parts[2]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self._pump()
+                self._fetch()
+            except Exception as exc:  # a failing link must never kill the worker's training
+                log.warning("link_error", rank=self.rank, error=repr(exc))
+                self._forget_handle()
+
+    def _supervisor(self) -> Any:
+        if self._handle is None and time.monotonic() >= self._next_lookup:
+            try:
+                self._handle = ray.get_actor(supervisor_name(self.job), namespace=NAMESPACE)
+            except ValueError:
+                self._next_lookup = time.monotonic() + 1.0
+        return self._handle
+
+    def _forget_handle(self) -> None:
+        self._handle = None
+        self._next_lookup = time.monotonic() + 1.0
+
+    def _pump(self) -> None:
+        with self._lock:
+            if self._in_flight is not None:
+                ref, batch = self._in_flight
+                ready, _ = ray.wait([ref], timeout=0)
+                if not ready:
+                    return
+                self._in_flight = None
+                try:
+                    ray.get(ref)
+                    self.sent += len(batch)
+                except RayActorError:
+                    self._backlog.extendleft(reversed(batch))  # resend later, in order
+                    self._forget_handle()
+            handle = self._supervisor()
+            if handle is None or not self._backlog:
+                return
+            batch = list(self._backlog)
+            self._backlog.clear()
+            self._in_flight = (handle.ingest.remote(self.rank, batch), batch)
+
+    def _fetch(self) -> None:
+        handle = self._supervisor()
+        if handle is None:
+            return
+        try:
+            new = ray.get(handle.directives.remote(self.rank, self._after_id), timeout=10.0)
+        except (RayActorError, GetTimeoutError):
+            self._forget_handle()
+            return
+        with self._lock:
+            for d in new:
+                self._after_id = max(self._after_id, int(d.pop("seq")))
+                self._directives.append(d)

@@ -1,0 +1,207 @@
+"""The worker group: one detached Ray actor per rank, in a detached placement group.
+
+Ray owns the processes, their placement and their death; the supervisor only decides when a
+group is started, re-attached after a supervisor restart, or replaced by a new generation
+(after a worker died, hung, or its node was lost). Names carry the generation
+(``worker:<job>:<gen>:<rank>``) so a new group never races the old one for a name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from supervisor.config.job import JobSpec
+from supervisor.errors import RuntimeBackendError
+from supervisor.logging import get_logger
+from supervisor.runtime.names import NAMESPACE, placement_group_name
+from supervisor.runtime.settings import RuntimeSettings
+from supervisor.runtime.worker import TrainWorker
+
+RemoteWorker = ray.remote(TrainWorker)
+
+
+def worker_actor_name(job: str, generation: int, rank: int) -> str:
+    return f"worker:{job}:{generation}:{rank}"
+
+
+@dataclass(frozen=True)
+class GroupHealth:
+    """What the group is doing, as a value the controller decides on."""
+
+    state: str  # "running" | "finished" | "failed" | "lost"
+    rank: int | None = None
+    reason: str = ""
+
+
+class WorkerGroup:
+    """A generation of the job's workers on Ray."""
+
+    def __init__(self, job: JobSpec, settings: RuntimeSettings, generation: int) -> None:
+        self.job = job
+        self.settings = settings
+        self.generation = generation
+        self.world_size = job.resources.num_workers
+        self.workers: list[Any] = []
+        self.pg: PlacementGroup | None = None
+        self._waits: dict[int, Any] = {}
+        self._outcomes: dict[int, dict[str, Any]] = {}
+        self.log = get_logger("supervisor.runtime.group", job=job.name, generation=generation)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def launch(self, resume_step: int | None, *, after_seq: int = 0, ready_timeout_s: float = 120.0) -> None:
+        """Place and start every rank; training begins from ``resume_step`` (None: fresh)."""
+        res = self.job.resources
+        bundle = {"CPU": res.cpus_per_worker} | ({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})
+        # 1. Reserve all ranks at once, so a group never starts half placed.
+        self.pg = placement_group(
+            [dict(bundle) for _ in range(self.world_size)],
+            strategy="PACK",
+            name=placement_group_name(self.job.name, self.generation),
+            lifetime="detached",
+        )
+        try:
+            ray.get(self.pg.ready(), timeout=ready_timeout_s)
+        except GetTimeoutError:
+            self.shutdown()
+            raise RuntimeBackendError(
+                f"cannot place {self.world_size} workers x {bundle} within {ready_timeout_s:.0f}s "
+                f"(cluster has {ray.available_resources()})"
+            ) from None
+        # 2. One detached, named actor per rank: it outlives the supervisor that created it.
+        self.workers = [
+            RemoteWorker.options(
+                name=worker_actor_name(self.job.name, self.generation, rank),
+                namespace=NAMESPACE,
+                lifetime="detached",
+                max_concurrency=32,
+                max_restarts=0,
+                num_cpus=res.cpus_per_worker,
+                num_gpus=res.gpus_per_worker,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=rank
+                ),
+            ).remote(
+                self.job.model_dump(mode="json"),
+                rank,
+                self.world_size,
+                self.generation,
+                self.settings.model_dump(),
+            )
+            for rank in range(self.world_size)
+        ]
+        # 3. Rendezvous at rank 0's node, then start every rank (each joins the process group).
+        addr, port = ray.get(self.workers[0].address.remote(), timeout=ready_timeout_s)
+        ray.get(
+            [w.start.remote(addr, port, resume_step, after_seq) for w in self.workers],
+            timeout=ready_timeout_s,
+        )
+        self._watch()
+        self.log.info(
+            "group_launched", world_size=self.world_size, resume_step=resume_step, master=f"{addr}:{port}"
+        )
+
+    @staticmethod
+    def _generations(job_name: str) -> dict[int, dict[int, str]]:
+        pattern = re.compile(rf"^worker:{re.escape(job_name)}:(\d+):(\d+)$")
+        gens: dict[int, dict[int, str]] = {}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            name = entry["name"] if isinstance(entry, dict) else entry
+            if isinstance(entry, dict) and entry.get("namespace") != NAMESPACE:
+                continue
+            m = pattern.match(name)
+            if m:
+                gens.setdefault(int(m.group(1)), {})[int(m.group(2))] = name
+        return gens
+
+    @classmethod
+    def names(cls, job_name: str) -> list[str]:
+        """Actor names of the newest generation of ``job_name``'s workers on the cluster."""
+        gens = cls._generations(job_name)
+        return [gens[max(gens)][r] for r in sorted(gens[max(gens)])] if gens else []
+
+    @classmethod
+    def find(cls, job: JobSpec, settings: RuntimeSettings) -> WorkerGroup | None:
+        """The newest generation of this job's workers already on the cluster, re-attached."""
+        gens = cls._generations(job.name)
+        if not gens:
+            return None
+        gen = max(gens)
+        group = cls(job, settings, gen)
+        try:
+            group.workers = [ray.get_actor(gens[gen][r], namespace=NAMESPACE) for r in sorted(gens[gen])]
+        except (KeyError, ValueError):
+            return None
+        try:
+            group.pg = ray.util.get_placement_group(placement_group_name(job.name, gen))
+        except ValueError:
+            group.pg = None
+        group._watch()
+        return group
+
+    def shutdown(self) -> None:
+        """Kill every rank and release the placement; safe to call twice."""
+        for w in self.workers:
+            with contextlib.suppress(RayActorError, ValueError):
+                ray.kill(w, no_restart=True)
+        self.workers = []
+        self._waits = {}
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception as exc:  # already removed / cluster going away: nothing left to release
+                self.log.debug("pg_remove_failed", error=repr(exc))
+            self.pg = None
+
+    # -- health -------------------------------------------------------------------------------
+    def health(self) -> GroupHealth:
+        """Non-blocking: finished when every rank finished, failed/lost as soon as one rank is."""
+        pending = [ref for rank, ref in self._waits.items() if rank not in self._outcomes]
+        if pending:
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+            for rank, ref in self._waits.items():
+                if ref in ready and rank not in self._outcomes:
+                    self._outcomes[rank] = _outcome(ref)
+        for rank, out in sorted(self._outcomes.items()):
+            if out["state"] == "lost":
+                return GroupHealth("lost", rank, out.get("error", "worker actor died"))
+            if out["state"] == "failed":
+                return GroupHealth("failed", rank, out.get("error", "training raised"))
+        if len(self._outcomes) == self.world_size:
+            return GroupHealth("finished")
+        return GroupHealth("running")
+
+    def statuses(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """Each rank's status (``{"state": "lost"}`` for a rank that does not answer)."""
+        refs = [w.status.remote() for w in self.workers]
+        out = []
+        deadline = time.monotonic() + timeout_s
+        for rank, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=max(0.1, deadline - time.monotonic())))
+            except (RayActorError, GetTimeoutError) as exc:
+                out.append({"rank": rank, "state": "lost", "error": type(exc).__name__})
+        return out
+
+    def pids(self) -> list[int]:
+        return list(ray.get([w.pid.remote() for w in self.workers], timeout=30))
+
+    def _watch(self) -> None:
+        self._waits = {rank: w.wait.remote() for rank, w in enumerate(self.workers)}
+        self._outcomes = {}
+
+
+def _outcome(ref: Any) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = ray.get(ref)
+        return result
+    except RayActorError as exc:
+        return {"state": "lost", "error": f"worker actor died: {type(exc).__name__}"}

@@ -1,0 +1,157 @@
+"""Per-step aggregates of every rank's records, and the observation-window verdict.
+
+Pure functions over records: the controller keeps a short history of ``StepStats``, takes
+a baseline before the incident's onset, and after the fix compares an observation window
+with it using the policy's pass criteria.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from supervisor.core.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    step: int
+    loss: float
+    grad_norm: float | None = None
+    update_ratio: float | None = None
+    tokens_per_s: float | None = None
+    lr: float | None = None
+    nonfinite: bool = False
+    ranks: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def aggregate(step: int, records: list[Record]) -> StepStats:
+    """Token-weighted global loss (when ranks report loss_sum and tokens), mean of the rest."""
+    weighted = [(r.loss_sum, r.tokens) for r in records if r.loss_sum is not None and r.tokens]
+    if len(weighted) == len(records):
+        loss = sum(s for s, _ in weighted) / max(1, sum(t for _, t in weighted if t))
+    else:
+        loss = sum(r.loss for r in records) / len(records)
+    return StepStats(
+        step=step,
+        loss=float(loss),
+        grad_norm=_mean([r.grad_norm for r in records]),
+        update_ratio=_mean([r.update_ratio for r in records]),
+        tokens_per_s=_sum([r.tokens_per_s for r in records]),
+        lr=_mean([r.lr for r in records]),
+        nonfinite=any(r.is_nonfinite for r in records),
+        ranks=len(records),
+    )
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _sum(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) if vals else None
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """Robust summary of the steps before the onset."""
+
+    steps: int
+    loss_median: float
+    loss_mad: float
+    grad_norm: float | None
+    update_ratio: float | None
+    tokens_per_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Baseline:
+        return cls(**d)
+
+
+def baseline(history: list[StepStats]) -> Baseline | None:
+    finite = [h for h in history if not h.nonfinite and math.isfinite(h.loss)]
+    if len(finite) < 5:
+        return None
+    losses = [h.loss for h in finite]
+    med = statistics.median(losses)
+    mad = statistics.median(abs(x - med) for x in losses)
+    return Baseline(
+        steps=len(finite),
+        loss_median=med,
+        loss_mad=max(mad, 1e-6 * max(1.0, abs(med))),
+        grad_norm=_median([h.grad_norm for h in finite]),
+        update_ratio=_median([h.update_ratio for h in finite]),
+        tokens_per_s=_median([h.tokens_per_s for h in finite]),
+    )
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    passed: bool
+    value: float | None
+    limit: float | None
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> list[Check]:
+    """Each pass criterion of an ``observe`` action, checked on the window against the baseline.
+
+    Loss must stay *below* baseline median + N x 1.4826 MAD (lower is fine: training goes on
+    improving); grad norm and update ratio medians must stay under N x baseline; throughput
+    over N x baseline. A metric nobody reports is skipped (passed, "not reported").
+    """
+    checks = [_finite(window)]
+    w_loss = statistics.median(h.loss for h in window)
+    limit = base.loss_median + criteria.get("loss_within_mads", 3.0) * 1.4826 * base.loss_mad
+    checks.append(
+        Check("loss", w_loss <= limit, w_loss, limit, f"window median {w_loss:.4g} vs limit {limit:.4g}")
+    )
+    for name, attr, key, upper in (
+        ("grad_norm", "grad_norm", "grad_norm_ratio_max", True),
+        ("update_ratio", "update_ratio", "update_ratio_max", True),
+        ("throughput", "tokens_per_s", "throughput_min_ratio", False),
+    ):
+        checks.append(
+            _ratio(
+                name, getattr(base, attr), _median([getattr(h, attr) for h in window]), criteria, key, upper
+            )
+        )
+    return checks
+
+
+def _finite(window: list[StepStats]) -> Check:
+    bad = [h.step for h in window if h.nonfinite or not math.isfinite(h.loss)]
+    return Check(
+        "finite", not bad, float(len(bad)), 0.0, f"non-finite at steps {bad[:5]}" if bad else "all finite"
+    )
+
+
+def _ratio(
+    name: str, base: float | None, value: float | None, criteria: dict[str, Any], key: str, upper: bool
+) -> Check:
+    if base is None or value is None or base <= 0:
+        return Check(name, True, value, None, "not reported")
+    ratio = value / base
+    bound = float(criteria.get(key, 2.0 if upper else 0.8))
+    ok = ratio <= bound if upper else ratio >= bound
+    sign = "<=" if upper else ">="
+    return Check(name, ok, ratio, bound, f"{ratio:.3g}x baseline (must be {sign} {bound:g}x)")

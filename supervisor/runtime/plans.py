@@ -1,0 +1,115 @@
+"""Carrying out one incident's plan, action by action, through the incident store.
+
+Every action: (1) ``prepare`` its memo, (2) write the ``pending`` event with that memo,
+(3) ``start`` it, (4) ``poll`` until it has an outcome, (5) mark the event ``done`` or
+``failed``. The event is keyed by an action id made of (incident, plan number, index,
+name), so after a restart an action whose event is ``done`` is skipped and one that is
+``pending`` is polled (and idempotently re-started) rather than run again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.core.policy import PlannedAction
+from supervisor.incidents import EventStatus, IncidentState
+from supervisor.logging import get_logger
+from supervisor.runtime.actions import executor
+from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime.state import ActivePlan
+
+log = get_logger("supervisor.runtime.plans")
+
+#: The incident state an action moves an incident into (when the move is valid from where it is).
+_STATE_OF = {
+    "freeze": IncidentState.FROZEN,
+    "snapshot": IncidentState.FROZEN,
+    "block_latest": IncidentState.FROZEN,
+    "replay": IncidentState.ACTING,
+    "rollback": IncidentState.ACTING,
+    "apply": IncidentState.ACTING,
+    "observe": IncidentState.OBSERVING,
+}
+
+
+def action_id(active: ActivePlan, index: int, name: str) -> str:
+    return f"i{active.incident_id}-p{active.plan_no}-a{index}-{name}"
+
+
+def actions_of(active: ActivePlan) -> list[PlannedAction]:
+    return [
+        PlannedAction(a["name"], a.get("params") or {}, a.get("reason", ""), a.get("on_failure", "escalate"))
+        for a in active.plan["actions"]
+    ]
+
+
+class PlanRunner:
+    """Advances the active plan by at most one action transition per call."""
+
+    def __init__(self, rt: Runtime, incidents: Any) -> None:
+        self.rt = rt
+        self.incidents = incidents
+        self._started: set[str] = set()
+
+    def advance(self, active: ActivePlan) -> Outcome | None:
+        """None while the current action runs; the failed action's outcome when one failed."""
+        actions = actions_of(active)
+        if active.index >= len(actions):
+            return None
+        pa = actions[active.index]
+        aid = action_id(active, active.index, pa.name)
+        ex = executor(pa.name)
+        params = dict(pa.params)
+        event = self.incidents.event_for_action(active.incident_id, aid)
+        if event is None:
+            self._enter_state(active.incident_id, pa.name)
+            memo = ex.prepare(self.rt, params, aid)
+            payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
+            self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
+                                 payload=payload, action_id=aid)  # fmt: skip
+            log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
+            ex.start(self.rt, params, memo)
+            self._started.add(aid)
+            return None
+        if event.status is EventStatus.DONE:
+            active.index += 1
+            return None
+        memo = event.payload.get("memo") or {}
+        if event.status is EventStatus.FAILED:
+            return Outcome.fail(str((event.result or {}).get("reason", "failed")), **(event.result or {}))
+        if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
+            ex.start(self.rt, params, memo)
+            self._started.add(aid)
+        out = ex.poll(self.rt, params, memo)
+        if out is None:
+            return None
+        result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
+        self.incidents.finish(event.id, result=result, failed=not out.ok)
+        log.info(
+            "action_finished",
+            incident=active.incident_id,
+            action=pa.name,
+            ok=out.ok,
+            reason=out.reason,
+            id=aid,
+        )
+        if out.ok:
+            active.index += 1
+            return None
+        return out
+
+    def _enter_state(self, incident_id: int, action: str) -> None:
+        target = _STATE_OF.get(action)
+        if target is not None:
+            move(self.incidents, incident_id, target, f"action {action} begins", self.rt.current_step)
+
+
+def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:
+    """Transition when valid from the current state (a no-op otherwise, e.g. frozen -> frozen)."""
+    from supervisor.incidents.states import can_transition
+
+    current = incidents.get(incident_id).state
+    if current == target or not can_transition(current, target):
+        return False
+    incidents.transition(incident_id, target, reason, actor="supervisor", step=step)
+    return True

@@ -1,0 +1,87 @@
+"""Open the job's stores from job.yaml: checkpoints (storage backend) and incidents (SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from supervisor.config.job import JobSpec
+
+
+def open_checkpoint_store(job: JobSpec) -> Any:
+    """The job's ``CheckpointStore`` on its storage backend (local directory or S3)."""
+    from supervisor.checkpoint.store import CheckpointStore
+    from supervisor.storage import open_backend
+
+    backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
+    return CheckpointStore(backend, job.name)
+
+
+def incident_db_path(job: JobSpec) -> Path:
+    """Where the job's incident store lives (job.yaml ``incidents.db`` or the documented default)."""
+    if job.incidents.db:
+        return Path(job.incidents.db).expanduser()
+    if job.storage.is_s3:
+        return Path("~/.local/state/spike-supervisor/incidents.sqlite").expanduser()
+    return Path(job.storage.path).expanduser() / "incidents.sqlite"
+
+
+def runtime_state_path(job: JobSpec) -> Path:
+    """The supervisor's own small state file (directive log, analyzer state, plan cursor)."""
+    return incident_db_path(job).parent / "runtime" / f"{job.name}.json"
+
+
+def open_incident_store(job: JobSpec) -> Any:
+    from supervisor.incidents import IncidentStore
+
+    path = incident_db_path(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return IncidentStore(path)
+
+
+def pick_rollback_target(
+    store: Any, *, max_step: int, min_mark: str, world_size: int
+) -> tuple[int, dict[str, Any]]:
+    """The checkpoint store's rollback target at or before ``max_step``, re-verified (deep).
+
+    ``min_mark="verified"`` widens the search to verified checkpoints when no healthy one
+    qualifies; a checkpoint that fails re-verification is quarantined by the store.
+    """
+    from supervisor.checkpoint import select_rollback_target, verify
+    from supervisor.core.model import HealthMark
+    from supervisor.errors import CheckpointError
+
+    if store is None:
+        raise CheckpointError("the job has no checkpoint store")
+    try:
+        target = select_rollback_target(store, max_step, 0, expected_world_size=world_size)
+        return target.step, {"ok": True, "health": "healthy", "rejected": [list(r) for r in target.rejected]}
+    except CheckpointError:
+        if min_mark != "verified":
+            raise
+    for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
+        if manifest.step <= max_step and manifest.health == HealthMark.VERIFIED:
+            result = verify(store, manifest.step, deep=True, expected_world_size=world_size, by="rollback")
+            if result.ok:
+                return manifest.step, {"ok": True, "health": "verified", "rejected": []}
+    raise CheckpointError(f"no healthy or verified checkpoint at or before step {max_step}", source=store.uri)
+
+
+def newest_verified(store: Any, *, world_size: int) -> int | None:
+    """The newest checkpoint that is verified or healthy *and* passes re-verification now (or None).
+
+    A worker-group restart resumes from here, never from an unverified ``latest``.
+    """
+    from supervisor.checkpoint import verify
+    from supervisor.core.model import HealthMark
+
+    if store is None:
+        return None
+    good = (HealthMark.VERIFIED, HealthMark.HEALTHY)
+    for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
+        if (
+            manifest.health in good
+            and verify(store, manifest.step, expected_world_size=world_size, by="restart").ok
+        ):
+            return int(manifest.step)
+    return None

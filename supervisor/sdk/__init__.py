@@ -1,0 +1,85 @@
+"""The training-side SDK: what a plain PyTorch loop adds to be watched and steered.
+
+    from supervisor import sdk
+
+    loader = sdk.SupervisedLoader(dataset, batch_size=8, seed=0)
+    probe = sdk.init(model, optimizer, scheduler=scheduler, loader=loader, loss_fn=lm_loss, ctx=ctx)
+    for batch in loader:
+        with probe.step(batch) as s:
+            s.backward(lm_loss(model, batch))
+            s.optimizer_step()
+    probe.close()
+
+With ``ctx`` (from the runtime) records go to the supervisor and directives come back; with
+no ``ctx`` the same probe writes a JSONL trace (``trace=`` or ``$SUPERVISOR_TRACE``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from supervisor.sdk.context import dist_info, job_settings, trace_path
+from supervisor.sdk.directives import (
+    ApplyOverrides,
+    Continue,
+    Directive,
+    Exclusions,
+    Freeze,
+    RollbackInPlace,
+    Snapshot,
+    Stop,
+)
+from supervisor.sdk.loader import SupervisedLoader
+from supervisor.sdk.losses import StepLoss, token_losses
+from supervisor.sdk.probe import LossFn, Probe
+from supervisor.sdk.settings import ProbeSettings
+from supervisor.sdk.transport import BatchingTransport, MemoryTransport, OfflineTransport, Transport
+
+__all__ = [
+    "ApplyOverrides", "BatchingTransport", "Continue", "Directive", "Exclusions", "Freeze", "MemoryTransport",
+    "OfflineTransport", "Probe", "ProbeSettings", "RollbackInPlace", "Snapshot", "StepLoss", "Stop",
+    "SupervisedLoader", "Transport", "init", "token_losses",
+]  # fmt: skip
+
+
+def init(
+    model: nn.Module,
+    optimizer: Optimizer,
+    *,
+    scheduler: Any = None,
+    scaler: Any = None,
+    loader: SupervisedLoader | None = None,
+    loss_fn: LossFn | None = None,
+    ctx: Any = None,
+    transport: Transport | None = None,
+    checkpoint: Any = None,
+    trace: str | Path | None = None,
+    canary_batch: Any = None,
+    **settings: Any,
+) -> Probe:
+    """Build the probe for this rank. ``settings`` are ``ProbeSettings`` fields (they override the job's).
+
+    ``ctx`` is the runtime's worker context (rank, world size, transport, checkpoint store,
+    resume step, job spec); without one the probe runs offline and writes ``trace``.
+    With ``ctx.resume_step`` set, the state of that checkpoint is loaded before returning.
+    """
+    rank, world_size = dist_info(ctx)
+    cfg = ProbeSettings(**{**job_settings(ctx), **settings})
+    transport = (
+        transport or getattr(ctx, "transport", None) or OfflineTransport(trace_path(trace, rank, world_size))
+    )
+    checkpoint = checkpoint if checkpoint is not None else getattr(ctx, "checkpoint_store", None)
+    if cfg.canary_every and canary_batch is None and loader is not None:
+        canary_batch = loader.fixed_batch()
+    probe = Probe(
+        model, optimizer, transport=transport, scheduler=scheduler, scaler=scaler, loader=loader, loss_fn=loss_fn,
+        canary_batch=canary_batch, checkpoint=checkpoint, rank=rank, world_size=world_size, settings=cfg,
+    )  # fmt: skip
+    resume = getattr(ctx, "resume_step", None)
+    if resume is not None:
+        probe.steering.restore(int(resume))
+    return probe

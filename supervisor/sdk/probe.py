@@ -1,0 +1,232 @@
+"""The probe: per-rank telemetry of every step, and directives applied at step boundaries.
+
+    probe = sdk.init(model, optimizer, scheduler=sched, loader=loader, loss_fn=lm_loss)
+    for batch in loader:                       # the boundary runs inside the loader
+        with probe.step(batch) as s:
+            s.backward(lm_loss(model, batch))
+            s.optimizer_step()
+    probe.close()
+
+Directive handling lives in ``supervisor.sdk.steering``; the step itself in
+``supervisor.sdk.step``; the device-side metrics in ``supervisor.sdk.metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from supervisor.logging import get_logger
+from supervisor.sdk.control import ControlChannel
+from supervisor.sdk.losses import StepLoss
+from supervisor.sdk.metrics import (
+    NormSampler,
+    Pack,
+    exact_param_norm,
+    fingerprint,
+    fingerprint_parts,
+    grad_norm,
+)
+from supervisor.sdk.nonfinite import localize_nonfinite, unwrap
+from supervisor.sdk.settings import ProbeSettings
+from supervisor.sdk.steering import Steering
+from supervisor.sdk.step import Pending, StepScope, loss_fields
+from supervisor.sdk.transport import Transport
+
+LossFn = Callable[[nn.Module, Any], StepLoss]
+
+
+class Probe:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        transport: Transport,
+        scheduler: Any = None,
+        scaler: Any = None,
+        loader: Any = None,
+        loss_fn: LossFn | None = None,
+        canary_batch: Any = None,
+        checkpoint: Any = None,
+        rank: int = 0,
+        world_size: int = 1,
+        settings: ProbeSettings | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.loader, self.loss_fn, self.transport, self.checkpoint = loader, loss_fn, transport, checkpoint
+        self.rank, self.world_size = rank, world_size
+        self.settings = settings or ProbeSettings()
+        self.step_count = 0
+        """Optimizer steps completed (the ``step`` of the last record)."""
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.sampler = NormSampler(self.params, self.settings.sample_stride, self.settings.exact_below)
+        self.canary_batch = canary_batch
+        self.log = get_logger("supervisor.sdk", rank=rank)
+        self.pending: Pending | None = None
+        self.next_events: list[str] = []
+        self.steering = Steering(self, ControlChannel(rank, world_size))
+        if loader is not None and hasattr(loader, "boundary"):
+            loader.boundary = self.boundary
+
+    # -- the user loop -------------------------------------------------------------------------
+    def step(self, batch: Any) -> StepScope:
+        if self.loader is None or not hasattr(self.loader, "boundary"):
+            self.boundary()  # no supervised loader: directives are handled here instead
+        return StepScope(self, batch)
+
+    def boundary(self) -> None:
+        """Between two steps, identically on every rank: directives, periodic checkpoint, stop."""
+        self.steering.boundary()
+
+    @property
+    def should_stop(self) -> bool:
+        return self.steering.stopped
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def localize_nonfinite(self, run: Callable[[nn.Module], torch.Tensor]) -> str | None:
+        """Replay ``run(module) -> loss`` with checks armed; names where NaN/Inf first appeared."""
+        return localize_nonfinite(self.model, run)
+
+    # -- the step ------------------------------------------------------------------------------
+    def _optimizer_step(self, scope: StepScope) -> bool:
+        s = self.settings
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        clip = self.steering.grad_clip if self.steering.grad_clip is not None else s.grad_clip
+        pack = Pack()
+        pack.add("grad_norm", grad_norm(self.params, clip))
+        names = scope.pack_loss(pack)
+        if self.scaler is not None:
+            pack.add("scale", self.scaler._scale)
+            found = self.scaler._per_optimizer_states[id(self.optimizer)].get("found_inf_per_device", {})
+            pack.add("found_inf", torch.stack(list(found.values())).sum() if found else None)
+        self._pack_state(pack)
+        vals = pack.fetch()  # the one device->host sync of this step
+        self._finish_pending(vals, scope.started)
+        rec = self._record(vals, names, scope)
+        applied = self._apply_update(rec, scope)
+        self.step_count += 1
+        rec["step"] = self.step_count
+        self.pending = Pending(
+            rec, scope.started, float(rec.get("tokens") or 0), self._canary(), self.next_events
+        )
+        self.next_events = []
+        return applied
+
+    def _record(self, vals: dict[str, list[float]], names: list[str], scope: StepScope) -> dict[str, Any]:
+        rec: dict[str, Any] = {"step": self.step_count + 1, "rank": self.rank, "world_size": self.world_size}
+        rec["time"] = time.time()
+        rec.update(loss_fields(vals, names, scope.batch, self.settings.max_samples))
+        rec["grad_norm"] = vals["grad_norm"][0]
+        rec["lr"] = float(self.optimizer.param_groups[0]["lr"]) * self.steering.lr_multiplier(
+            self.step_count + 1
+        )
+        if "scale" in vals:
+            rec["loss_scale"] = vals["scale"][0]
+            rec["overflow"] = bool(vals.get("found_inf", [0.0])[0] > 0)
+        grads_bad = not math.isfinite(rec["grad_norm"]) and self.scaler is None
+        rec["nonfinite"] = not math.isfinite(rec["loss_sum"]) or grads_bad
+        if rec["nonfinite"] and self.settings.localize_nonfinite and self.loss_fn is not None:
+            fn, batch = self.loss_fn, scope.batch
+            rec["nonfinite_at"] = localize_nonfinite(self.model, lambda m: fn(m, batch).loss) or "unknown"
+        return rec
+
+    def _apply_update(self, rec: dict[str, Any], scope: StepScope) -> bool:
+        skip = rec["nonfinite"] and self.settings.skip_nonfinite_step and self.scaler is None
+        applied = not skip
+        with self.steering.lr_override(self.step_count + 1):
+            if skip:
+                rec.setdefault("events", []).append("step_skipped_nonfinite")
+            elif self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                applied = not rec.get("overflow", False)
+            else:
+                self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        if self.scheduler is not None:
+            with warnings.catch_warnings():  # a skipped step still advances the schedule, like AMP's skips
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+                self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return applied
+
+    # -- state metrics of the previous step, measured now ---------------------------------------
+    def _pack_state(self, pack: Pack) -> None:
+        s = self.settings
+        if s.norms:
+            param_sq, update_sq = self.sampler.measure()
+            if self.pending is not None:
+                pack.add("param_sq", param_sq)
+                pack.add("update_sq", update_sq)
+        if self.pending is None:
+            return
+        step = self.pending.record["step"]
+        if s.fingerprint_every and step % s.fingerprint_every == 0:
+            pack.add("fingerprint", fingerprint_parts(self.params))
+        pack.add("canary", self.pending.canary)
+
+    def _finish_pending(self, vals: dict[str, list[float]], now_started: float | None) -> None:
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        rec = p.record
+        if "param_sq" in vals:
+            rec["param_norm"] = math.sqrt(vals["param_sq"][0])
+        if "update_sq" in vals:
+            rec["update_norm"] = math.sqrt(vals["update_sq"][0])
+        attrs = rec.setdefault("attrs", {})
+        if "fingerprint" in vals:
+            rec["param_checksum"] = fingerprint(vals["fingerprint"])
+            attrs["param_norm_exact"] = exact_param_norm(vals["fingerprint"])
+        if "canary" in vals:
+            attrs["canary_loss"] = vals["canary"][0]
+        dropped = int(
+            getattr(getattr(self.transport, "stats", None), "dropped", getattr(self.transport, "dropped", 0))
+        )
+        if dropped:
+            attrs["dropped_records"] = dropped
+        if not attrs:
+            del rec["attrs"]
+        rec["step_time"] = (now_started or time.monotonic()) - p.started
+        if rec["step_time"] > 0 and p.tokens:
+            rec["tokens_per_s"] = p.tokens / rec["step_time"]
+        events = rec.get("events", []) + p.events
+        if events:
+            rec["events"] = events
+        self.transport.send([rec])
+
+    def flush(self) -> None:
+        """Emit the pending record now (one extra sync; used at boundaries that act, and at close)."""
+        if self.pending is None:
+            return
+        pack = Pack()
+        self._pack_state(pack)
+        self._finish_pending(pack.fetch(), None)
+
+    def event(self, name: str) -> None:
+        """An event of the step just finished (or of the next one if none is pending)."""
+        (self.pending.events if self.pending is not None else self.next_events).append(name)
+
+    def _canary(self) -> torch.Tensor | None:
+        every = self.settings.canary_every
+        if not every or self.loss_fn is None or self.canary_batch is None or self.step_count % every:
+            return None
+        module = unwrap(self.model)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                return self.loss_fn(module, self.canary_batch).loss.detach()
+        finally:
+            module.train(was_training)

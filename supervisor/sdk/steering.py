@@ -1,0 +1,230 @@
+"""Directives at step boundaries: freeze, snapshot, rollback in place, overrides, stop.
+
+Every rank runs ``boundary()`` between the same two steps; rank 0's directives reach all
+ranks through the ``ControlChannel`` broadcast, so all ranks act alike and no rank is left
+waiting in a collective. Each directive is acknowledged in the record of the step at whose
+boundary it took effect (``directive_applied:<id>:<kind>``); while frozen there is no step,
+so acknowledgements go out as *control messages*: ``{"step", "rank", "world_size", "time",
+"control": true, "events": [...]}`` — no ``loss``, so trace readers skip them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from supervisor.core.model import HealthMark
+from supervisor.errors import SupervisorError
+from supervisor.sdk.control import ControlChannel
+from supervisor.sdk.directives import (
+    ApplyOverrides,
+    Continue,
+    Directive,
+    Freeze,
+    RollbackInPlace,
+    Snapshot,
+    Stop,
+    ack_event,
+)
+
+if TYPE_CHECKING:
+    from supervisor.sdk.probe import Probe
+
+
+class Steering:
+    def __init__(self, probe: Probe, control: ControlChannel) -> None:
+        self.probe = probe
+        self.control = control
+        self.stopped = False
+        self.frozen = False
+        self.lr_scale = 1.0
+        self.warmup_steps: int | None = None
+        self.warmup_from = 0
+        self.grad_clip: float | None = None
+        self.last_saved: int | None = None
+        self._wake = threading.Event()
+        self._handlers: dict[type[Directive], Callable[[Any], None]] = {
+            Continue: lambda d: None,
+            Freeze: self._freeze,
+            Snapshot: lambda d: self.save(HealthMark.DIAGNOSTIC, "snapshot_saved"),
+            RollbackInPlace: self._rollback,
+            ApplyOverrides: self._apply,
+            Stop: self._stop,
+        }
+
+    # -- the boundary --------------------------------------------------------------------------
+    def boundary(self) -> None:
+        p = self.probe
+        for d in self._exchange():
+            self.handle(d)
+        every = p.settings.checkpoint_every
+        due = every and p.checkpoint is not None and p.step_count and p.step_count % every == 0
+        if due and self.last_saved != p.step_count:
+            self.save(HealthMark.UNVERIFIED, "checkpoint_saved")
+        if self.stopped or (p.settings.max_steps and p.step_count >= p.settings.max_steps):
+            p.flush()
+            raise StopIteration
+
+    def _exchange(self) -> list[Directive]:
+        mine = self.probe.transport.poll()  # every rank drains its queue; rank 0's is what counts
+        return self.control.exchange(mine if self.control.rank == 0 else [])
+
+    def handle(self, d: Directive) -> None:
+        log = self.probe.log.bind(directive=d.id, kind=d.kind, step=self.probe.step_count)
+        try:
+            self._handlers[type(d)](d)
+        except SupervisorError as exc:
+            log.error("directive failed", error=exc.one_line())
+            self._ack(ack_event(d, ok=False))
+            return
+        log.info("directive applied")
+        if not isinstance(d, Freeze):  # a freeze acknowledges itself before it parks
+            self._ack(ack_event(d))
+
+    def _ack(self, event: str) -> None:
+        p = self.probe
+        if self.frozen or p.pending is None:
+            # No step to carry it now: tell the supervisor at once, and repeat it in the next record.
+            p.transport.send([self._control_message([event])])
+            p.next_events.append(event)
+            return
+        p.event(event)
+        p.flush()
+
+    def _control_message(self, events: list[str]) -> dict[str, Any]:
+        p = self.probe
+        return {"step": p.step_count, "rank": p.rank, "world_size": p.world_size, "time": time.time(),
+                "control": True, "events": events}  # fmt: skip
+
+    # -- directives ----------------------------------------------------------------------------
+    def _freeze(self, d: Freeze) -> None:
+        self._ack(ack_event(d))
+        self.frozen = True
+        self.probe.log.warning("frozen at boundary", step=self.probe.step_count, reason=d.reason)
+        try:
+            while not self.stopped:
+                if self.control.rank == 0:
+                    self._wake.wait(self.probe.settings.freeze_poll_s)
+                ds = self._exchange()  # ranks > 0 wait here for rank 0's next broadcast
+                for x in ds:
+                    if isinstance(x, Continue):
+                        self._ack(ack_event(x))
+                        return
+                    self.handle(x) if not isinstance(x, Freeze) else self._ack(ack_event(x))
+        finally:
+            self.frozen = False
+            self.probe.log.info("released", step=self.probe.step_count)
+
+    def _stop(self, d: Stop) -> None:
+        self.stopped = True
+
+    def _apply(self, d: ApplyOverrides) -> None:
+        p = self.probe
+        if d.lr_scale is not None:
+            self.lr_scale = float(d.lr_scale)
+            p.event("lr_override")
+        if d.warmup_steps is not None:
+            self.warmup_steps, self.warmup_from = int(d.warmup_steps), p.step_count
+            p.event("lr_override")
+        if d.grad_clip is not None:
+            self.grad_clip = float(d.grad_clip)
+            p.event("grad_clip_override")
+        if d.exclusions or d.skip_batches:
+            if p.loader is None:
+                raise SupervisorError("exclusions and skips need the supervised loader", field="apply")
+            p.loader.exclude(d.exclusions)
+            p.loader.skip(d.skip_batches)
+            p.event("data_override")
+
+    def _rollback(self, d: RollbackInPlace) -> None:
+        p = self.probe
+        before = p.step_count
+        self.restore(d.step)
+        if p.loader is not None and d.exclusions:
+            p.loader.exclude(d.exclusions)
+        p.next_events.append(f"rolled_back:{before}:{d.step}")
+
+    def restore(self, step: int) -> None:
+        """Load every piece of training state from checkpoint ``step`` into the live objects."""
+        from supervisor.checkpoint.training_state import load_training_state
+
+        p = self.probe
+        if p.checkpoint is None:
+            raise SupervisorError(
+                "restoring needs a checkpoint store (sdk.init(checkpoint=...))", field="rollback"
+            )
+        p.flush()
+        loaded = load_training_state(
+            p.checkpoint, step, rank=p.rank, world_size=p.world_size, model=p.model,
+            optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler, expect=_geometry(p.loader),
+        )  # fmt: skip
+        if p.loader is not None and loaded.data_state is not None:
+            p.loader.load_state_dict(loaded.data_state)
+        self.load_state_dict((loaded.extra or {}).get("probe", {}))
+        p.step_count = self.last_saved = step
+        p.sampler.reset()
+        p.next_events.append("resumed")
+        if loaded.report:
+            p.log.warning("resume check", step=step, differences=loaded.report)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save(self, mark: HealthMark, event: str) -> None:
+        from supervisor.checkpoint.training_state import save_training_state
+
+        p = self.probe
+        if p.checkpoint is None:
+            raise SupervisorError(
+                "no checkpoint store to save to (sdk.init(checkpoint=...))", field="snapshot"
+            )
+        loader = p.loader
+        last = (p.pending.record if p.pending is not None else {}) or {}
+        save_training_state(
+            p.checkpoint, p.step_count, rank=p.rank, world_size=p.world_size, model=p.model,
+            optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler,
+            data_state=loader.state_dict() if loader is not None else None,
+            extra={"probe": self.state_dict(), **_geometry(loader)},
+            metrics={k: last.get(k) for k in ("loss", "grad_norm")}, mark=mark,
+        )  # fmt: skip
+        self.last_saved = p.step_count
+        p.event(event)
+
+    # -- overrides -----------------------------------------------------------------------------
+    def lr_multiplier(self, step: int) -> float:
+        mult = self.lr_scale
+        if self.warmup_steps:
+            mult *= min(1.0, (step - self.warmup_from) / self.warmup_steps)
+        return mult
+
+    @contextmanager
+    def lr_override(self, step: int) -> Iterator[None]:
+        """Scale the LRs around ``optimizer.step`` only, so the scheduler never sees the override."""
+        mult = self.lr_multiplier(step)
+        groups = self.probe.optimizer.param_groups
+        saved = [g["lr"] for g in groups]
+        if mult != 1.0:
+            for g in groups:
+                g["lr"] = g["lr"] * mult
+        try:
+            yield
+        finally:
+            for g, lr in zip(groups, saved, strict=True):
+                g["lr"] = lr
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lr_scale": self.lr_scale, "warmup_steps": self.warmup_steps, "warmup_from": self.warmup_from,
+                "grad_clip": self.grad_clip}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.warmup_steps = state.get("warmup_steps")
+        self.warmup_from = int(state.get("warmup_from", 0))
+        self.grad_clip = state.get("grad_clip")
+
+
+def _geometry(loader: Any) -> dict[str, Any]:
+    if loader is None or not hasattr(loader, "batch_size"):
+        return {}
+    return {"micro_batch_size": loader.batch_size, "global_batch_size": loader.batch_size * loader.world_size}

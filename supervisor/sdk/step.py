@@ -1,0 +1,146 @@
+"""One training step under the probe: report the loss, backward, optimizer step, one sync.
+
+``StepScope`` is what ``probe.step(batch)`` yields. The optimizer step runs in this order,
+because each metric is exact only at one point:
+
+1. ``scaler.unscale_`` (AMP), then the global grad norm **before** clipping, then clipping;
+2. the previous step's state metrics (‖θ‖, ‖Δθ‖ sample, fingerprint, canary) are queued;
+3. everything goes to the host in **one** packed copy (the step's only sync);
+4. a non-finite step is localized (replay with hooks) and, without a scaler, skipped;
+5. ``optimizer.step`` under the LR overrides, ``scaler.update``, ``scheduler.step``, zero grads.
+
+The record of step ``s`` leaves at the sync of step ``s + 1`` (or at the next boundary that
+flushes): its update norm can only be measured after its optimizer step, and waiting one
+step costs no extra sync.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from supervisor.errors import SupervisorError
+from supervisor.sdk.losses import StepLoss
+from supervisor.sdk.metrics import Pack
+
+if TYPE_CHECKING:
+    from supervisor.sdk.probe import Probe
+
+
+@dataclass
+class Pending:
+    """A record waiting for the state metrics that only the next step can measure."""
+
+    record: dict[str, Any]
+    started: float
+    tokens: float
+    canary: torch.Tensor | None = None
+    events: list[str] = field(default_factory=list)
+
+
+class StepScope:
+    def __init__(self, probe: Probe, batch: Any) -> None:
+        self.probe = probe
+        self.batch = batch
+        self.started = time.monotonic()
+        self.stepped = False
+        self._parts: list[StepLoss] = []
+
+    def __enter__(self) -> StepScope:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if kind is None and not self.stepped:
+            raise SupervisorError(
+                "the step ended without s.optimizer_step(): the probe owns the optimizer step"
+            )
+
+    def report(self, out: StepLoss) -> None:
+        """Add this (micro-)batch's loss sums to the step's record (no sync)."""
+        self._parts.append(out)
+
+    def backward(self, out: StepLoss) -> None:
+        """``report(out)`` then backward of the token-weighted loss, scaled when a GradScaler is used."""
+        self.report(out)
+        loss = out.loss
+        scaler = self.probe.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def optimizer_step(self) -> bool:
+        """Measure, clip, step; returns False when the step was skipped (non-finite or AMP overflow)."""
+        if self.stepped:
+            raise SupervisorError("optimizer_step() called twice in one step")
+        self.stepped = True
+        return self.probe._optimizer_step(self)
+
+    # -- packing -------------------------------------------------------------------------------
+    def loss(self) -> StepLoss:
+        if not self._parts:
+            raise SupervisorError("no loss reported in this step: call s.backward(out) or s.report(out)")
+        if len(self._parts) == 1:
+            return self._parts[0]
+        cat = lambda xs: None if any(x is None for x in xs) else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
+        return StepLoss(
+            torch.stack([p.loss_sum for p in self._parts]).sum(),
+            torch.stack([p.tokens for p in self._parts]).sum(),
+            cat([p.sample_loss_sum for p in self._parts]),
+            cat([p.sample_tokens for p in self._parts]),
+        )
+
+    def pack_loss(self, pack: Pack) -> list[str]:
+        """Queue the loss quantities; returns the source names in index order."""
+        out = self.loss()
+        pack.add("loss_sum", out.loss_sum)
+        pack.add("tokens", out.tokens)
+        if out.sample_loss_sum is None or out.sample_tokens is None:
+            return []
+        pack.add("sample_loss_sum", out.sample_loss_sum)
+        pack.add("sample_tokens", out.sample_tokens)
+        sources = self.batch.get("sources") if isinstance(self.batch, dict) else None
+        if not sources or len(sources) != out.sample_loss_sum.numel():
+            return []
+        names = sorted(set(sources))
+        idx = torch.tensor([names.index(s) for s in sources], device=out.sample_loss_sum.device)
+        zeros = torch.zeros(len(names), dtype=torch.float64, device=idx.device)
+        pack.add("src_loss", zeros.index_add(0, idx, out.sample_loss_sum.detach().double()))
+        pack.add("src_tokens", zeros.index_add(0, idx, out.sample_tokens.double()))
+        return names
+
+
+def loss_fields(
+    vals: dict[str, list[float]], names: list[str], batch: Any, max_samples: int
+) -> dict[str, Any]:
+    """The loss / data part of a record from the host copy of the pack."""
+    loss_sum, tokens = vals["loss_sum"][0], vals["tokens"][0]
+    rec: dict[str, Any] = {
+        "loss": loss_sum / tokens if tokens > 0 else math.nan,
+        "loss_sum": loss_sum,
+        "tokens": int(tokens),
+    }
+    if "sample_loss_sum" in vals:
+        means = [s / t for s, t in zip(vals["sample_loss_sum"], vals["sample_tokens"], strict=True) if t > 0]
+        if means:
+            rec["batch_mean_loss"] = sum(means) / len(means)
+    if names:
+        rec["sources"] = {
+            n: {"tokens": int(t), "loss_sum": s}
+            for n, s, t in zip(names, vals["src_loss"], vals["src_tokens"], strict=True)
+        }
+    if isinstance(batch, dict):
+        if batch.get("sample_ids"):
+            rec["samples"] = list(batch["sample_ids"][:max_samples])
+        if "batch_index" in batch:
+            rec["attrs"] = {"batch": int(batch["batch_index"])}
+    lengths = batch.get("lengths") if isinstance(batch, dict) else None
+    lengths = lengths or [int(t) for t in vals.get("sample_tokens", [])]
+    if lengths:
+        rec["seq_len_max"] = int(max(lengths))
+        rec["seq_len_mean"] = sum(lengths) / len(lengths)
+    return rec

@@ -1,0 +1,117 @@
+"""A directory on a local (or mounted) filesystem."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from supervisor.errors import StorageError
+from supervisor.storage.base import TEMP_MARKER, ObjectInfo, ObjectNotFound
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename durable: the directory entry itself must reach the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBackend:
+    """Objects are files under ``root``; writes go to a temp name, fsync, then ``os.replace``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root != path and self.root not in path.parents:
+            raise StorageError(f"key escapes the storage root: {key!r}", source=self.uri)
+        return path
+
+    @contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        final = self._path(key)
+        tmp = final.with_name(f".{final.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            f = open(tmp, "wb", buffering=0)  # noqa: SIM115 - closed below on every path
+        except OSError as exc:
+            raise StorageError(f"cannot write {key}: {exc.strerror}", source=self.uri) from None
+        try:
+            yield f
+            os.fsync(f.fileno())
+            f.close()
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+        except BaseException:
+            f.close()
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with self.open_write(key) as f:
+            f.write(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(f"no such object: {key}", source=self.uri) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {key}: {exc.strerror}", source=self.uri) from None
+
+    @contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            f = open(self._path(key), "rb", buffering=0)  # noqa: SIM115
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(f"no such object: {key}", source=self.uri) from None
+        with f:
+            yield f
+
+    @contextmanager
+    def local_path(self, key: str) -> Iterator[Path]:
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFound(f"no such object: {key}", source=self.uri)
+        yield path
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                full = Path(dirpath) / name
+                try:
+                    st = full.stat()
+                except FileNotFoundError:  # deleted while walking
+                    continue
+                out.append(ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        parents = set()
+        for key in keys:
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            parents.add(path.parent)
+        # Empty step directories go too, so a deleted checkpoint leaves nothing behind.
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            if parent != self.root and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()

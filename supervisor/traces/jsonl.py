@@ -1,0 +1,28 @@
+"""The native trace: one JSON object per rank per step (shared/DESIGN.md, "Telemetry record")."""
+
+from __future__ import annotations
+
+import json
+
+from supervisor.core.records import Record
+from supervisor.traces.base import TraceData
+
+
+def parse_jsonl(text: str) -> TraceData:
+    records: list[Record] = []
+    skipped = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)  # Python's json reads NaN / Infinity, as the format requires
+            records.append(Record.from_dict(obj))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            skipped += 1
+    return TraceData(records, skipped, "jsonl")
+
+
+def looks_like_jsonl(line: str) -> bool:
+    s = line.strip()
+    return s.startswith("{") and '"step"' in s and '"loss"' in s

@@ -1,0 +1,112 @@
+"""Commit protocol, manifests, health marks and the blockable `latest`: local and S3."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.checkpoint import CheckpointStore
+from supervisor.checkpoint.store import MANIFEST, step_dir
+from supervisor.core.model import HealthMark
+from supervisor.errors import CheckpointError
+from tests.checkpoint.conftest import save_plain
+
+
+def test_commit_writes_manifest_with_files_checksums_components(store: CheckpointStore) -> None:
+    m = save_plain(store, 1200, world_size=2)
+    assert store.steps() == [1200]
+    assert m.world_size == 2 and m.health == HealthMark.UNVERIFIED
+    assert m.components == ["model", "optimizer", "rng"]
+    assert {f.rank for f in m.files} == {None, 0, 1}
+    assert all(":" in f.checksum and f.size > 0 for f in m.files)
+    assert store.manifest(1200) == m
+    assert any(o.key.endswith(f"{step_dir(1200)}/{MANIFEST}") for o in store.backend.list(store.root))
+    assert store.latest() == 1200
+
+
+def test_files_without_manifest_do_not_exist_for_readers(store: CheckpointStore) -> None:
+    store.write_file(5, "model", lambda f: f.write(b"x" * 100), components=["model"])
+    assert store.steps() == []
+    with pytest.raises(CheckpointError, match="no checkpoint at step 5"):
+        store.manifest(5)
+    assert store.latest() is None
+
+
+def test_commit_refuses_a_file_that_is_not_there(store: CheckpointStore) -> None:
+    entry = store.write_file(7, "model", lambda f: f.write(b"abc"), components=["model"])
+    store.backend.delete([store.key(7, entry.name)])
+    with pytest.raises(CheckpointError, match="missing or wrong size"):
+        store.commit(7, world_size=1, files=[entry])
+    assert store.steps() == []
+
+
+def test_latest_advances_only_forward(store: CheckpointStore) -> None:
+    save_plain(store, 100)
+    save_plain(store, 200)
+    save_plain(store, 150)  # e.g. a re-save after a rollback: never moves latest backwards
+    assert store.latest() == 200
+
+
+def test_block_holds_latest_and_survives_a_new_store_instance(store: CheckpointStore) -> None:
+    save_plain(store, 100)
+    store.block("incident 7 open", incident=7)
+    save_plain(store, 200)
+    assert store.steps() == [100, 200]  # saves still happen
+    reopened = CheckpointStore(store.backend, store.job)  # a restarted supervisor
+    state = reopened.block_state()
+    assert state is not None and [h.incident for h in state.holders] == ["7"] and state.latest_at_block == 100
+    save_plain(reopened, 300)
+    assert reopened.latest() == 100
+    reopened.block("second incident", incident="8")
+    assert reopened.unblock(7) is not None  # incident 8 still holds it
+    save_plain(reopened, 400)
+    assert reopened.latest() == 100
+    assert reopened.unblock("8") is None
+    save_plain(reopened, 500)
+    assert reopened.latest() == 500
+
+
+def test_diagnostic_snapshot_never_advances_latest(store: CheckpointStore) -> None:
+    save_plain(store, 100)
+    m = save_plain(store, 110, mark=HealthMark.DIAGNOSTIC)
+    assert m.health == HealthMark.DIAGNOSTIC and m.history[-1].reason == "marked at save"
+    assert store.latest() == 100
+
+
+def test_health_transitions_are_recorded_and_invalid_ones_refused(store: CheckpointStore) -> None:
+    save_plain(store, 10)
+    with pytest.raises(CheckpointError, match="valid: diagnostic, quarantined, verified"):
+        store.mark(10, HealthMark.HEALTHY, "skip verification")
+    store.mark(10, HealthMark.VERIFIED, "checked")
+    m = store.mark(10, HealthMark.HEALTHY, "window 0-60 clean")
+    assert [(h.from_, h.to, h.reason) for h in m.history] == [
+        (HealthMark.UNVERIFIED, HealthMark.VERIFIED, "checked"),
+        (HealthMark.VERIFIED, HealthMark.HEALTHY, "window 0-60 clean"),
+    ]
+    assert CheckpointStore(store.backend, store.job).manifest(10).health == HealthMark.HEALTHY
+    with pytest.raises(CheckpointError, match="needs a reason"):
+        store.mark(10, HealthMark.QUARANTINED, " ")
+
+
+def test_healthy_checkpoint_is_never_replaced_by_a_resave(store: CheckpointStore) -> None:
+    save_plain(store, 10)
+    store.mark(10, HealthMark.VERIFIED, "ok")
+    store.mark(10, HealthMark.HEALTHY, "ok")
+    with pytest.raises(CheckpointError, match="already holds a healthy checkpoint"):
+        save_plain(store, 10)
+    assert store.manifest(10).health == HealthMark.HEALTHY
+
+
+def test_resave_of_unverified_step_keeps_old_files_until_commit(store: CheckpointStore) -> None:
+    old = save_plain(store, 20)
+    new = save_plain(store, 20)
+    assert {f.name for f in old.files}.isdisjoint({f.name for f in new.files})
+    assert store.manifest(20) == new
+
+
+def test_corrupt_manifest_is_a_one_line_checkpoint_error_and_skipped_in_listings(store: CheckpointStore) -> None:
+    save_plain(store, 1)
+    save_plain(store, 2)
+    store.backend.put_bytes(store.key(2, MANIFEST), b"{not json")
+    with pytest.raises(CheckpointError, match="corrupt manifest"):
+        store.manifest(2)
+    assert [m.step for m in store.manifests()] == [1]

@@ -1,0 +1,189 @@
+"""The store, one behaviour per test: states, write-ahead events, series, scrubbing, transactions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.config.job import JobSpec
+from supervisor.core.model import Diagnosis
+from supervisor.errors import IncidentStoreError
+from supervisor.incidents import (
+    TRANSITIONS,
+    EventKind,
+    EventStatus,
+    IncidentState,
+    IncidentStore,
+    db_path_for_job,
+    open_for_job,
+)
+from tests.incidents.builders import diagnosis
+
+
+def test_terminal_states_have_no_way_out_and_active_ones_do() -> None:
+    for state in IncidentState:
+        assert state.is_terminal == (not TRANSITIONS[state])
+    assert {s for s in IncidentState if s.is_terminal} == {
+        IncidentState.RESOLVED,
+        IncidentState.ESCALATED,
+        IncidentState.DISMISSED,
+    }
+
+
+def test_open_incident_records_detection_and_indexes_the_diagnosis(store: IncidentStore) -> None:
+    inc = store.open_incident("job-a", Diagnosis.from_json(diagnosis()), key=7)
+    assert (inc.state, inc.onset_step, inc.detected_step, inc.top_cause) == (
+        IncidentState.OPEN,
+        100,
+        103,
+        "data",
+    )
+    assert inc.diagnosis is not None and inc.diagnosis.first_rank == 1
+    [event] = store.timeline(inc.id)
+    assert (event.kind, event.status, event.step) == (EventKind.DETECTED, EventStatus.DONE, 103)
+    assert store.find("job-a", 7) == inc and store.find("job-b", 7) is None
+
+
+def test_transition_records_its_reason_and_closes_terminal_states(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    store.transition(inc.id, "frozen", "policy says freeze", actor="supervisor", step=103)
+    done = store.transition(inc.id, IncidentState.ESCALATED, "rollback target missing", actor="supervisor")
+    assert done.state.is_terminal and done.closed_at is not None
+    changes = [e.payload for e in store.timeline(inc.id) if e.kind == EventKind.STATE_CHANGED]
+    assert changes == [
+        {"from": "open", "to": "frozen", "reason": "policy says freeze"},
+        {"from": "frozen", "to": "escalated", "reason": "rollback target missing"},
+    ]
+
+
+def test_invalid_transition_is_refused_with_the_valid_choices(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    store.transition(inc.id, "dismissed", "metric artifact", actor="supervisor")
+    with pytest.raises(
+        IncidentStoreError, match=r"cannot go from dismissed to acting; valid: none \(terminal\)"
+    ):
+        store.transition(inc.id, "acting", "x", actor="supervisor")
+    with pytest.raises(IncidentStoreError, match="unknown incident state 'paused'; valid: open, frozen"):
+        store.transition(inc.id, "paused", "x", actor="supervisor")
+    assert store.get(inc.id).state == IncidentState.DISMISSED
+
+
+def test_write_ahead_event_is_pending_until_finished(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    ev = store.begin(
+        inc.id, "rolled_back", actor="runtime", step=103, payload={"to_step": 80}, action_id="p1.a3"
+    )
+    assert store.pending_events(inc.id) == [ev] and store.last_done(inc.id, "rolled_back") is None
+    done = store.finish(ev.id, result={"verified": True})
+    assert (
+        done.status == EventStatus.DONE and done.result == {"verified": True} and done.finished_at is not None
+    )
+    assert store.pending_events(inc.id) == []
+    assert store.last_done(inc.id, EventKind.ROLLED_BACK) == done
+    assert store.event_for_action(inc.id, "p1.a3") == done
+
+
+def test_finishing_twice_is_refused(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    ev = store.begin(inc.id, "snapshot", actor="runtime")
+    store.finish(ev.id, failed=True, result={"error": "disk full"})
+    with pytest.raises(IncidentStoreError, match="already failed"):
+        store.finish(ev.id)
+    assert store.event(ev.id).status == EventStatus.FAILED
+
+
+def test_unknown_event_kind_and_incident_are_named(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    with pytest.raises(
+        IncidentStoreError, match="unknown event kind 'rebooted'; valid: detected, metric_check"
+    ):
+        store.record(inc.id, "rebooted", actor="x")
+    with pytest.raises(IncidentStoreError, match="no incident 999"):
+        store.begin(999, "froze", actor="x")
+
+
+def test_list_filters_by_job_and_state_and_active_skips_terminal(store: IncidentStore) -> None:
+    a = store.open_incident("a", diagnosis())
+    b = store.open_incident("a", diagnosis())
+    c = store.open_incident("b", diagnosis())
+    store.transition(b.id, "dismissed", "benign", actor="s")
+    assert [i.id for i in store.list_incidents()] == [c.id, b.id, a.id]
+    assert [i.id for i in store.list_incidents(job="a", state="open")] == [a.id]
+    assert [i.id for i in store.active("a")] == [a.id]
+
+
+def test_series_keeps_numeric_fields_and_later_writes_replace(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    n = store.attach_series(
+        inc.id,
+        [
+            {"step": 5, "rank": 0, "loss": 2.0, "param_norm": 10.0, "update_norm": 0.1, "samples": ["id-1"]},
+            {"step": 5, "loss": 2.5, "attrs": {"note": "x"}},
+            {"loss": 1.0},  # no step: unusable
+        ],
+    )
+    assert n == 2
+    store.attach_series(inc.id, [{"step": 5, "rank": 0, "loss": 9.0}])
+    agg, rank0 = store.series(inc.id)
+    assert agg == {"step": 5, "loss": 2.5}
+    assert rank0 == {"step": 5, "rank": 0, "loss": 9.0}
+
+
+def test_text_keys_never_reach_the_database(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis(), payload={"batch": {"ids": ["a"], "text": "RAW"}})
+    ev = store.record(
+        inc.id, "replayed", actor="r", payload={"sample_text": "RAW", "n": 1}, result={"content": "RAW"}
+    )
+    assert ev.payload == {"n": 1} and ev.result == {}
+    assert store.timeline(inc.id)[0].payload["batch"] == {"ids": ["a"]}
+
+
+def test_a_failing_transaction_leaves_nothing_behind(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    with pytest.raises(RuntimeError), store.transaction():
+        store.record(inc.id, "froze", actor="r")
+        store.transition(inc.id, "frozen", "x", actor="r")
+        raise RuntimeError("action crashed before commit")
+    assert [e.kind for e in store.timeline(inc.id)] == [EventKind.DETECTED]
+    assert store.get(inc.id).state == IncidentState.OPEN
+
+
+def test_update_diagnosis_refines_and_appends(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    store.update_diagnosis(
+        inc.id, diagnosis(phenotype="slow_recovery", causes=[{"cause": "optimizer", "score": 0.7}])
+    )
+    again = store.get(inc.id)
+    assert (again.phenotype, again.top_cause) == ("slow_recovery", "optimizer")
+    assert store.timeline(inc.id)[-1].kind == EventKind.DIAGNOSED
+
+
+def test_nonfinite_values_round_trip(store: IncidentStore) -> None:
+    d = diagnosis(
+        first_anomaly={"step": 99, "metric": "grad_norm", "rank": 0, "value": float("inf"), "z": None}
+    )
+    inc = store.open_incident("j", d)
+    stored = store.get(inc.id).diagnosis
+    assert stored is not None and stored.first_anomaly is not None
+    assert stored.first_anomaly.value == float("inf")
+    assert inc.to_json()["diagnosis"]["first_anomaly"]["value"] == "Infinity"
+
+
+def test_replayed_steps_never_overwrite_the_original_run(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis())
+    store.attach_series(inc.id, [{"step": 100, "rank": 1, "loss": 7.0}])
+    store.attach_series(inc.id, [{"step": 100, "rank": 1, "loss": 2.9}], replay=1)
+    assert store.series(inc.id) == [{"step": 100, "rank": 1, "loss": 7.0}]
+    assert store.series(inc.id, replay=1) == [{"step": 100, "rank": 1, "loss": 2.9, "replay": 1}]
+    assert [r.get("replay") for r in store.series(inc.id, replay=None)] == [None, 1]
+
+
+def test_a_jobs_database_sits_in_its_local_storage_root(tmp_path: Path) -> None:
+    spec = {"name": "j", "entrypoint": "m:f", "max_steps": 1, "storage": {"path": str(tmp_path / "runs")}}
+    store = open_for_job(JobSpec.model_validate(spec))
+    assert store.path == tmp_path / "runs" / "incidents.sqlite" and store.path.is_file()
+    s3 = JobSpec.model_validate({**spec, "storage": {"path": "s3://bucket/runs"}})
+    assert db_path_for_job(s3).name == "incidents.sqlite" and "spike-supervisor" in str(db_path_for_job(s3))
+    explicit = JobSpec.model_validate({**spec, "incidents": {"db": str(tmp_path / "x.sqlite")}})
+    assert db_path_for_job(explicit) == tmp_path / "x.sqlite"

@@ -1,0 +1,107 @@
+"""Table-driven: every phenotype x top cause (and each attribute) against policies/default.yaml.
+
+The expected rule comes from the table; the expected actions come from the YAML file read
+independently, so the test checks that the plan is what the policy file says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor.core.model import Cause, Phenotype
+from supervisor.core.policy import Policy, plan
+
+from .conftest import diag, state
+
+PHENOTYPES = [p.value for p in Phenotype]
+CAUSES = [c.value for c in Cause]
+
+
+def expected_rule(phenotype: str, cause: str) -> str:
+    if cause == "metric_artifact":
+        return "metric_artifact"
+    if cause == "resume_state":
+        return "after_resume"
+    if phenotype == "divergence":
+        return "divergence"
+    if cause == "distributed":
+        return "rank_local"
+    return phenotype  # periodic, transient, slow_recovery rules are named after the phenotype
+
+
+def yaml_actions(default_yaml: dict[str, Any], rule: str) -> list[str]:
+    entry = next(r for r in default_yaml["rules"] if r["name"] == rule)
+    return [a if isinstance(a, str) else next(k for k in a if k != "on_failure") for a in entry["actions"]]
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+@pytest.mark.parametrize("phenotype", PHENOTYPES)
+def test_phenotype_by_cause(
+    phenotype: str, cause: str, default_policy: Policy, default_yaml: dict[str, Any]
+) -> None:
+    p = plan(diag(phenotype, (cause, "data")), state(), default_policy)
+    rule = expected_rule(phenotype, cause)
+    assert p.rule == rule, p.matched_because
+    assert p.action_names == yaml_actions(default_yaml, rule)
+    assert p.escalate_reason is None
+    assert all(a.reason for a in p.actions)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "rule"),
+    [
+        ({"nonfinite": True, "nonfinite_at": "blocks.3.attn"}, "nonfinite"),
+        ({"after_resume": True}, "after_resume"),
+        ({"rank_local": True, "first_rank": 3}, "rank_local"),
+        ({"after_resume": True, "nonfinite": True}, "after_resume"),
+    ],
+)
+def test_attributes_pick_their_rule(
+    attrs: dict[str, Any], rule: str, default_policy: Policy, default_yaml: dict[str, Any]
+) -> None:
+    p = plan(diag("transient", ("data",), **attrs), state(), default_policy)
+    assert p.rule == rule
+    assert p.action_names == yaml_actions(default_yaml, rule)
+
+
+def test_divergence_plan_parameters(default_policy: Policy) -> None:
+    p = plan(diag("divergence", ("optimizer", "numeric"), onset=340), state(), default_policy)
+    rollback, apply, observe = p.action("rollback"), p.action("apply"), p.action("observe")
+    assert rollback is not None and apply is not None and observe is not None
+    assert rollback.params["margin_steps"] == 100 and rollback.params["max_target_step"] == 240
+    assert rollback.params["target_step"] == 200 and rollback.params["require_verified"] is True
+    assert "target step 200" in rollback.reason and "margin 100" in rollback.reason
+    assert apply.params == {"lr_scale": 0.5, "warmup_steps": 200}
+    assert observe.params["steps"] == 100 and observe.params["baseline_until_step"] == 340
+    assert observe.on_failure == "escalate" and p.action_names[-1] == "resume"
+
+
+def test_transient_quarantines_the_suspect_samples_and_continues(default_policy: Policy) -> None:
+    d = diag("transient", ("data",), suspect_samples=["doc:17", "doc:99"], source_local="tests")
+    p = plan(d, state(), default_policy)
+    apply = p.action("apply")
+    assert apply is not None
+    assert apply.params["exclude"] == {"samples": ["doc:17", "doc:99"], "sources": ["tests"]}
+    assert "rollback" not in p.action_names and "freeze" not in p.action_names
+
+
+def test_rank_local_replays_on_another_rank(default_policy: Policy) -> None:
+    p = plan(diag("transient", ("distributed",), rank_local=True, first_rank=2), state(), default_policy)
+    replay = p.action("replay")
+    assert replay is not None and replay.params["other_rank"] is True and replay.params["suspect_rank"] == 2
+    assert replay.on_failure == "escalate"
+
+
+def test_after_resume_checks_completeness(default_policy: Policy) -> None:
+    p = plan(diag("slow_recovery", ("resume_state",), onset=305), state(), default_policy)
+    rollback = p.action("rollback")
+    assert rollback is not None
+    assert rollback.params["check_completeness"] is True and rollback.params["target_step"] == 300
+
+
+def test_periodic_excludes_the_offending_source(default_policy: Policy) -> None:
+    p = plan(diag("periodic", ("data",), source_local="code", period=50), state(), default_policy)
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"]["sources"] == ["code"]

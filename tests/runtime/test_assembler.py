@@ -1,0 +1,79 @@
+"""StepAssembler: steps released in order, complete or past a deadline; rewinds drop the old timeline."""
+
+from __future__ import annotations
+
+from supervisor.runtime.assembler import StepAssembler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rec(step: int, rank: int, loss: float = 1.0) -> dict:
+    return {"step": step, "rank": rank, "loss": loss}
+
+
+def test_step_released_only_when_all_ranks_reported() -> None:
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock())
+    a.add(0, rec(1, 0))
+    assert a.ready() == []
+    a.add(1, rec(1, 1))
+    [(step, records)] = a.ready()
+    assert step == 1 and [r.rank for r in records] == [0, 1]
+
+
+def test_partial_step_released_after_deadline_and_in_order() -> None:
+    clock = Clock()
+    a = StepAssembler(2, deadline_s=5.0, clock=clock)
+    a.add(0, rec(1, 0))
+    a.add(0, rec(2, 0))
+    a.add(1, rec(2, 1))
+    assert a.ready() == []  # step 2 is complete but step 1 must go first
+    clock.t = 6.0
+    out = a.ready()
+    assert [s for s, _ in out] == [1, 2]
+    assert [len(r) for _, r in out] == [1, 2]
+
+
+def test_resent_steps_below_watermark_are_dropped() -> None:
+    a = StepAssembler(1, deadline_s=5.0, clock=Clock())
+    a.add(0, rec(1, 0))
+    assert len(a.ready()) == 1
+    a.add(0, rec(1, 0))
+    assert a.ready() == []
+
+
+def test_rewind_ignores_records_of_the_abandoned_timeline_until_each_rank_resyncs() -> None:
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock())
+    for s in range(1, 11):
+        a.add(0, rec(s, 0))
+        a.add(1, rec(s, 1))
+    assert len(a.ready()) == 10
+    a.rewind(4)
+    a.add(1, rec(11, 1, loss=99.0))  # late record of the old timeline
+    a.add(0, rec(5, 0))
+    a.add(1, rec(5, 1))
+    [(step, records)] = a.ready()
+    assert step == 5 and all(r.loss == 1.0 for r in records)
+
+
+def test_control_messages_are_heartbeats_not_steps() -> None:
+    clock = Clock()
+    a = StepAssembler(1, deadline_s=5.0, clock=clock)
+    a.add(0, {"step": 3, "rank": 0, "control": True, "events": ["directive_applied:x:freeze"]})
+    assert a.ready() == [] and a.skipped == 0
+    clock.t = 10.0
+    assert a.silent_ranks(5.0, range(1)) == [0]
+    a.add(0, {"step": 3, "rank": 0, "control": True, "events": []})
+    assert a.silent_ranks(5.0, range(1)) == []
+
+
+def test_unusable_records_are_counted() -> None:
+    a = StepAssembler(1, deadline_s=5.0, clock=Clock())
+    a.add(0, {"step": "x"})
+    a.add(0, {"loss": 1.0})
+    assert a.skipped == 2

@@ -1,0 +1,37 @@
+"""One rank of the two-rank DDP test (spawned by test_ddp.py; gloo on CPU)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from examples.tinylm.data import build_dataset, collate
+from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
+from supervisor import sdk
+
+
+def run(rank: int, world_size: int, tmp: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(TinyLM(TinyLMConfig(seq_len=32, d_model=32, n_layers=2)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ds = build_dataset(seq_len=32, max_bytes_per_source=20_000)
+        loader = sdk.SupervisedLoader(ds, 4, seed=0, collate_fn=collate)
+        probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, trace=f"{tmp}/trace.jsonl",
+                         fingerprint_every=2, canary_every=2, max_steps=20)  # fmt: skip
+        for batch in loader:
+            if rank == 0 and probe.step_count == 4:
+                probe.transport.deliver(sdk.ApplyOverrides(lr_scale=0.5, id="ap"))  # type: ignore[attr-defined]
+            if rank == 0 and probe.step_count == 8:
+                probe.transport.deliver(sdk.Stop(id="st"))  # type: ignore[attr-defined]
+            if rank == 1 and probe.step_count == 5:
+                with torch.no_grad():  # a silent one-rank fault: replicas now differ
+                    model.module.blocks[0].mlp.fc.weight[0] += 0.05
+            with probe.step(batch) as s:
+                s.backward(lm_loss(model, batch))
+                s.optimizer_step()
+        probe.close()
+    finally:
+        dist.destroy_process_group()
