@@ -83,7 +83,7 @@ FAULTS = [
     Fault("clean_s2", seed=2),
     Fault("benign_mixture_shift", seed=3, mixture=_shift),
     Fault("bad_batch", 200, "transient", "data", 1, seed=4, params={"rank": 1}),
-    Fault("lr_too_high", 200, "divergence", "optimizer", seed=5, params={"lr_mult": 40.0}),
+    Fault("lr_too_high", 200, "divergence", "optimizer", seed=5, params={"lr_growth": 1.25}),
     Fault("oversized_update", 200, "slow_recovery", "optimizer", seed=6, params={"lr_mult": 60.0}),
     Fault("fp16_overflow", 200, "transient", "numeric", seed=7, params={"module": "blocks.1.mlp"}),
     Fault("rank_corrupt_range", 200, "transient", "data", 2, seed=8, params={"rank": 2, "steps": 12}),
@@ -156,7 +156,7 @@ class Run:
         f, p = self.fault, self.fault.params
         lr = self.lr_at(step)
         if f.name == "lr_too_high" and step >= (f.onset or 0):
-            lr *= p["lr_mult"]
+            lr *= p["lr_growth"] ** (step - (f.onset or 0) + 1)  # a warmup that never stops growing
         if f.name == "oversized_update" and step == f.onset:
             lr *= p["lr_mult"]
         per_rank = []
@@ -199,7 +199,7 @@ class Run:
     def _record(self, step: int, rank: int, lr: float, out: Any, batch: dict[str, Any], ids: list[str],
                 srcs: list[str], gnorm: float, pnorm: float, upd: float, model: torch.nn.Module,
                 events: list[str], where: str | None) -> dict[str, Any]:  # fmt: skip
-        loss_sum, tokens = float(out.loss_sum), int(out.tokens)
+        loss_sum, tokens = float(out.loss_sum.detach()), int(out.tokens)
         loss = loss_sum / max(tokens, 1)
         sample_means = (out.sample_loss_sum / out.sample_tokens.clamp_min(1)).tolist()
         f = self.fault

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import re
 import sysconfig
 from collections.abc import Iterable, Mapping
@@ -102,11 +103,13 @@ def _is_test(rel: Path) -> bool:
 
 def _stdlib_files(root: Path) -> tuple[list[Path], list[Path]]:
     code, tests = [], []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if _SKIP_DIRS.intersection(rel.parts):
-            continue
-        (tests if _is_test(rel) else code).append(rel)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)  # prune site-packages before descending
+        base = Path(folder).relative_to(root)
+        for name in files:
+            if name.endswith(".py"):
+                rel = base / name
+                (tests if _is_test(rel) else code).append(rel)
     return code, tests
 
 

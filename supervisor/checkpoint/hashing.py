@@ -2,9 +2,10 @@
 
 A checksum is written ``<algorithm>:<hex>`` so every file says how to check it. The default
 is xxh3_128 (~27 GB/s here, faster than a warm read) when the ``xxhash`` package is present,
-else zlib's crc32 (~4 GB/s, stdlib). Both streams are hashed while the bytes move: on save
-as they are written, on verify in chunks read through page-aligned buffers, with the next
-read overlapping the hash of the current chunk.
+else zlib's crc32 (~4 GB/s, stdlib). Hashing always streams: chunks read through two
+page-aligned buffers, the next read overlapping the hash of the current chunk. On save the
+store hashes the file as written (read back from the page cache while the fsync runs), so
+the hash hides behind the disk instead of adding to the save.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from supervisor.errors import CheckpointError
 from supervisor.storage.base import aligned_buffer
 
 CHUNK = 8 << 20
-_OVERLAP_MIN = 1 << 20  # below this a thread hand-off costs more than it saves
 
 
 class Hasher(Protocol):
@@ -87,43 +87,6 @@ def split_checksum(checksum: str) -> tuple[str, str]:
     if not sep or not digest:
         raise CheckpointError(f"malformed checksum {checksum!r}; expected <algorithm>:<hex>")
     return algo, digest
-
-
-class HashingWriter:
-    """A write-only file object that hashes and counts every byte on its way to ``raw``.
-
-    Large writes hash on a helper thread while the write syscall copies the same bytes
-    (both release the GIL), so a save costs about what the raw write costs.
-    """
-
-    def __init__(self, raw: BinaryIO, algorithm: str, pool: ThreadPoolExecutor) -> None:
-        self.raw, self.algorithm, self.pool = raw, algorithm, pool
-        self.hasher = new_hasher(algorithm)
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = len(view)
-        fut = self.pool.submit(self.hasher.update, view) if n >= _OVERLAP_MIN else None
-        if fut is None:
-            self.hasher.update(view)
-        done = 0
-        while done < n:
-            done += self.raw.write(view[done:]) or 0
-        if fut is not None:
-            fut.result()
-        self.size += n
-        return n
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-    def writable(self) -> bool:
-        return True
-
-    @property
-    def checksum(self) -> str:
-        return f"{self.algorithm}:{self.hasher.hexdigest()}"
 
 
 def hash_reader(

@@ -111,5 +111,7 @@ class Manifest(_Model):
                 f"cannot mark step {self.step} {to.value}: it is {self.health.value}; valid: {valid}",
                 source=self.job,
             )
-        change = HealthChange.model_validate({"time": time.time(), "from": self.health, "to": to, "reason": reason})
+        change = HealthChange.model_validate(
+            {"time": time.time(), "from": self.health, "to": to, "reason": reason}
+        )
         return self.model_copy(update={"health": to, "history": [*self.history, change]})

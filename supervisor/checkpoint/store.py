@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.checkpoint.hashing import HashingWriter, default_algorithm
+from supervisor.checkpoint.hashing import default_algorithm, hash_reader
 from supervisor.checkpoint.manifest import COMPONENTS, FileEntry, Manifest
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, StorageError
@@ -110,18 +110,20 @@ class CheckpointStore:
     ) -> FileEntry:
         """Write ``<stem>-<save id><suffix>`` of checkpoint ``step`` through ``write(fileobj)``.
 
-        Returns the file's entry for the manifest (size and checksum hashed on the way out).
+        Returns the file's entry for the manifest. The checksum is taken from the bytes as
+        stored (read back while the fsync / upload runs), streamed in chunks.
         """
         components = list(components)
         unknown = [c for c in components if c not in COMPONENTS]
         if unknown:
             raise CheckpointError(f"unknown components {unknown}; known: {', '.join(COMPONENTS)}")
         name = f"{stem}-{uuid.uuid4().hex[:8]}{suffix}"
-        with self.backend.open_write(self.key(step, name)) as raw:
-            hw = HashingWriter(raw, self.settings.checksum, self._pool)
-            write(hw)  # type: ignore[arg-type]
+        algorithm, pool, chunk = self.settings.checksum, self._pool, self.settings.chunk_bytes
+        size, checksum = self.backend.write_file(
+            self.key(step, name), write, lambda reader: hash_reader(reader, algorithm, pool, chunk)
+        )
         return FileEntry(
-            name=name, size=hw.size, checksum=hw.checksum, rank=rank, components=sorted(set(components))
+            name=name, size=size, checksum=checksum, rank=rank, components=sorted(set(components))
         )
 
     def commit(

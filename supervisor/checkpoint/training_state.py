@@ -17,14 +17,20 @@ Files of one save (the store adds a save id to each name):
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+try:
+    from torch.utils.serialization import config as _serialization_config
+except ImportError:  # torch < 2.6
+    _serialization_config = None  # type: ignore[assignment]
 
 from supervisor.checkpoint.consistency import compare, summarize
 from supervisor.checkpoint.manifest import FileEntry, Manifest
@@ -81,7 +87,9 @@ def save_training_state(
     """
     log = store.log.bind(step=step, rank=rank)
     try:
-        files = _write_rank_files(store, step, rank, model, optimizer, scheduler, scaler, data_state, extra, sharded)
+        files = _write_rank_files(
+            store, step, rank, model, optimizer, scheduler, scaler, data_state, extra, sharded
+        )
         mine: _RankResult | str = _RankResult(files, summarize(optimizer, scheduler, data_state))
     except SupervisorError as exc:
         mine = exc.one_line()
@@ -116,7 +124,7 @@ def _write_rank_files(
             store.write_file(
                 step,
                 stem,
-                lambda f: torch.save(model_sd, f),
+                lambda f: _save(model_sd, f),
                 rank=rank if sharded else None,
                 components=["model"],
             )
@@ -126,7 +134,7 @@ def _write_rank_files(
         store.write_file(
             step,
             f"optimizer.rank{rank:05d}",
-            lambda f: torch.save(optim_sd, f),
+            lambda f: _save(optim_sd, f),
             rank=rank,
             components=["optimizer"],
         )
@@ -145,7 +153,7 @@ def _write_rank_files(
             components.append("exclusions")
     files.append(
         store.write_file(
-            step, f"state.rank{rank:05d}", lambda f: torch.save(state, f), rank=rank, components=components
+            step, f"state.rank{rank:05d}", lambda f: _save(state, f), rank=rank, components=components
         )
     )
     return files
@@ -157,6 +165,21 @@ class _RankResult:
 
     files: list[FileEntry]
     summary: dict[str, Any]
+
+
+def _save(obj: Any, f: BinaryIO) -> None:
+    """torch.save without torch's own per-record CRC32: the store checksums every file already,
+    and torch's CRC (miniz, ~1 GB/s) was the largest cost of a save (bench/README.md)."""
+    save_config = getattr(_serialization_config, "save", None)
+    if save_config is None or not hasattr(save_config, "compute_crc32"):  # older torch: always computes it
+        torch.save(obj, f)
+        return
+    previous = save_config.compute_crc32
+    save_config.compute_crc32 = False
+    try:
+        torch.save(obj, f)
+    finally:
+        save_config.compute_crc32 = previous
 
 
 def _commit(
@@ -203,7 +226,10 @@ def _gather(mine: _RankResult | str, rank: int, world_size: int) -> list[_RankRe
     dist.gather_object(payload, out, dst=0)
     if out is None:
         return []
-    return [p if isinstance(p, str) else _RankResult([FileEntry.model_validate(e) for e in p[0]], p[1]) for p in out]
+    return [
+        p if isinstance(p, str) else _RankResult([FileEntry.model_validate(e) for e in p[0]], p[1])
+        for p in out
+    ]
 
 
 def _broadcast(outcome: Manifest | str | None, world_size: int) -> Manifest | str | None:
@@ -298,9 +324,12 @@ def load_training_state(
         )
     src = rank % manifest.world_size
     report = [] if src == rank else [f"rank {rank} restores rank {src}'s optimizer/rng/data state"]
-    with store.local_file(step, _entry(store, manifest, "model", src if sharded else None).name) as path:
+    with (
+        _one_thread(),
+        store.local_file(step, _entry(store, manifest, "model", src if sharded else None).name) as path,
+    ):
         unwrap(model).load_state_dict(_load(path, map_location))
-    with store.local_file(step, _entry(store, manifest, "optimizer", src).name) as path:
+    with _one_thread(), store.local_file(step, _entry(store, manifest, "optimizer", src).name) as path:
         _restore_optimizer(optimizer, _load(path, map_location))
     with store.local_file(step, _entry(store, manifest, "rng", src).name) as path:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -339,6 +368,18 @@ def _load(path: Path, map_location: str | torch.device) -> Any:
         return torch.load(path, map_location=map_location, mmap=True, weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{path.name}: cannot load: {type(exc).__name__}: {exc}") from None
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Copies out of an mmap on one thread: several threads faulting the same mapping in
+    contend for it and ran ~1.4x slower than one (bench/README.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _restore_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:

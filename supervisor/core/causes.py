@@ -13,6 +13,13 @@ from typing import TYPE_CHECKING
 
 from supervisor.core.model import Cause, CauseScore, Phenotype
 
+def typical_step(inc: Incident) -> int:
+    """The usual distance between logged steps of an incident (1 for per-step telemetry)."""
+    steps = [p.step for p in inc.trajectory]
+    gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False) if b > a)
+    return gaps[len(gaps) // 2] if gaps else 1
+
+
 if TYPE_CHECKING:
     from supervisor.core.diagnose import Incident
 
@@ -78,7 +85,7 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
     b = _Board()
     prior = _PRIOR[phen]
     b.add(prior, "phenotype", _phenotype_text(inc, phen))
-    calm = _calm_grads(inc)
+    calm = calm_grads(inc)
     if f.checksum is not None:
         step, ranks = f.checksum
         b.add(Cause.DISTRIBUTED, "checksum", f"param fingerprints of ranks {ranks} differ from the others' from step {step}")
@@ -124,7 +131,7 @@ def _phenotype_text(inc: Incident, phen: Phenotype) -> str:
     return f"{shape}; back in band within {max(0, (inc.end_step or inc.peak_step) - inc.peak_step)} steps"
 
 
-def _calm_grads(inc: Incident) -> bool:
+def calm_grads(inc: Incident) -> bool:
     """Grad norm and update ratio stayed normal from onset to the loss peak (only when they are logged)."""
     f = inc.facts
     if not f.grad_known or f.update_spike is not None or f.nonfinite_step is not None:
@@ -167,6 +174,8 @@ def _numeric(inc: Incident, b: _Board) -> None:
         b.add(Cause.NUMERIC, "overflow", text)
         if f.first_overflow is not None and abs(f.first_overflow - inc.onset_step) <= 1:
             b.add(Cause.NUMERIC, "overflow", f"the first overflow is at step {f.first_overflow}, with the onset")
+        elif f.scale_drop_step is not None and abs(f.scale_drop_step - inc.onset_step) <= typical_step(inc):
+            b.add(Cause.NUMERIC, "overflow", f"the loss scale fell at step {f.scale_drop_step}, with the onset")
 
 
 def _metric(inc: Incident, b: _Board, calm: bool) -> None:

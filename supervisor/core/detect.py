@@ -24,6 +24,13 @@ from supervisor.core.records import Record
 from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log, sorted_median
 
 
+#: A single-signal alarm (loss alone, or one rank alone) must also beat the largest residual in the
+#: window by this factor: heavy-tailed but healthy losses produce big robust-z values routinely,
+#: never values far beyond everything seen in the last ``window`` steps. No effect on Gaussian noise
+#: (its window maximum is ~3.2 sigma; 1.5x that is below the 6-sigma threshold).
+TAIL_MARGIN = 1.5
+
+
 class DetectorSettings(BaseModel):
     """Detection and diagnosis thresholds. Robust-z means |x - level| / (1.4826 MAD of residuals)."""
 
@@ -237,6 +244,8 @@ class Signals:
     update_z: float | None
     update_excess: float | None
     tokens_z: float | None
+    loss_unprecedented: bool  # residual beyond TAIL_MARGIN x the largest in the window
+    rank_unprecedented: bool
     rank_z: float | None  # worst rank's excess over the others, in units of the typical cross-rank spread
     rank_tail_z: float | None  # the same excess against its own history (the per-step maximum has a tail)
     source_z: dict[str, float]
@@ -282,6 +291,7 @@ class Detector:
         log_rep = safe_log(s.loss)
         lg, lu, lt = safe_log(s.grad_norm), safe_log(s.update_ratio), safe_log(s.tokens)
         rank_z = rank_tail_z = None
+        rank_new = True
         if s.rank_spread is not None and s.worst_rank is not None:
             typical = self.spread.median() if len(self.spread) else s.rank_spread
             scale = max(MAD_TO_SIGMA * typical, self.settings.rank_floor)
@@ -290,6 +300,7 @@ class Detector:
             if len(self.worst) >= 2:
                 tail = max(MAD_TO_SIGMA * self.worst.mad(), self.settings.rank_floor)
                 rank_tail_z = (s.worst_dev - self.worst.median()) / tail
+                rank_new = s.worst_dev > TAIL_MARGIN * max(self.worst.max(), 0.0)
         src_z = {}
         for name, (_tok, loss) in s.sources.items():
             tr = self.sources.get(name)
@@ -310,6 +321,8 @@ class Detector:
             update_z=self.update.z(lu) if lu is not None and self.update.history else None,
             update_excess=self.update.excess(lu) if lu is not None and self.update.history else None,
             tokens_z=self.tokens.z(lt) if lt is not None and self.tokens.history else None,
+            loss_unprecedented=log_main is None or self.loss.unprecedented(log_main, TAIL_MARGIN),
+            rank_unprecedented=rank_new,
             rank_z=rank_z,
             rank_tail_z=rank_tail_z,
             source_z=src_z,

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from supervisor.core.causes import rank_causes
+from supervisor.core.causes import calm_grads, rank_causes, typical_step
 from supervisor.core.detect import DetectorSettings, Signals
 from supervisor.core.model import Diagnosis, FirstAnomaly, Phenotype, Severity
 
@@ -51,6 +51,7 @@ class Facts:
     rose_before_nonfinite: bool = False
     overflow_steps: int = 0
     first_overflow: int | None = None
+    scale_drop_step: int | None = None  # first step whose loss scale is below the pre-incident one
     loss_scale_drop: tuple[float, float] | None = None  # (before, lowest)
     rank: tuple[int, int, float, float] | None = None  # (step, rank, its loss, ranks' median)
     rank_z: float | None = None
@@ -188,6 +189,8 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
             f.first_overflow = s.step
     if s.loss_scale is not None:
         before = f.loss_scale_drop[0] if f.loss_scale_drop else s.loss_scale
+        if s.loss_scale < before and f.scale_drop_step is None:
+            f.scale_drop_step = s.step
         lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
         f.loss_scale_drop = (before, lowest)
     if sig.lr_ratio is not None and (sig.lr_ratio >= 1.5 or sig.lr_ratio <= 1 / 1.5):
@@ -248,19 +251,15 @@ def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
     prev = [p for p in traj if p.step < recovered.step]
     if not prev or not math.isfinite(prev[-1].excess) or prev[-1].excess < 0.5 * inc.peak_excess:
         return False
-    return recovered.step - prev[-1].step <= typical_interval(traj)
-
-
-def typical_interval(traj: list[Point]) -> int:
-    """The usual distance between logged steps of a trajectory (1 for per-step telemetry)."""
-    gaps = sorted(b.step - a.step for a, b in zip(traj, traj[1:], strict=False) if b.step > a.step)
-    return gaps[len(gaps) // 2] if gaps else 1
+    return recovered.step - prev[-1].step <= typical_step(inc)
 
 
 def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     """How bad it is for training (not how sure we are): drives what a policy may do."""
     if top == "metric_artifact":
         return Severity.LOW
+    if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and calm_grads(inc):
+        return Severity.LOW  # gradients and updates stayed normal: the weights were not hurt
     if inc.facts.nonfinite_step is not None and phen is not Phenotype.TRANSIENT:
         return Severity.CRITICAL
     if phen is Phenotype.DIVERGENCE:

@@ -106,6 +106,9 @@ class RollingWindow:
     def median(self) -> float:
         return sorted_median(self._sorted) if self._sorted else math.nan
 
+    def max(self) -> float:
+        return self._sorted[-1] if self._sorted else math.nan
+
     def mad(self) -> float:
         return sorted_mad(self._sorted)
 
@@ -145,6 +148,12 @@ class LevelTracker:
     def excess(self, x: float) -> float:
         """How far ``x`` is above the level, in the metric's units (NaN when there is no level yet)."""
         return x - self._level.median() if len(self._level) else math.nan
+
+    def unprecedented(self, x: float, margin: float) -> bool:
+        """``x``'s residual exceeds ``margin`` x the largest residual in the window (heavy-tail guard)."""
+        if not len(self._level) or not len(self._resid):
+            return True
+        return x - self._level.median() > margin * max(self._resid.max(), 0.0)
 
     def z(self, x: float) -> float:
         """Robust z of ``x``; NaN without history, so a comparison against a threshold is False."""

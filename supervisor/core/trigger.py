@@ -52,13 +52,15 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
     if loss_hi and (co is None or co >= st.grad_z_threshold):
         return Trigger("loss", False)
     metric_evidence = bool(s.misreported or s.collapsed_ranks)
-    if loss_hi and (metric_evidence or sig.jump >= st.loss_only_jump):
-        return Trigger("metric" if metric_evidence else "loss_only", metric_evidence)
+    if loss_hi and metric_evidence:
+        return Trigger("metric", True)
+    if loss_hi and sig.jump >= st.loss_only_jump and sig.loss_unprecedented:
+        return Trigger("loss_only", False)
     reported_jump = s.loss_true is not None and s.loss > s.loss_true * (1 + st.min_loss_jump)
     if sig.reported_z >= st.z_threshold and reported_jump and not loss_hi:
         return Trigger("metric", True)
     if _ge(sig.rank_z, st.rank_z_threshold) and _ge(sig.rank_tail_z, st.z_threshold):
-        if s.worst_dev >= math.log1p(st.min_loss_jump):
+        if s.worst_dev >= math.log1p(st.min_loss_jump) and sig.rank_unprecedented:
             return Trigger("rank", False)
     if co is not None and co >= st.grad_z_threshold and len(recent) >= 3:
         last3 = list(recent)[-3:]

@@ -104,7 +104,8 @@ class Injector:
     def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
         self.spec = spec
         self.ctx = ctx
-        self.key = f"fault{index}-{spec.kind}-s{spec.step}-r{'all' if spec.rank is None else spec.rank}"
+        # Per fault *and* per rank: ranks share the job's storage, and each fires its own copy.
+        self.key = f"fault{index}-{spec.kind}-s{spec.step}-rank{ctx.rank}"
         self.log = get_logger("drills", fault=spec.kind, rank=ctx.rank)
 
     def fired(self, step: int, **details: Any) -> None:

@@ -207,17 +207,33 @@ class FaultPlan:
 
     @contextmanager
     def scaled_lr(self, step: int, optimizer: torch.optim.Optimizer) -> Iterator[float]:
-        """Multiply every group's LR by ``lr_scale(step)`` around the optimizer step, then restore it."""
+        """Every ``optimizer.step()`` inside the block runs with the LRs multiplied by ``lr_scale(step)``.
+
+        Hazard: the loop's scheduler usually steps inside the same block; restoring saved LRs
+        afterwards would undo it. Optimizer step pre/post hooks scale and unscale around the
+        optimizer step alone, so any scheduler (absolute or chainable) sees the LR it set.
+        """
         scale = self.lr_scale(step)
-        saved = [g["lr"] for g in optimizer.param_groups]
-        if scale != 1.0:
-            for g in optimizer.param_groups:
+        if scale == 1.0:
+            yield scale
+            return
+        saved: list[float] = []
+
+        def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            saved[:] = [g["lr"] for g in opt.param_groups]
+            for g in opt.param_groups:
                 g["lr"] = g["lr"] * scale
+
+        def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            for g, lr in zip(opt.param_groups, saved, strict=True):
+                g["lr"] = lr
+
+        handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
         try:
             yield scale
         finally:
-            for g, lr in zip(optimizer.param_groups, saved, strict=True):
-                g["lr"] = lr
+            for h in handles:
+                h.remove()
 
 
 def describe(params: FaultParams) -> str:

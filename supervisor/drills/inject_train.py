@@ -52,15 +52,28 @@ class LrSpikeInjector(Injector):
             self.fired(step, factor=self.spec.factor)
         return self.spec.factor
 
+    def record(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        # The probe reads the scheduled LR; log the one the optimizer actually used.
+        if step >= self.spec.step and isinstance(record.get("lr"), float | int):
+            record = {**record, "lr": record["lr"] * self.spec.factor}
+        return record
+
 
 class OversizedUpdateInjector(_Windowed):
     spec: OversizedUpdate
+    used_at: int | None = None
 
     def lr_scale(self, step: int) -> float:
         if not self.on:
             return 1.0
+        self.used_at = step
         self.fired(step, factor=self.spec.factor)
         return self.spec.factor
+
+    def record(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        if step == self.used_at and isinstance(record.get("lr"), float | int):
+            record = {**record, "lr": record["lr"] * self.spec.factor}
+        return record
 
 
 class OverflowInjector(_Windowed):

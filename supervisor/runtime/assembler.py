@@ -34,6 +34,7 @@ class StepAssembler:
         self._resync_at: int | None = None
         self._synced: set[int] = set()
         self.last_seen: dict[int, float] = {}
+        self._started = clock()
         self.last_step: dict[int, int] = {}
 
     def add(self, rank: int, raw: dict[str, Any]) -> None:
@@ -83,15 +84,24 @@ class StepAssembler:
         self._resync_at = to_step
         self._synced = set()
 
-    def silent_ranks(self, timeout_s: float, ranks: range) -> list[int]:
-        """Ranks with no record for ``timeout_s`` (a rank never heard from counts from now)."""
+    def silent_ranks(self, timeout_s: float, ranks: range, startup_timeout_s: float) -> list[int]:
+        """Ranks silent for ``timeout_s`` since their last record; a rank not heard from since the
+        group started gets ``startup_timeout_s`` (imports, data, rendezvous take a while)."""
         now = self.clock()
+        out = []
         for r in ranks:
-            self.last_seen.setdefault(r, now)
-        return [r for r in ranks if now - self.last_seen[r] > timeout_s]
+            if r in self.last_seen:
+                if now - self.last_seen[r] > timeout_s:
+                    out.append(r)
+            elif now - self._started > startup_timeout_s:
+                out.append(r)
+        return out
 
-    def touch(self) -> None:
-        """Restart every rank's silence clock (after a freeze ends or a group starts)."""
+    def touch(self, *, started: bool = False) -> None:
+        """Restart every rank's silence clock (after a freeze ends); ``started``: a new group began."""
         now = self.clock()
+        if started:
+            self.last_seen.clear()
+            self._started = now
         for r in list(self.last_seen):
             self.last_seen[r] = now

@@ -13,6 +13,7 @@ everything else runs on the loop thread.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -63,6 +64,9 @@ class Controller:
         self.machinery = Machinery(self)
         self._lock = threading.Lock()
         self._last_persist = 0.0
+        self._trace = (
+            open(self.settings.trace_path, "a", encoding="utf-8") if self.settings.trace_path else None
+        )
 
     # -- the loop -----------------------------------------------------------------------------
     @property
@@ -76,6 +80,8 @@ class Controller:
             time.sleep(self.settings.loop_interval_s)
         self.machinery.close()
         self.persist(force=True)
+        if self._trace is not None:
+            self._trace.close()
         self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason)
         return self.phase
 
@@ -95,6 +101,9 @@ class Controller:
             for rec in batch:
                 self._note(rank, rec)
                 self.assembler.add(rank, rec)
+            if self._trace is not None:
+                self._trace.write("".join(json.dumps(r) + "\n" for r in batch if not r.get("control")))
+                self._trace.flush()
         for step, records in self.assembler.ready():
             stats = aggregate(step, records)
             self.history.append(stats)
@@ -158,6 +167,7 @@ class Controller:
         self.assembler.rewind(to_step)
         self.current_step = to_step
         self.flow.notify_rollback(to_step)
+        self.machinery.abandon_after(to_step)
 
     def window_after(self, step: int) -> list[StepStats]:
         return [h for h in self.history if h.step > step]
@@ -211,7 +221,7 @@ class Controller:
             "terminal": self.phase.is_terminal,
             "exit_code": self.phase.exit_code if self.phase.is_terminal else None,
             "reason": self.state.reason,
-            "step": self.current_step,
+            "step": max(self.current_step, 0),
             "max_steps": self.job.max_steps,
             "loss": last.loss if last else None,
             "grad_norm": last.grad_norm if last else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from supervisor.core.model import Cause, Diagnosis
+from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, plan
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, IncidentState
@@ -59,7 +59,8 @@ class IncidentFlow:
         if incident_id is None:
             incident = self.ctl.incidents.open_incident(self.ctl.job.name, u.diagnosis, key=u.key, step=step)
             incident_id = self.ctl.state.incident_keys[key] = incident.id
-            self._opened_at.append((step, incident_id))
+            if u.diagnosis.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation
+                self._opened_at.append((step, incident_id))
             self.ctl.state.last_incident_step = step
         elif u.kind in ("refined", "closed", "ready"):
             self.ctl.incidents.update_diagnosis(incident_id, u.diagnosis, step=step)
@@ -134,9 +135,12 @@ class IncidentFlow:
         ctl.state.attempts[rule] = ctl.state.attempts.get(rule, 0) + 1
         pre = [h for h in ctl.history if h.step < d.onset_step][-200:]
         base = baseline(pre)
-        ctl.incidents.record(incident_id, EventKind.NOTE, actor="policy", step=ctl.current_step,
-                             payload={"plan": p.to_json(), "job_state": js.to_json(),
-                                      "baseline": base.to_json() if base else None})  # fmt: skip
+        note = {"plan": f"rule {p.rule or 'fallback'}: {', '.join(p.action_names)}", "why": p.matched_because,
+                "escalate": p.escalate_reason, "attempt": p.attempt}  # fmt: skip
+        ctl.incidents.record(incident_id, EventKind.NOTE, actor="policy", step=ctl.current_step, payload=note)
+        ctl.incidents.add_artifact(incident_id, "plan", f"plan-{plan_no}",
+                                   {"plan": p.to_json(), "job_state": js.to_json(),
+                                    "baseline": base.to_json() if base else None})  # fmt: skip
         self._attach_series(incident_id, d)
         ctl.state.active = ActivePlan(incident_id=incident_id, plan_no=plan_no, plan=p.to_json(),
                                       baseline=base.to_json() if base else None,

@@ -66,7 +66,7 @@ class Machinery:
         self.group = WorkerGroup(ctl.job, ctl.settings, ctl.state.generation)
         seq = ctl.directives.entries[-1]["seq"] if ctl.directives.entries else 0
         self.group.launch(resume, after_seq=seq)
-        ctl.assembler.touch()
+        ctl.assembler.touch(started=True)
         ctl.state.phase = JobPhase.INCIDENT if ctl.state.active else JobPhase.RUNNING
         ctl.persist(force=True)
 
@@ -108,7 +108,9 @@ class Machinery:
             self.restart(health.rank, f"worker rank {health.rank} {health.state}: {health.reason}")
             return
         if not ctl.state.frozen:
-            silent = ctl.assembler.silent_ranks(ctl.job.telemetry.hang_timeout_s, range(ctl.world_size))
+            silent = ctl.assembler.silent_ranks(
+                ctl.job.telemetry.hang_timeout_s, range(ctl.world_size), ctl.settings.startup_timeout_s
+            )
             if silent:
                 self.restart(silent[0], f"no record from rank(s) {silent} for {ctl.job.telemetry.hang_timeout_s:.0f}s "
                                         f"(telemetry.hang_timeout_s): hung")  # fmt: skip
@@ -236,6 +238,27 @@ class Machinery:
                 step, HealthMark.HEALTHY, f"{window} steps after it without anomaly (healthy_after_steps)"
             )
             state.checkpoints_healthy.append(step)
+
+    def abandon_after(self, step: int) -> None:
+        """Checkpoints after a rollback target belong to the abandoned timeline: quarantine them.
+
+        They must never be a resume point (they may hold the incident's state), and the new
+        timeline re-saves the same steps, which the store only allows over a quarantined one.
+        Diagnostic snapshots stay as they are: they are the incident's evidence.
+        """
+        state, store = self.ctl.state, self.ctl.checkpoints
+        for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):
+            setattr(state, name, [s for s in getattr(state, name) if s <= step])
+        if store is None:
+            return
+        keep = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
+        for manifest in store.manifests():
+            if manifest.step > step and manifest.health not in keep:
+                store.mark(
+                    manifest.step,
+                    HealthMark.QUARANTINED,
+                    f"abandoned timeline: training went back to step {step}",
+                )
 
     def _incident_near(self, step: int, window: int) -> bool:
         last = self.ctl.state.last_incident_step

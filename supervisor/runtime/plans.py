@@ -65,6 +65,7 @@ class PlanRunner:
             self._enter_state(active.incident_id, pa.name)
             memo = ex.prepare(self.rt, params, aid)
             payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
+            payload |= conventions(pa.name, params, memo)
             self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
@@ -102,6 +103,34 @@ class PlanRunner:
         target = _STATE_OF.get(action)
         if target is not None:
             move(self.incidents, incident_id, target, f"action {action} begins", self.rt.current_step)
+
+
+def conventions(name: str, params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
+    """The top-level payload keys the incident reports read (supervisor.incidents.postmortem)."""
+    if name == "rollback" and "to_step" in memo:
+        return {
+            "from_step": memo["from_step"],
+            "to_step": memo["to_step"],
+            "checkpoint": f"step_{memo['to_step']:08d}",
+        }
+    if name == "apply":
+        ex = params.get("exclude") or {}
+        out = {
+            k: params[k]
+            for k in ("lr_scale", "warmup_steps", "grad_clip", "precision", "skip_batches")
+            if params.get(k)
+        }
+        for key, src in (
+            ("exclude_samples", "samples"),
+            ("exclude_sources", "sources"),
+            ("exclude_batches", "batch_range"),
+        ):
+            if ex.get(src):
+                out[key] = ex[src]
+        return out
+    if name == "observe":
+        return {"window": [memo["from_step"] + 1, memo["from_step"] + memo["steps"]], "steps": memo["steps"]}
+    return {}
 
 
 def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:

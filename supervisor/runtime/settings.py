@@ -31,6 +31,12 @@ class RuntimeSettings(BaseModel):
     )
     flush_interval_s: float = Field(0.2, gt=0, description="How often a worker flushes its record batch.")
     poll_interval_s: float = Field(0.1, gt=0, description="How often a worker polls for directives.")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="A rank with no record this long after its group started counts as hung."
+    )
     max_group_restarts: int = Field(3, ge=0, description="Worker-group restarts before the job is failed.")
+    trace_path: str | None = Field(
+        None, description="Append every record the supervisor receives to this JSONL trace (for `analyze`)."
+    )
     dist_timeout_s: float = Field(300.0, gt=0, description="torch.distributed collective timeout.")
     replay_timeout_s: float = Field(300.0, gt=0, description="A replay task running longer fails.")

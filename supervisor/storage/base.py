@@ -12,13 +12,15 @@ bucket + prefix). Two guarantees every backend gives, and the checkpoint store r
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
 from supervisor.errors import StorageError
+
+T = TypeVar("T")
 
 TEMP_MARKER = ".tmp-"
 """Part of every in-flight temp name; such keys are never objects, only GC leftovers."""
@@ -43,6 +45,11 @@ class Backend(Protocol):
 
     def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
         """A binary writer whose bytes become ``key`` atomically when the block exits cleanly."""
+        ...
+
+    def write_file(self, key: str, write: Callable[[BinaryIO], None], digest: Callable[[BinaryIO], T]) -> T:
+        """Like ``open_write``, plus ``digest(reader)`` over the written bytes, run while they are made
+        durable (local: during the fsync; S3: during the upload). Returns the digest's result."""
         ...
 
     def put_bytes(self, key: str, data: bytes) -> None:

@@ -90,7 +90,8 @@ def call_with_retry(fn: Callable[[], T], *, settings: RetrySettings, what: str, 
 
     retrying = Retrying(
         stop=stop_after_attempt(settings.attempts),
-        wait=wait_exponential(multiplier=settings.initial_s, max=settings.max_s) + wait_random(0, settings.jitter_s),
+        wait=wait_exponential(multiplier=settings.initial_s, max=settings.max_s)
+        + wait_random(0, settings.jitter_s),
         retry=retry_if_exception(is_retryable),
         before_sleep=_log,
         reraise=True,

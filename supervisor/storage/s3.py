@@ -12,6 +12,7 @@ import io
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -113,20 +114,41 @@ class S3Backend:
 
     # -- Backend ----------------------------------------------------------------------------------
 
-    @contextmanager
-    def open_write(self, key: str) -> Iterator[BinaryIO]:
+    def _spool(self, label: str) -> Path:
         spool = Path(self.settings.spool_dir or tempfile.gettempdir())
         spool.mkdir(parents=True, exist_ok=True)
-        tmp = spool / f"spool{TEMP_MARKER}{uuid.uuid4().hex}"
+        return spool / f"{label}{TEMP_MARKER}{uuid.uuid4().hex}"
+
+    def _upload(self, tmp: Path, key: str) -> None:
+        # The object appears only when the upload (or the multipart completion) succeeds.
+        self._call(
+            f"upload {key}",
+            lambda: self.client.upload_file(str(tmp), self.bucket, self._key(key), Config=self.transfer),
+            key,
+        )
+
+    @contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        tmp = self._spool("spool")
         try:
             with open(tmp, "wb", buffering=0) as f:
                 yield f
-            # The object appears only when the upload (or the multipart completion) succeeds.
-            self._call(
-                f"upload {key}",
-                lambda: self.client.upload_file(str(tmp), self.bucket, self._key(key), Config=self.transfer),
-                key,
-            )
+            self._upload(tmp, key)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def write_file(self, key: str, write: Callable[[BinaryIO], None], digest: Callable[[BinaryIO], T]) -> T:
+        tmp = self._spool("spool")
+        try:
+            with open(tmp, "wb", buffering=0) as f:
+                write(f)
+            # Digest the spooled bytes while they go up: the upload reads the same file.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload") as pool:
+                uploaded = pool.submit(self._upload, tmp, key)
+                with open(tmp, "rb", buffering=0) as reader:
+                    result = digest(reader)
+                uploaded.result()
+            return result
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -158,9 +180,7 @@ class S3Backend:
 
     @contextmanager
     def local_path(self, key: str) -> Iterator[Path]:
-        spool = Path(self.settings.spool_dir or tempfile.gettempdir())
-        spool.mkdir(parents=True, exist_ok=True)
-        tmp = spool / f"download{TEMP_MARKER}{uuid.uuid4().hex}"
+        tmp = self._spool("download")
         try:
             self._call(
                 f"download {key}",

@@ -19,20 +19,37 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
         return CheckpointStore(open_backend(str(tmp_path / "storage")), "job1")
     endpoint = request.getfixturevalue("s3_endpoint")
     uri = request.getfixturevalue("s3_uri")
-    backend = open_backend(f"{uri}/runs", settings=fast_s3_settings(endpoint, spool_dir=str(tmp_path / "spool")))
+    backend = open_backend(
+        f"{uri}/runs", settings=fast_s3_settings(endpoint, spool_dir=str(tmp_path / "spool"))
+    )
     return CheckpointStore(backend, "job1")
 
 
 def save_plain(
-    store: CheckpointStore, step: int, *, world_size: int = 1, size: int = 4096, mark: HealthMark = HealthMark.UNVERIFIED
+    store: CheckpointStore,
+    step: int,
+    *,
+    world_size: int = 1,
+    size: int = 4096,
+    mark: HealthMark = HealthMark.UNVERIFIED,
 ) -> Manifest:
     """A checkpoint of random bytes: a shared model file and per-rank optimizer + rng files."""
     files = [store.write_file(step, "model", lambda f: f.write(os.urandom(size)), components=["model"])]
     for rank in range(world_size):
-        files.append(store.write_file(step, f"optimizer.rank{rank}", lambda f: f.write(os.urandom(size)),
-                                      rank=rank, components=["optimizer"]))
-        files.append(store.write_file(step, f"state.rank{rank}", lambda f: f.write(os.urandom(64)),
-                                      rank=rank, components=["rng"]))
+        files.append(
+            store.write_file(
+                step,
+                f"optimizer.rank{rank}",
+                lambda f: f.write(os.urandom(size)),
+                rank=rank,
+                components=["optimizer"],
+            )
+        )
+        files.append(
+            store.write_file(
+                step, f"state.rank{rank}", lambda f: f.write(os.urandom(64)), rank=rank, components=["rng"]
+            )
+        )
     return store.commit(step, world_size=world_size, files=files, metrics={"loss": 2.5}, mark=mark)
 
 

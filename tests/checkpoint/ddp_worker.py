@@ -21,7 +21,9 @@ def _model() -> torch.nn.Module:
 
 
 def run(rank: int, world_size: int, workdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size
+    )
     out: dict = {"rank": rank}
     try:
         store = CheckpointStore(LocalBackend(Path(workdir) / "storage"), "ddp")
@@ -32,17 +34,36 @@ def run(rank: int, world_size: int, workdir: str) -> None:
             model(torch.randn(4, 8)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
-        manifest = save_training_state(store, 2, rank=rank, world_size=world_size, model=model, optimizer=opt,
-                                       data_state={"cursor": 8 * (rank + 1)}, extra={"global_batch_size": 8})
-        out["manifest_ranks"] = sorted({f.rank for f in manifest.files if f.rank is not None}) if manifest else None
+        manifest = save_training_state(
+            store,
+            2,
+            rank=rank,
+            world_size=world_size,
+            model=model,
+            optimizer=opt,
+            data_state={"cursor": 8 * (rank + 1)},
+            extra={"global_batch_size": 8},
+        )
+        out["manifest_ranks"] = (
+            sorted({f.rank for f in manifest.files if f.rank is not None}) if manifest else None
+        )
 
         fresh = torch.nn.parallel.DistributedDataParallel(_model())
         fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-2)
-        loaded = load_training_state(store, 2, rank=rank, world_size=world_size, model=fresh, optimizer=fresh_opt,
-                                     expect={"global_batch_size": 8})
+        loaded = load_training_state(
+            store,
+            2,
+            rank=rank,
+            world_size=world_size,
+            model=fresh,
+            optimizer=fresh_opt,
+            expect={"global_batch_size": 8},
+        )
         out["report"] = loaded.report
         out["cursor"] = loaded.data_state["cursor"] if loaded.data_state else None
-        out["params_equal"] = all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
+        out["params_equal"] = all(
+            torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True)
+        )
 
         # A rank whose storage fails: every rank must raise, none may hang, nothing is committed.
         broken = CheckpointStore(LocalBackend(Path(workdir) / "not-a-dir"), "ddp") if rank == 1 else store

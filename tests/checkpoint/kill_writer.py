@@ -70,7 +70,11 @@ def main(storage: str, endpoint: str, stop_at: str, ready: Path) -> None:
         f.write(os.urandom(SIZE // 2))
 
     files = [store.write_file(200, "model", shard, components=["model"])]
-    files.append(store.write_file(200, "optimizer.rank0", lambda f: f.write(b"o" * 1000), rank=0, components=["optimizer"]))
+    files.append(
+        store.write_file(
+            200, "optimizer.rank0", lambda f: f.write(b"o" * 1000), rank=0, components=["optimizer"]
+        )
+    )
     store.commit(200, world_size=1, files=files)
     ready.write_text("finished without stopping")
 

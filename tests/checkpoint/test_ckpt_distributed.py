@@ -8,15 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
+@pytest.mark.slow  # two torch processes + gloo: ~8 s alone, ~20 s on a busy 2-core box
 def test_two_ranks_save_commit_restore_and_fail_together(tmp_path: Path) -> None:
     (tmp_path / "not-a-dir").write_text("a file where rank 1 expects its storage directory")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(tmp_path)], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", str(tmp_path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(2)
     ]
     for proc in procs:

@@ -23,8 +23,12 @@ ROOT = Path(__file__).parents[2]
 
 def _run_and_kill(storage: str, endpoint: str, stop_at: str, tmp_path: Path) -> None:
     ready = tmp_path / f"ready-{stop_at}"
-    proc = subprocess.Popen([sys.executable, str(WRITER), storage, endpoint, stop_at, str(ready)],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), storage, endpoint, stop_at, str(ready)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not ready.exists():  # poll the writer's own signal, with a deadline
         if proc.poll() is not None or time.monotonic() > deadline:

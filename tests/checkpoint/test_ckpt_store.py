@@ -103,7 +103,9 @@ def test_resave_of_unverified_step_keeps_old_files_until_commit(store: Checkpoin
     assert store.manifest(20) == new
 
 
-def test_corrupt_manifest_is_a_one_line_checkpoint_error_and_skipped_in_listings(store: CheckpointStore) -> None:
+def test_corrupt_manifest_is_a_one_line_checkpoint_error_and_skipped_in_listings(
+    store: CheckpointStore,
+) -> None:
     save_plain(store, 1)
     save_plain(store, 2)
     store.backend.put_bytes(store.key(2, MANIFEST), b"{not json")

@@ -42,12 +42,28 @@ def test_restore_continues_bitwise_identically(store: CheckpointStore) -> None:
     model, opt, sched, scaler = _setup()
     _train(model, opt, sched, 3)
     manifest = save_training_state(
-        store, 3, rank=0, world_size=1, model=model, optimizer=opt, scheduler=sched, scaler=scaler,
-        data_state={"cursor": 24, "exclusions": {"src:bad"}}, extra={"global_batch_size": 8, "grad_accum_steps": 1},
+        store,
+        3,
+        rank=0,
+        world_size=1,
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        data_state={"cursor": 24, "exclusions": {"src:bad"}},
+        extra={"global_batch_size": 8, "grad_accum_steps": 1},
         metrics={"loss": 0.5},
     )
     assert manifest is not None and manifest.metrics == {"loss": 0.5}
-    assert set(manifest.components) == {"model", "optimizer", "scheduler", "scaler", "rng", "data_cursor", "exclusions"}
+    assert set(manifest.components) == {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "rng",
+        "data_cursor",
+        "exclusions",
+    }
     expected = _train(model, opt, sched, 4)
 
     model2, opt2, sched2, scaler2 = _setup(seed=1)
@@ -55,7 +71,14 @@ def test_restore_continues_bitwise_identically(store: CheckpointStore) -> None:
     ptrs = [p.data_ptr() for p in model2.parameters()]
     state_ptrs = [opt2.state[p]["exp_avg"].data_ptr() for p in model2.parameters()]
     loaded = load_training_state(
-        store, 3, rank=0, world_size=1, model=model2, optimizer=opt2, scheduler=sched2, scaler=scaler2,
+        store,
+        3,
+        rank=0,
+        world_size=1,
+        model=model2,
+        optimizer=opt2,
+        scheduler=sched2,
+        scaler=scaler2,
         expect={"global_batch_size": 8, "grad_accum_steps": 1},
     )
     assert loaded.report == []
@@ -70,11 +93,27 @@ def test_restore_continues_bitwise_identically(store: CheckpointStore) -> None:
 def test_report_names_geometry_changes_and_effective_lr(store: CheckpointStore) -> None:
     model, opt, sched, _ = _setup()
     _train(model, opt, sched, 2)
-    save_training_state(store, 2, rank=0, world_size=1, model=model, optimizer=opt, scheduler=sched,
-                        data_state={"cursor": 16}, extra={"global_batch_size": 256, "grad_accum_steps": 4})
+    save_training_state(
+        store,
+        2,
+        rank=0,
+        world_size=1,
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        data_state={"cursor": 16},
+        extra={"global_batch_size": 256, "grad_accum_steps": 4},
+    )
     model2, opt2, _, _ = _setup()
-    loaded = load_training_state(store, 2, rank=0, world_size=1, model=model2, optimizer=opt2,
-                                 expect={"global_batch_size": 128, "grad_accum_steps": 2})
+    loaded = load_training_state(
+        store,
+        2,
+        rank=0,
+        world_size=1,
+        model=model2,
+        optimizer=opt2,
+        expect={"global_batch_size": 128, "grad_accum_steps": 2},
+    )
     report = "\n".join(loaded.report)
     assert "global_batch_size changed: checkpoint 256, now 128" in report
     assert "grad_accum_steps changed: checkpoint 4, now 2" in report
@@ -87,10 +126,14 @@ def test_report_flags_zeroed_optimizer_moments(store: CheckpointStore) -> None:
     _train(model, opt, sched, 2)
     save_training_state(store, 2, rank=0, world_size=1, model=model, optimizer=opt, scheduler=sched)
     manifest = store.manifest(2)
-    manifest.extra["rank_summaries"]["0"]["moments"]["exp_avg"] += 1  # the saver saw one more non-zero moment than exists
+    manifest.extra["rank_summaries"]["0"]["moments"]["exp_avg"] += (
+        1  # the saver saw one more non-zero moment than exists
+    )
     store.save_manifest(manifest)
     model2, opt2, sched2, _ = _setup()
-    loaded = load_training_state(store, 2, rank=0, world_size=1, model=model2, optimizer=opt2, scheduler=sched2)
+    loaded = load_training_state(
+        store, 2, rank=0, world_size=1, model=model2, optimizer=opt2, scheduler=sched2
+    )
     assert any("optimizer moment 'exp_avg'" in e for e in loaded.report)
 
 
@@ -107,8 +150,12 @@ def test_deep_verification_catches_an_unloadable_file_with_matching_checksum(sto
     save_training_state(store, 1, rank=0, world_size=1, model=model, optimizer=opt)
     manifest = store.manifest(1)
     entry = next(f for f in manifest.files if "model" in f.components)
-    replacement = store.write_file(1, "model", lambda f: f.write(b"not a torch file" * 64), components=["model"])
-    store.save_manifest(manifest.model_copy(update={"files": [replacement if f is entry else f for f in manifest.files]}))
+    replacement = store.write_file(
+        1, "model", lambda f: f.write(b"not a torch file" * 64), components=["model"]
+    )
+    store.save_manifest(
+        manifest.model_copy(update={"files": [replacement if f is entry else f for f in manifest.files]})
+    )
     assert verify(store, 1, record=False).ok  # bytes intact...
     deep = verify(store, 1, deep=True)
     assert not deep.ok and "not loadable" in deep.problems[0]  # ...but not a checkpoint

@@ -35,7 +35,9 @@ def test_clean_checkpoint_verifies_and_is_recorded(store: CheckpointStore) -> No
         ("delete", "file missing"),
     ],
 )
-def test_damaged_shard_fails_verification_and_is_quarantined(store: CheckpointStore, damage: str, problem: str) -> None:
+def test_damaged_shard_fails_verification_and_is_quarantined(
+    store: CheckpointStore, damage: str, problem: str
+) -> None:
     save_plain(store, 10)
     key = entry_key(store, 10, "optimizer")
     if damage == "flip":
@@ -59,7 +61,9 @@ def test_missing_manifest_means_no_checkpoint(store: CheckpointStore) -> None:
 
 def test_missing_component_and_missing_rank_fail(store: CheckpointStore) -> None:
     files = [store.write_file(3, "model", lambda f: f.write(b"m" * 10), components=["model"])]
-    files.append(store.write_file(3, "opt", lambda f: f.write(b"o" * 10), rank=0, components=["optimizer", "rng"]))
+    files.append(
+        store.write_file(3, "opt", lambda f: f.write(b"o" * 10), rank=0, components=["optimizer", "rng"])
+    )
     store.commit(3, world_size=2, files=files)  # rank 1's files never arrived
     result = verify(store, 3, record=False)
     assert "component 'optimizer' missing for ranks [1]" in result.problems
@@ -113,7 +117,9 @@ def test_retention_keeps_k_healthy_protected_latest_and_unjudged(store: Checkpoi
 
 def test_gc_removes_stale_uncommitted_files_of_killed_writers(store: CheckpointStore) -> None:
     save_plain(store, 100)
-    store.write_file(200, "model", lambda f: f.write(b"half"), components=["model"])  # writer died before commit
+    store.write_file(
+        200, "model", lambda f: f.write(b"half"), components=["model"]
+    )  # writer died before commit
     fresh = collect_garbage(store, keep=3)
     assert fresh.orphans_deleted == 0  # may belong to a save in flight
     stale = CheckpointStore(store.backend, store.job, StoreSettings(stale_uncommitted_s=0))

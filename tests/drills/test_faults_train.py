@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 import torch
 
 from supervisor.drills.faults import FaultPlan
@@ -84,3 +86,41 @@ def test_resume_without_optimizer_drops_adam_state_and_marks_resumed() -> None:
     steps = {float(state["step"]) for state in opt.state.values()}
     assert steps == {2.0}  # AdamW restarted its count at step 6: two steps since (6, 7) instead of 8
     assert [r["events"] for r in records] == [[]] * 6 + [["resumed"], []]
+
+
+def test_scaled_lr_leaves_the_scheduler_in_charge() -> None:
+    model, opt, plan = _setup([{"kind": "oversized_update", "step": 2, "factor": 10}])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: (i + 1) / 10)
+    used = []
+    for step in range(1, 5):
+        model(torch.zeros(1, 3, dtype=torch.long)).sum().backward()
+        with plan.optimizer_step(step, model, opt):
+            lr_before = opt.param_groups[0]["lr"]
+            opt.step()
+            sched.step()
+        used.append(lr_before)
+        opt.zero_grad()
+    # the scheduled LRs 1e-3, 2e-3, 3e-3, 4e-3 are untouched by the fault (it acts inside opt.step only)
+    assert used == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
+    assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
+
+
+def test_oversized_update_uses_the_scaled_lr_inside_the_step_and_logs_it() -> None:
+    model, opt, plan = _setup([{"kind": "oversized_update", "step": 3, "factor": 10}])
+    seen = []
+    opt.register_step_post_hook(lambda o, a, k: seen.append(o.param_groups[0]["lr"]))
+    for step in range(1, 5):
+        model(torch.zeros(1, 3, dtype=torch.long)).sum().backward()
+        with plan.optimizer_step(step, model, opt):
+            opt.step()
+        opt.zero_grad()
+    assert seen == pytest.approx([1e-2, 1e-2, 1e-1, 1e-2])
+    assert plan.record(3, {"step": 3, "loss": 1.0, "lr": 1e-2})["lr"] == pytest.approx(1e-1)
+    assert plan.record(4, {"step": 4, "loss": 1.0, "lr": 1e-2})["lr"] == pytest.approx(1e-2)
+
+
+def test_every_rank_fires_its_own_copy_with_shared_markers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = [{"kind": "oversized_update", "step": 2, "factor": 5}]
+    plans = [FaultPlan.from_specs(spec, rank=r, world_size=2, state_dir=tmp_path) for r in (0, 1)]
+    assert [p.lr_scale(2) for p in plans] == [5.0, 5.0]
+    assert len(list(tmp_path.iterdir())) == 2

@@ -37,16 +37,20 @@ def make_job(tmp_path: Path, name: str, **over: Any) -> JobSpec:
         "resources": {"num_workers": 2},
         "storage": {"path": str(tmp_path / "store")},
         "checkpoint": {"every_steps": 20},
-        "telemetry": {"min_history": 20, "window": 200, "hang_timeout_s": 60},
+        "telemetry": {"min_history": 50, "window": 200, "hang_timeout_s": 60},
     }
     spec.update(over)
     return JobSpec.model_validate(spec)
 
 
-FAST = RuntimeSettings.model_validate({"healthy_after_steps": 5, "step_deadline_s": 5.0, "directive_timeout_s": 60.0})
+FAST = RuntimeSettings.model_validate(
+    {"healthy_after_steps": 5, "step_deadline_s": 5.0, "directive_timeout_s": 60.0}
+)
 
 
-def wait_for(status: Callable[[], dict[str, Any]], pred: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+def wait_for(
+    status: Callable[[], dict[str, Any]], pred: Callable[[dict[str, Any]], bool], timeout_s: float
+) -> dict[str, Any]:
     """Poll ``status`` until ``pred`` holds (or the job ended); fail with the last status on timeout."""
     deadline = time.monotonic() + timeout_s
     st = status()

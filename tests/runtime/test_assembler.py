@@ -67,9 +67,21 @@ def test_control_messages_are_heartbeats_not_steps() -> None:
     a.add(0, {"step": 3, "rank": 0, "control": True, "events": ["directive_applied:x:freeze"]})
     assert a.ready() == [] and a.skipped == 0
     clock.t = 10.0
-    assert a.silent_ranks(5.0, range(1)) == [0]
+    assert a.silent_ranks(5.0, range(1), 100.0) == [0]
     a.add(0, {"step": 3, "rank": 0, "control": True, "events": []})
-    assert a.silent_ranks(5.0, range(1)) == []
+    assert a.silent_ranks(5.0, range(1), 100.0) == []
+
+
+def test_a_rank_not_heard_from_since_start_gets_the_startup_timeout() -> None:
+    clock = Clock()
+    a = StepAssembler(2, deadline_s=5.0, clock=clock)
+    clock.t = 50.0
+    a.add(0, rec(1, 0))
+    assert a.silent_ranks(5.0, range(2), 100.0) == []
+    clock.t = 101.0
+    assert a.silent_ranks(5.0, range(2), 100.0) == [0, 1]
+    a.touch(started=True)
+    assert a.silent_ranks(5.0, range(2), 100.0) == []
 
 
 def test_unusable_records_are_counted() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -56,7 +57,9 @@ def test_worker_sigkilled_resumes_from_newest_verified_checkpoint(tmp_path: Path
 
 
 def test_hung_worker_is_detected_and_the_group_restarted(tmp_path: Path) -> None:
-    job = make_job(tmp_path, "hung", max_steps=150, telemetry={"min_history": 20, "window": 200, "hang_timeout_s": 6})
+    job = make_job(
+        tmp_path, "hung", max_steps=150, telemetry={"min_history": 50, "window": 200, "hang_timeout_s": 6}
+    )
     handle = api.launch(job, FAST)
     wait_for(lambda: api.status(handle), lambda s: s["step"] >= 50, 240)
     group = WorkerGroup.find(job, FAST)
@@ -66,10 +69,8 @@ def test_hung_worker_is_detected_and_the_group_restarted(tmp_path: Path) -> None
     try:
         final = api.wait(handle, 300)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     assert final["phase"] == "finished" and final["group_restarts"] == 1, final
     incidents = open_incident_store(job)
     reasons = [e.payload.get("reason", "") for i in incidents.list_incidents(job=job.name)

@@ -13,7 +13,10 @@ def stats(step: int, loss: float, grad: float = 1.0, ratio: float = 1e-3, tps: f
 
 
 def test_aggregate_is_token_weighted_when_every_rank_reports_sums() -> None:
-    recs = [Record(step=3, loss=2.0, rank=0, loss_sum=20.0, tokens=10), Record(step=3, loss=4.0, rank=1, loss_sum=120.0, tokens=30)]
+    recs = [
+        Record(step=3, loss=2.0, rank=0, loss_sum=20.0, tokens=10),
+        Record(step=3, loss=4.0, rank=1, loss_sum=120.0, tokens=30),
+    ]
     s = aggregate(3, recs)
     assert s.loss == 140.0 / 40 and s.ranks == 2
 

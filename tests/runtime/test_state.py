@@ -9,7 +9,9 @@ from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "runtime" / "job.json"
-    st = RuntimeState(job="j", phase=JobPhase.INCIDENT, generation=2, directives=[{"id": "a", "seq": 1, "kind": "freeze"}])
+    st = RuntimeState(
+        job="j", phase=JobPhase.INCIDENT, generation=2, directives=[{"id": "a", "seq": 1, "kind": "freeze"}]
+    )
     st.active = ActivePlan(incident_id=3, plan_no=1, plan={"actions": [{"name": "freeze"}]}, index=1)
     st.save(path)
     back = RuntimeState.load(path)

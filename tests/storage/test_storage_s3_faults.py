@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from supervisor import logging as slog
 from supervisor.errors import StorageError
 from supervisor.storage import S3Backend, iter_chunks
 from supervisor.storage.retry import RetrySettings
@@ -85,8 +86,8 @@ def test_credentials_never_reach_logs_or_errors(
     s3_uri: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
 ) -> None:
+    slog.configure("info")  # another test may have raised the level past warnings
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sekrit-4f1c9e")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDLOGCHECK77")
     backend = _backend(s3_fault_proxy, s3_uri, tmp_path)

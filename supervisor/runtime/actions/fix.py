@@ -67,7 +67,10 @@ class ObserveAction:
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         window = rt.window_after(memo["from_step"])
         if rt.incidents_opened_since(memo["from_step"]):
-            return Outcome.fail("a new anomaly was detected inside the observation window", steps=len(window))
+            why = "a new anomaly was detected inside the observation window"
+            return Outcome.fail(
+                why, steps=len(window), passed=False, checks={"no_new_anomaly": {"ok": False, "detail": why}}
+            )
         if len(window) < memo["steps"] and not rt.training_ended():
             return None
         base = rt.baseline()
@@ -77,8 +80,15 @@ class ObserveAction:
             )
         checks = evaluate(Baseline.from_json(base), window[: memo["steps"]], params.get("pass") or {})
         failed = [c.name for c in checks if not c.passed]
-        result = {"window": [window[0].step, window[min(len(window), memo["steps"]) - 1].step],
-                  "checks": [c.to_json() for c in checks], "baseline": base}  # fmt: skip
+        result = {
+            "window": [window[0].step, window[min(len(window), memo["steps"]) - 1].step],
+            "checks": {
+                c.name: {"ok": c.passed, "value": c.value, "limit": c.limit, "detail": c.detail}
+                for c in checks
+            },
+            "baseline": base,
+            "passed": not failed,
+        }
         if failed:
             return Outcome.fail(f"observation failed: {', '.join(failed)}", **result)
-        return Outcome.done(passed=True, **result)
+        return Outcome.done(**result)

@@ -15,7 +15,7 @@ from supervisor.runtime.actions.base import Outcome, Runtime
 log = get_logger("supervisor.runtime.alert")
 
 
-@retry(stop=stop_after_attempt(4), wait=wait_exponential_jitter(initial=0.5, max=8.0), reraise=True)
+@retry(stop=stop_after_attempt(4), wait=wait_exponential_jitter(exp_base=2, max=8.0), reraise=True)
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 10.0) -> int:
     """POST ``body`` as JSON; retried with exponential backoff and jitter; returns the HTTP status."""
     req = urllib.request.Request(

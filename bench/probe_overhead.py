@@ -1,0 +1,118 @@
+"""Step time of the example LM with and without the probe, side by side in one run.
+
+The baseline is the same loop with gradient clipping (which already computes the grad norm
+the probe reuses), AdamW, the LR scheduler and zero_grad. Variants are interleaved in blocks
+so machine noise hits all of them alike; the figure is the median over blocks of the mean
+step time of a block (a block ends with a device sync on GPU).
+
+    python bench/probe_overhead.py                         # CPU, the example model
+    python bench/probe_overhead.py --device cuda --d-model 1024 --layers 8 --seq 512 --batch 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from examples.tinylm.data import build_dataset, collate  # noqa: E402
+from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss  # noqa: E402
+from supervisor import sdk  # noqa: E402
+from supervisor.sdk.transport import BatchingTransport  # noqa: E402
+
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "baseline (clip, no probe)": None,
+    "probe: loss+grad norm+nonfinite": {"norms": False, "fingerprint_every": 0},
+    "probe: default (+sampled norms, fingerprint/50)": {},
+    "probe: everything every step (fingerprint/1)": {"fingerprint_every": 1},
+    "probe: + canary forward every 10 steps": {"canary_every": 10},
+}
+
+
+def to_device(batch: dict[str, Any], device: str) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class Loop:
+    def __init__(self, name: str, base: torch.nn.Module, dataset: Any, args: argparse.Namespace, settings: dict | None) -> None:
+        self.name, self.device, self.settings = name, args.device, settings
+        self.model = copy.deepcopy(base)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.1, fused=args.device == "cuda")
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
+        self.loader = sdk.SupervisedLoader(dataset, args.batch, seed=0, collate_fn=collate, rank=0, world_size=1)
+        self.times: list[float] = []
+        self.probe = None
+        if settings is not None:
+            self.transport = BatchingTransport(lambda batch: None)
+            canary = to_device(self.loader.fixed_batch(), args.device) if settings.get("canary_every") else None
+            self.probe = sdk.init(self.model, self.opt, scheduler=self.sched, loader=self.loader, loss_fn=lm_loss,
+                                  transport=self.transport, canary_batch=canary, grad_clip=1.0, **settings)  # fmt: skip
+
+    def run(self, steps: int) -> None:
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            batch = to_device(next(self.loader), self.device)
+            if self.probe is None:
+                lm_loss(self.model, batch).loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, foreach=True)
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+            else:
+                with self.probe.step(batch) as s:
+                    s.backward(lm_loss(self.model, batch))
+                    s.optimizer_step()
+        sync()
+        self.times.append((time.perf_counter() - t0) / steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=30)
+    ap.add_argument("--block-steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = TinyLMConfig(seq_len=args.seq, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads)
+    base = TinyLM(cfg).to(args.device)
+    dataset = build_dataset(seq_len=args.seq, max_bytes_per_source=300_000)
+    loops = [Loop(name, base, dataset, args, s) for name, s in VARIANTS.items()]
+    for loop in loops:
+        loop.run(args.block_steps)  # warm-up
+        loop.times.clear()
+    for i in range(args.blocks):
+        for loop in loops[i % len(loops) :] + loops[: i % len(loops)]:  # rotate the order every block
+            loop.run(args.block_steps)
+    params = sum(p.numel() for p in base.parameters())
+    print(f"model: {params / 1e6:.2f}M params, d_model={args.d_model} layers={args.layers} seq={args.seq} "
+          f"batch={args.batch}, device={args.device}, threads={torch.get_num_threads()}, "
+          f"{args.blocks} blocks x {args.block_steps} steps")  # fmt: skip
+    ref = statistics.median(loops[0].times)
+    for loop in loops:
+        med = statistics.median(loop.times)
+        print(f"  {loop.name:<48} {med * 1e3:8.3f} ms/step   {100 * (med / ref - 1):+6.2f}%")
+        if loop.probe is not None:
+            print(f"  {'':<48} update-norm sample: {100 * loop.probe.sampler.memory_fraction:.2f}% of param memory")
+            loop.probe.close()
+
+
+if __name__ == "__main__":
+    main()
