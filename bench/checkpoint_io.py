@@ -4,7 +4,8 @@
 
 Measures, for a model + AdamW state of about --gib GiB:
   raw write+fsync  the state's bytes written to one file, fsync'd
-  raw read         that file read back (warm) into a page-aligned buffer
+  raw read         that file read back (warm) into a page-aligned 8 MiB buffer, and into one
+                   state-sized buffer (what any restore must at least do: write every byte to RAM)
   save             save_training_state (torch.save per file, hashed on the way out, fsync, rename)
   verify           verify() (stream every file through the checksum)
   restore          load_training_state into the existing model and optimizer
@@ -68,6 +69,14 @@ def raw_read(path: Path) -> int:
     return total
 
 
+def raw_read_into(path: Path, dest: torch.Tensor) -> None:
+    view = memoryview(dest.numpy()).cast("B")
+    offset = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view[offset : offset + (64 << 20)]):
+            offset += n
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -108,12 +117,17 @@ def run(work: Path, gib: float, repeat: int, checksum: str) -> None:
     views = state_bytes(model, opt)
     nbytes = sum(len(v) for v in views)
     store = CheckpointStore(LocalBackend(work / "storage"), "bench", StoreSettings(checksum=checksum))
-    raw = work / "raw.bin"
-    t: dict[str, list[float]] = {k: [] for k in ("write", "read", "save", "verify", "restore")}
-    for step in range(repeat):  # interleaved, so drift in machine load hits every column alike
-        t["write"].append(timed(lambda: raw_write(raw, views)))
+    t: dict[str, list[float]] = {k: [] for k in ("write", "read", "read_full", "save", "verify", "restore")}
+    full = torch.empty(nbytes, dtype=torch.uint8)
+    full.fill_(0)  # touched, like live parameters
+    # Interleaved, so drift in machine load hits every column alike. Nothing is deleted until
+    # the end: on a filesystem mounted with `discard`, deletions slow down the next fsyncs.
+    for step in range(repeat):
+        raw = work / f"raw{step}.bin"
+        t["write"].append(timed(lambda raw=raw: raw_write(raw, views)))
         raw_read(raw)  # warm, like the checkpoint files right after their save
-        t["read"].append(timed(lambda: raw_read(raw)))
+        t["read"].append(timed(lambda raw=raw: raw_read(raw)))
+        t["read_full"].append(timed(lambda raw=raw: raw_read_into(raw, full)))
         t["save"].append(
             timed(
                 lambda s=step: save_training_state(store, s, rank=0, world_size=1, model=model, optimizer=opt)
@@ -126,12 +140,16 @@ def run(work: Path, gib: float, repeat: int, checksum: str) -> None:
                 lambda s=step: load_training_state(store, s, rank=0, world_size=1, model=model, optimizer=opt)
             )
         )
-        raw.unlink()
     med = {k: statistics.median(v) for k, v in t.items()}
     gb = nbytes / 1e9
     print(f"state {nbytes / 2**30:.2f} GiB, checksum {checksum}, median of {repeat}")
     print(f"  raw write+fsync  {med['write']:6.2f} s  {gb / med['write']:6.2f} GB/s")
-    print(f"  raw read (warm)  {med['read']:6.2f} s  {gb / med['read']:6.2f} GB/s")
+    print(
+        f"  raw read (warm)  {med['read']:6.2f} s  {gb / med['read']:6.2f} GB/s  into one 8 MiB page-aligned buffer"
+    )
+    print(
+        f"  raw read (warm)  {med['read_full']:6.2f} s  {gb / med['read_full']:6.2f} GB/s  into a state-sized buffer"
+    )
     print(
         f"  save             {med['save']:6.2f} s  {med['save'] / med['write']:5.2f}x raw write+fsync  (target <= 1.2)"
     )

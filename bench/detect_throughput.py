@@ -26,7 +26,10 @@ def build(ranks: int, steps: int, full: bool) -> list[tuple[int, list[Record]]]:
     for r in recs:
         if full:
             half = (r.tokens or 0) // 2
-            r.sources = {"web": {"tokens": half, "loss_sum": (r.loss_sum or 0) / 2}, "code": {"tokens": half, "loss_sum": (r.loss_sum or 0) / 2}}
+            r.sources = {
+                "web": {"tokens": half, "loss_sum": (r.loss_sum or 0) / 2},
+                "code": {"tokens": half, "loss_sum": (r.loss_sum or 0) / 2},
+            }
         else:
             r.param_checksum = r.update_norm = r.param_norm = r.lr = None
     return list(group_steps(recs))
@@ -62,7 +65,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
-    results = {}
+    results: dict[str, dict[str, float]] = {}
     for label, full in (("full record", True), ("minimal record", False)):
         results[label] = measure(build(args.ranks, args.steps, full))
     print(f"{args.ranks} ranks x {args.steps} steps, one core")
@@ -72,8 +75,8 @@ def main() -> None:
             f"  {label:15} {r['records_per_s']:>10,.0f} rank-records/s ({ok}); per-step decision "
             f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms; incidents {r['incidents']:.0f}"
         )
-    full, minimal = results["full record"], results["minimal record"]
-    print(f"  full / minimal throughput ratio: {full['records_per_s'] / minimal['records_per_s']:.2f}")
+    ratio = results["full record"]["records_per_s"] / results["minimal record"]["records_per_s"]
+    print(f"  full / minimal throughput ratio: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -38,21 +38,31 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 
 def to_device(batch: dict[str, Any], device: str) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+    }
 
 
 class Loop:
-    def __init__(self, name: str, base: torch.nn.Module, dataset: Any, args: argparse.Namespace, settings: dict | None) -> None:
+    def __init__(
+        self, name: str, base: torch.nn.Module, dataset: Any, args: argparse.Namespace, settings: dict | None
+    ) -> None:
         self.name, self.device, self.settings = name, args.device, settings
         self.model = copy.deepcopy(base)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.1, fused=args.device == "cuda")
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-3, weight_decay=0.1, fused=args.device == "cuda"
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
-        self.loader = sdk.SupervisedLoader(dataset, args.batch, seed=0, collate_fn=collate, rank=0, world_size=1)
+        self.loader = sdk.SupervisedLoader(
+            dataset, args.batch, seed=0, collate_fn=collate, rank=0, world_size=1
+        )
         self.times: list[float] = []
         self.probe = None
         if settings is not None:
             self.transport = BatchingTransport(lambda batch: None)
-            canary = to_device(self.loader.fixed_batch(), args.device) if settings.get("canary_every") else None
+            canary = (
+                to_device(self.loader.fixed_batch(), args.device) if settings.get("canary_every") else None
+            )
             self.probe = sdk.init(self.model, self.opt, scheduler=self.sched, loader=self.loader, loss_fn=lm_loss,
                                   transport=self.transport, canary_batch=canary, grad_clip=1.0, **settings)  # fmt: skip
 
@@ -110,7 +120,9 @@ def main() -> None:
         med = statistics.median(loop.times)
         print(f"  {loop.name:<48} {med * 1e3:8.3f} ms/step   {100 * (med / ref - 1):+6.2f}%")
         if loop.probe is not None:
-            print(f"  {'':<48} update-norm sample: {100 * loop.probe.sampler.memory_fraction:.2f}% of param memory")
+            print(
+                f"  {'':<48} update-norm sample: {100 * loop.probe.sampler.memory_fraction:.2f}% of param memory"
+            )
             loop.probe.close()
 
 

@@ -9,12 +9,14 @@ IDs and a parameter fingerprint.
 
     python -m bench.detection.generate            # all traces (~1-2 min on 2 cores)
     python -m bench.detection.generate bad_batch  # one
+    python -m bench.detection.generate --out /tmp/corpus   # elsewhere
 
 Writes ``bench/detection/corpus/<name>.jsonl.gz`` and ``corpus/labels.json``.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import gzip
 import hashlib
@@ -22,6 +24,7 @@ import json
 import math
 import random
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +32,7 @@ from typing import Any
 
 import torch
 
-from examples.tinylm.data import TextDataset, build_dataset, collate
+from examples.tinylm.data import TextDataset, build_dataset, collate, stdlib_root
 from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
 
 OUT = Path(__file__).parent / "corpus"
@@ -73,8 +76,17 @@ def _uniform(step: int) -> dict[str, float]:
 
 
 def _shift(step: int) -> dict[str, float]:
-    """Mostly docstrings (prose, easy), then a switch to mostly code (harder bytes)."""
-    return {"docstrings": 0.8, "code": 0.1, "tests": 0.1} if step < 180 else {"docstrings": 0.1, "code": 0.8, "tests": 0.1}
+    """From 180 on, a quarter of each batch comes from a harder domain: base64 blobs (~4.2 nats/byte)."""
+    if step < 180:
+        return _uniform(step)
+    return {"code": 0.25, "docstrings": 0.25, "tests": 0.25, "b64": 0.25}
+
+
+def b64_texts(n_files: int = 40) -> dict[str, str]:
+    """A real but harder domain: base64 of zlib-compressed stdlib files (as embedded in code and configs)."""
+    root = stdlib_root()
+    files = sorted(root.glob("*.py"))[:n_files]
+    return {f"{p.name}.z.b64": base64.b64encode(zlib.compress(p.read_bytes())).decode() for p in files}
 
 
 FAULTS = [
@@ -88,8 +100,17 @@ FAULTS = [
     Fault("fp16_overflow", 200, "transient", "numeric", seed=7, params={"module": "blocks.1.mlp"}),
     Fault("rank_corrupt_range", 200, "transient", "data", 2, seed=8, params={"rank": 2, "steps": 12}),
     Fault("periodic_junk_source", 100, "periodic", "data", 0, seed=9, params={"every": 40, "rank": 0}),
-    Fault("replica_divergence", 200, "slow_recovery", "distributed", 1, seed=10, params={"rank": 1, "noise": 0.05}),
-    Fault("resume_without_optimizer", 151, "slow_recovery", "resume_state", seed=11, params={"crash": 200, "ckpt": 150}),
+    Fault(
+        "replica_divergence", 200, "transient", "distributed", 1, seed=10, params={"rank": 1, "noise": 0.05}
+    ),
+    Fault(
+        "resume_without_optimizer",
+        151,
+        "transient",
+        "resume_state",
+        seed=11,
+        params={"crash": 200, "ckpt": 150},
+    ),
     Fault("misreduced_metric", 200, "transient", "metric_artifact", 3, seed=12, params={"rank": 3}),
 ]
 
@@ -237,7 +258,9 @@ class Run:
         # The injected overflow is registered first so the checking hooks see its output.
         extra = self._overflow_hook(model) if self.fault.name == "fp16_overflow" else None
         hooks = [
-            m.register_forward_hook(lambda mod, _i, o, n=n: found.append(n) if not torch.isfinite(o).all() else None)
+            m.register_forward_hook(
+                lambda mod, _i, o, n=n: found.append(n) if not torch.isfinite(o).all() else None
+            )
             for n, m in model.named_modules()
             if n
         ]
@@ -277,17 +300,21 @@ def _fingerprint(model: torch.nn.Module) -> str:
     return hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
 
 
-def main(names: list[str]) -> None:
+def main(argv: list[str]) -> None:
+    out = OUT
+    if argv[:1] == ["--out"]:
+        out, argv = Path(argv[1]), argv[2:]
+    names = argv
     torch.set_num_threads(1)
-    OUT.mkdir(parents=True, exist_ok=True)
-    dataset = build_dataset(SEQ, 300_000, 0)
-    labels_path = OUT / "labels.json"
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = build_dataset(SEQ, 300_000, 0, extra_texts={"b64": b64_texts()})
+    labels_path = out / "labels.json"
     labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
     for fault in FAULTS:
         if names and fault.name not in names:
             continue
         records = Run(fault, dataset).run()
-        with gzip.open(OUT / f"{fault.name}.jsonl.gz", "wt", compresslevel=9) as fh:
+        with gzip.open(out / f"{fault.name}.jsonl.gz", "wt", compresslevel=9) as fh:
             for rec in records:
                 fh.write(json.dumps(_round(rec)) + "\n")
         labels[fault.name] = fault.label()
@@ -296,7 +323,7 @@ def main(names: list[str]) -> None:
 
 
 def _round(rec: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in rec.items():
         out[k] = float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v
     for s in out.get("sources", {}).values():

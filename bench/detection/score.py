@@ -117,21 +117,22 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     harmful = [r for r in rows if r.label["harmful"]]
     quiet = [r for r in rows if not r.label["harmful"]]
     out: dict[str, Any] = {"harmful": len(harmful), "quiet": len(quiet)}
-    hit = [r for r in harmful if r.matched is not None]
+    hit = [(r, r.matched) for r in harmful if r.matched is not None]
+    ranked = [(r, d) for r, d in hit if r.label["first_rank"] is not None]
     out["engine"] = {
         "detected": len(hit) / max(1, len(harmful)),
         "false_alarms": sum(len(r.engine) for r in quiet),
-        "extra_incidents": sum(len(r.engine) - 1 for r in hit) + sum(len(r.engine) for r in harmful if not r.matched),
-        "phenotype": sum(r.matched.phenotype.value == r.label["phenotype"] for r in hit) / max(1, len(harmful)),
-        "cause": sum(
-            r.matched.top_cause is not None and r.matched.top_cause.value == r.label["cause"] for r in hit
-        ) / max(1, len(harmful)),
-        "first_rank": sum(
-            r.matched.first_rank == r.label["first_rank"] for r in hit if r.label["first_rank"] is not None
-        ) / max(1, sum(r.label["first_rank"] is not None for r in harmful)),
-    }  # fmt: skip
+        "extra_incidents": sum(len(r.engine) - (r.matched is not None) for r in harmful),
+        "phenotype": sum(d.phenotype.value == r.label["phenotype"] for r, d in hit) / max(1, len(harmful)),
+        "cause": sum(d.top_cause is not None and d.top_cause.value == r.label["cause"] for r, d in hit)
+        / max(1, len(harmful)),
+        "first_rank": sum(d.first_rank == r.label["first_rank"] for r, d in ranked)
+        / max(1, sum(r.label["first_rank"] is not None for r in harmful)),
+    }
     for name in BASELINES:
-        det = sum(any(abs(o - r.label["onset"]) <= ONSET_TOLERANCE for o in r.baselines[name]) for r in harmful)
+        det = sum(
+            any(abs(o - r.label["onset"]) <= ONSET_TOLERANCE for o in r.baselines[name]) for r in harmful
+        )
         out[name] = {
             "detected": det / max(1, len(harmful)),
             "false_alarms": sum(len(r.baselines[name]) for r in quiet),
@@ -169,8 +170,15 @@ def main(argv: list[str]) -> int:
     print("-" * len(head))
     for r in rows:
         lab = r.label
-        label = f"{lab['onset']} {lab['phenotype']}/{lab['cause']} r{lab['first_rank']}" if lab["harmful"] else "quiet"
-        print(f"{r.name:26} {label:38} {_fmt_engine(r):58} " + " ".join(f"{_fmt_baseline(r, n):>11}" for n in BASELINES))
+        label = (
+            f"{lab['onset']} {lab['phenotype']}/{lab['cause']} r{lab['first_rank']}"
+            if lab["harmful"]
+            else "quiet"
+        )
+        print(
+            f"{r.name:26} {label:38} {_fmt_engine(r):58} "
+            + " ".join(f"{_fmt_baseline(r, n):>11}" for n in BASELINES)
+        )
     s = summarize(rows)
     print()
     e = s["engine"]
@@ -188,7 +196,9 @@ def main(argv: list[str]) -> int:
         and e["phenotype"] >= TARGETS["phenotype"]
         and e["cause"] >= TARGETS["cause"]
     )
-    print(f"targets (all detected, 0 false alarms, phenotype >= 90%, cause >= 80%): {'MET' if ok else 'NOT MET'}")
+    print(
+        f"targets (all detected, 0 false alarms, phenotype >= 90%, cause >= 80%): {'MET' if ok else 'NOT MET'}"
+    )
     return 0 if ok else 1
 
 

@@ -54,7 +54,9 @@ def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any,
     """Model (DDP-wrapped when distributed), AdamW, warmup+cosine scheduler, dataset."""
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(cfg["seed"])
-    mcfg = TinyLMConfig.from_dict(cfg.get("model"))
+    mcfg = TinyLMConfig.from_dict(
+        {**cfg, **(cfg.get("model") or {})}
+    )  # `d_model: 128` or `model: {d_model: 128}`
     model: torch.nn.Module = TinyLM(mcfg)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)

@@ -69,6 +69,7 @@ class GcReport:
     deleted: list[int] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
     orphans_deleted: int = 0
+    uploads_aborted: int = 0
 
 
 def collect_garbage(
@@ -88,6 +89,9 @@ def collect_garbage(
     report.orphans_deleted = len(orphans)
     if orphans and not dry_run:
         store.backend.delete(orphans)
+    abort = getattr(store.backend, "abort_stale_uploads", None)  # S3: parts of killed multipart uploads
+    if abort is not None and not dry_run:
+        report.uploads_aborted = abort(store.root, time.time() - store.settings.stale_uncommitted_s)
     store.log.info(
         "retention applied", deleted=report.deleted, kept=report.kept, orphans=len(orphans), keep=keep
     )

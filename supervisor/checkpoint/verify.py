@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.checkpoint.hashing import hash_reader, split_checksum
+from supervisor.checkpoint.hashing import hash_path, hash_reader, split_checksum
 from supervisor.checkpoint.manifest import Manifest, Verification
 from supervisor.checkpoint.store import MANIFEST, CheckpointStore
 from supervisor.core.model import HealthMark
 from supervisor.errors import SupervisorError
 from supervisor.storage.base import ObjectNotFound, join_key
+from supervisor.storage.local import LocalBackend
 
 PER_RANK = ("optimizer", "rng")
 
@@ -85,8 +86,7 @@ def _files_and_checksums(store: CheckpointStore, manifest: Manifest) -> list[str
             continue
         try:
             algo, _ = split_checksum(entry.checksum)
-            with store.backend.open_read(store.key(step, entry.name)) as reader:
-                read, checksum = hash_reader(reader, algo, store._pool, store.settings.chunk_bytes)
+            read, checksum = _hash(store, store.key(step, entry.name), algo)
         except ObjectNotFound:
             problems.append(f"{entry.name}: file missing")
             continue
@@ -98,6 +98,17 @@ def _files_and_checksums(store: CheckpointStore, manifest: Manifest) -> list[str
         elif checksum != entry.checksum:
             problems.append(f"{entry.name}: checksum mismatch ({checksum} != {entry.checksum})")
     return problems
+
+
+def _hash(store: CheckpointStore, key: str, algorithm: str) -> tuple[int, str]:
+    chunk = store.settings.chunk_bytes
+    if isinstance(store.backend, LocalBackend):
+        try:
+            return hash_path(store.backend.path(key), algorithm, chunk)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"no such object: {key}", source=store.backend.uri) from None
+    with store.backend.open_read(key) as reader:
+        return hash_reader(reader, algorithm, chunk)
 
 
 def _components(store: CheckpointStore, manifest: Manifest) -> list[str]:

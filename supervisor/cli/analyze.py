@@ -23,9 +23,16 @@ from supervisor.traces import FORMATS, read_trace
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @json_option
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot here.")
 @click.option(
-    "--format", "fmt", default="auto", show_default=True, type=click.Choice(["auto", *FORMATS]), help="Trace format."
+    "--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot here."
+)
+@click.option(
+    "--format",
+    "fmt",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", *FORMATS]),
+    help="Trace format.",
 )
 @click.option(
     "--min-history",
@@ -99,7 +106,11 @@ _COLOR = {"low": "cyan", "medium": "yellow", "high": "red", "critical": "bold re
 
 def _incident_table(i: int, d: Diagnosis) -> Table:
     sev = d.severity.value
-    t = Table(title=f"incident {i}: {d.phenotype.value} [{_COLOR[sev]}]{sev}[/]", show_header=False, title_justify="left")
+    t = Table(
+        title=f"incident {i}: {d.phenotype.value} [{_COLOR[sev]}]{sev}[/]",
+        show_header=False,
+        title_justify="left",
+    )
     t.add_column("field", style="bold")
     t.add_column("value")
     end = "open" if d.end_step is None else str(d.end_step)
@@ -181,7 +192,9 @@ def _mark(ax1: Any, ax2: Any, d: Diagnosis) -> None:
         ax.axvline(d.onset_step, color="tab:orange", ls="--", lw=1)
         ax.axvline(d.peak_step, color="tab:red", ls=":", lw=1)
     label = f"{d.phenotype.value} / {d.top_cause.value if d.top_cause else '?'}"
-    ax1.annotate(label, (d.onset_step, 1.0), xycoords=("data", "axes fraction"), fontsize=8, va="top", color="tab:red")
+    ax1.annotate(
+        label, (d.onset_step, 1.0), xycoords=("data", "axes fraction"), fontsize=8, va="top", color="tab:red"
+    )
     if d.suspect_samples and d.first_anomaly is not None:
         ax1.annotate(
             f"suspects: {d.suspect_samples[0]}" + (" ..." if len(d.suspect_samples) > 1 else ""),

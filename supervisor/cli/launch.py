@@ -52,8 +52,9 @@ def launch(job_file: Path | None, detach: bool, attach_job: str | None, address:
     job = load_job(job_file) if job_file is not None else None
     if attach_job:
         cluster.connect_existing(address or (job.ray.address if job else None))
+    elif job is None:
+        raise click.UsageError("give a job file, or --attach JOB")
     else:
-        assert job is not None, "click guarantees a file without --attach"
         cluster.connect(job, persistent=detach)
     job = _job(job_file, attach_job)
     handle = api.attach(job, detached=detach) if attach_job else api.launch(job, detached=detach)

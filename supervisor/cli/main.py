@@ -49,6 +49,7 @@ def _register() -> None:
     from supervisor.cli import launch, validate
     from supervisor.cli.analyze import analyze
     from supervisor.cli.checkpoints import checkpoints
+    from supervisor.cli.drill import drill
     from supervisor.cli.incidents import incidents
     from supervisor.cli.policy import policy
 
@@ -61,6 +62,7 @@ def _register() -> None:
     cli.add_command(incidents)
     cli.add_command(analyze)
     cli.add_command(checkpoints)
+    cli.add_command(drill)
 
 
 _register()

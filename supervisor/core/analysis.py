@@ -175,7 +175,7 @@ class StreamingAnalyzer:
             return sig.reported_z < band and not s.misreported
         if rule == "rank":
             return not (sig.rank_z is not None and sig.rank_z >= band)
-        if rule == "grad":
+        if rule in ("grad", "resume"):  # open while the optimizer signal is still out of band
             return (sig.co_z or 0.0) < band and sig.loss_z < band
         if rule == "checksum" and s.checksum_minority:
             return False
@@ -196,13 +196,15 @@ class StreamingAnalyzer:
             facts=facts,
         )
         facts.occurrences.append(first.step)
-        if self.last_resume is not None and 0 <= first.step - self.last_resume <= st.resume_window:
+        if self.last_resume is not None and -1 <= first.step - self.last_resume <= st.resume_window:
             inc.after_resume = True
             facts.resume_step = self.last_resume
         self._localize(inc, sig, first.rank)
         before = [r for r in self.recent if r.step < first.step]
         if before and before[-1].summary.loss_scale is not None:
             facts.loss_scale_drop = (before[-1].summary.loss_scale, before[-1].summary.loss_scale)
+        if before and before[-1].summary.lr is not None:
+            facts.lr_before = (before[-1].step, before[-1].summary.lr)
         for r in self.recent:  # the steps between onset and detection belong to the incident too
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
@@ -213,6 +215,8 @@ class StreamingAnalyzer:
         st, s, f = self.settings, sig.summary, inc.facts
         if s.checksum_minority:
             inc.rank_local, inc.first_rank = True, s.checksum_minority[0]
+        elif s.misreported and len(s.misreported) < len(s.records):
+            inc.rank_local, inc.first_rank = True, s.misreported[0][0]
         elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
             inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
         elif s.worst_rank is not None and sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold:
@@ -220,7 +224,12 @@ class StreamingAnalyzer:
             others = math.log(s.ranks_median_loss) - inc.baseline_log if s.ranks_median_loss else 0.0
             if not math.isfinite(worst) or others < 0.3 * worst:
                 inc.rank_local, inc.first_rank = True, s.worst_rank
-                f.rank = (s.step, s.worst_rank, math.exp(s.rank_log_loss[s.worst_rank]), s.ranks_median_loss or 0.0)
+                f.rank = (
+                    s.step,
+                    s.worst_rank,
+                    math.exp(s.rank_log_loss[s.worst_rank]),
+                    s.ranks_median_loss or 0.0,
+                )
                 f.rank_z = sig.rank_z
         if first_rank is not None and inc.first_rank is None and inc.rank_local:
             inc.first_rank = first_rank
@@ -286,7 +295,16 @@ class StreamingAnalyzer:
 
 
 def _fingerprint(d: Diagnosis) -> tuple[Any, ...]:
-    return (d.phenotype, d.top_cause, d.severity, d.rank_local, d.source_local, d.nonfinite, d.period, d.end_step)
+    return (
+        d.phenotype,
+        d.top_cause,
+        d.severity,
+        d.rank_local,
+        d.source_local,
+        d.nonfinite,
+        d.period,
+        d.end_step,
+    )
 
 
 def group_steps(records: Iterable[Record]) -> Iterable[tuple[int, list[Record]]]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.core.model import Cause, CauseScore, Phenotype
 
+
 def typical_step(inc: Incident) -> int:
     """The usual distance between logged steps of an incident (1 for per-step telemetry)."""
     steps = [p.step for p in inc.trajectory]
@@ -88,9 +89,15 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
     calm = calm_grads(inc)
     if f.checksum is not None:
         step, ranks = f.checksum
-        b.add(Cause.DISTRIBUTED, "checksum", f"param fingerprints of ranks {ranks} differ from the others' from step {step}")
+        b.add(
+            Cause.DISTRIBUTED,
+            "checksum",
+            f"param fingerprints of ranks {ranks} differ from the others' from step {step}",
+        )
     if inc.after_resume and f.resume_step is not None:
-        b.add(Cause.RESUME_STATE, "after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}")
+        b.add(
+            Cause.RESUME_STATE, "after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}"
+        )
         if f.update_spike is not None:
             step, ratio = f.update_spike
             b.add(Cause.RESUME_STATE, "resume_update", f"update ratio {_g(ratio)}x its level at step {step}")
@@ -99,7 +106,18 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
         b.add(Cause.OPTIMIZER, "update_spike", f"update ratio {_g(ratio)}x its level at step {step}")
     if f.lr_jump is not None:
         step, ratio = f.lr_jump
-        b.add(Cause.OPTIMIZER, "lr_jump", f"learning rate changed {_g(ratio)}x from the previous step at step {step}")
+        b.add(
+            Cause.OPTIMIZER,
+            "lr_jump",
+            f"learning rate changed {_g(ratio)}x from the previous step at step {step}",
+        )
+    if f.lr_rise is not None and f.lr_before is not None and f.lr_jump is None:
+        step, rise = f.lr_rise
+        b.add(
+            Cause.OPTIMIZER,
+            "lr_jump",
+            f"learning rate {_g(f.lr_before[1])} at step {f.lr_before[0]} -> {_g(f.lr_before[1] * rise)} at step {step} ({_g(rise)}x)",
+        )
     lead = _grad_lead(inc)
     if lead is not None:
         b.add(Cause.OPTIMIZER, "grad_lead", lead)
@@ -112,7 +130,11 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
         b.add(Cause.DATA, "rank_local", text)
     if f.source is not None:
         name, z, loss = f.source
-        b.add(Cause.DATA, "source_local", f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band")
+        b.add(
+            Cause.DATA,
+            "source_local",
+            f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band",
+        )
     _metric(inc, b, calm)
     return b.ranked()
 
@@ -136,7 +158,9 @@ def calm_grads(inc: Incident) -> bool:
     f = inc.facts
     if not f.grad_known or f.update_spike is not None or f.nonfinite_step is not None:
         return False
-    ratios = [r for p in inc.trajectory if p.step <= inc.peak_step for r in (p.grad, p.update) if r is not None]
+    ratios = [
+        r for p in inc.trajectory if p.step <= inc.peak_step for r in (p.grad, p.update) if r is not None
+    ]
     return bool(ratios) and max(ratios) < 2.0
 
 
@@ -157,7 +181,11 @@ def _numeric(inc: Incident, b: _Board) -> None:
     f = inc.facts
     if f.nonfinite_step is not None:
         where = f" in `{f.nonfinite_at}`" if f.nonfinite_at else ""
-        b.add(Cause.NUMERIC, "nonfinite", f"non-finite values first at step {f.nonfinite_step}{where} on ranks {f.nonfinite_ranks}")
+        b.add(
+            Cause.NUMERIC,
+            "nonfinite",
+            f"non-finite values first at step {f.nonfinite_step}{where} on ranks {f.nonfinite_ranks}",
+        )
         if f.rose_before_nonfinite:
             b.add(
                 Cause.NUMERIC,
@@ -173,9 +201,13 @@ def _numeric(inc: Incident, b: _Board) -> None:
             text += f"; loss scale {_g(f.loss_scale_drop[0])} -> {_g(f.loss_scale_drop[1])}"
         b.add(Cause.NUMERIC, "overflow", text)
         if f.first_overflow is not None and abs(f.first_overflow - inc.onset_step) <= 1:
-            b.add(Cause.NUMERIC, "overflow", f"the first overflow is at step {f.first_overflow}, with the onset")
+            b.add(
+                Cause.NUMERIC, "overflow", f"the first overflow is at step {f.first_overflow}, with the onset"
+            )
         elif f.scale_drop_step is not None and abs(f.scale_drop_step - inc.onset_step) <= typical_step(inc):
-            b.add(Cause.NUMERIC, "overflow", f"the loss scale fell at step {f.scale_drop_step}, with the onset")
+            b.add(
+                Cause.NUMERIC, "overflow", f"the loss scale fell at step {f.scale_drop_step}, with the onset"
+            )
 
 
 def _metric(inc: Incident, b: _Board, calm: bool) -> None:
@@ -196,12 +228,23 @@ def _metric(inc: Incident, b: _Board, calm: bool) -> None:
         )
     if f.collapse is not None:
         step, rank, tok, med = f.collapse
-        b.add(Cause.METRIC_ARTIFACT, "token_collapse", f"rank {rank} had {_g(tok)} effective tokens vs median {_g(med)} at step {step}")
+        b.add(
+            Cause.METRIC_ARTIFACT,
+            "token_collapse",
+            f"rank {rank} had {_g(tok)} effective tokens vs median {_g(med)} at step {step}",
+        )
     if f.batch_mean is not None:
         step, rank, bm, loss = f.batch_mean
-        b.add(Cause.METRIC_ARTIFACT, "batch_mean", f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}")
+        b.add(
+            Cause.METRIC_ARTIFACT,
+            "batch_mean",
+            f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}",
+        )
     if calm:
         g, u = f.grad_ratio_at_peak, f.update_ratio_at_peak
-        parts = [f"grad norm {_g(g)}x" if g is not None else "", f"update ratio {_g(u)}x" if u is not None else ""]
+        parts = [
+            f"grad norm {_g(g)}x" if g is not None else "",
+            f"update ratio {_g(u)}x" if u is not None else "",
+        ]
         text = " and ".join(p for p in parts if p) + f" their levels at the loss peak (step {inc.peak_step})"
         b.add(Cause.METRIC_ARTIFACT, "calm_grads", text)

@@ -15,13 +15,15 @@ Two kinds of comparison, both linear in the number of ranks:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.core.records import Record
-from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log, sorted_median
+from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, safe_log
+from supervisor.core.summary import StepSummary, summarize
+
+__all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"]
 
 
 #: A single-signal alarm (loss alone, or one rank alone) must also beat the largest residual in the
@@ -36,28 +38,61 @@ class DetectorSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(1000, ge=8, description="Rolling window (steps) of the residual noise statistics.")
-    min_history: int = Field(50, ge=1, description="Steps of history before any alarm except non-finite values.")
-    z_threshold: float = Field(6.0, gt=0, description="Robust-z of the loss that opens an incident.")
-    grad_z_threshold: float = Field(6.0, gt=0, description="Robust-z of grad norm / update ratio that co-moves.")
-    rank_z_threshold: float = Field(8.0, gt=0, description="Robust-z of one rank against the other ranks' median.")
-    band_z: float = Field(3.0, gt=0, description="A quantity is out of its band above this robust-z.")
-    level_window: int = Field(16, ge=1, description="Steps whose median is a metric's current level.")
-    min_loss_jump: float = Field(0.05, ge=0, description="Smallest relative loss excess that can open an incident.")
-    loss_only_jump: float = Field(0.5, ge=0, description="Relative loss excess that opens without co-moving grads.")
-    benign_max_jump: float = Field(0.5, ge=0, description="A sustained level change below this is a benign shift.")
-    loss_floor: float = Field(0.005, gt=0, description="Lower bound of the loss noise scale (log units).")
-    grad_floor: float = Field(0.05, gt=0, description="Lower bound of grad norm / update ratio noise (log units).")
-    rank_floor: float = Field(0.01, gt=0, description="Lower bound of the cross-rank spread (log units).")
-    confirm_steps: int = Field(3, ge=0, description="Steps after detection before an incident is ready to act on.")
-    transient_steps: int = Field(5, ge=1, description="Back in band within this many steps of the peak: transient.")
-    close_steps: int = Field(3, ge=1, description="Consecutive in-band steps that close an incident.")
-    max_incident_steps: int = Field(400, ge=10, description="An incident still open after this many steps closes.")
-    shift_steps: int = Field(6, ge=2, description="Steps a loss-only level change must last to be a benign shift.")
-    lookback: int = Field(16, ge=1, description="Steps searched back for the first abnormal quantity.")
-    resume_window: int = Field(5, ge=0, description="Onset within this many steps of a `resumed` event: after_resume.")
-    gap_factor: float = Field(4.0, gt=1, description="A step gap this many logging intervals wide resets history.")
-    period_tolerance: int = Field(1, ge=0, description="Steps of slack when matching recurring onsets.")
+    window: int = Field(
+        default=1000, ge=8, description="Rolling window (steps) of the residual noise statistics."
+    )
+    min_history: int = Field(
+        default=50, ge=1, description="Steps of history before any alarm except non-finite values."
+    )
+    z_threshold: float = Field(default=6.0, gt=0, description="Robust-z of the loss that opens an incident.")
+    grad_z_threshold: float = Field(
+        default=6.0, gt=0, description="Robust-z of grad norm / update ratio that co-moves."
+    )
+    rank_z_threshold: float = Field(
+        default=8.0, gt=0, description="Robust-z of one rank against the other ranks' median."
+    )
+    band_z: float = Field(default=3.0, gt=0, description="A quantity is out of its band above this robust-z.")
+    level_window: int = Field(default=16, ge=1, description="Steps whose median is a metric's current level.")
+    min_loss_jump: float = Field(
+        default=0.05, ge=0, description="Smallest relative loss excess that can open an incident."
+    )
+    loss_only_jump: float = Field(
+        default=0.5, ge=0, description="Relative loss excess that opens without co-moving grads."
+    )
+    benign_max_jump: float = Field(
+        default=0.5, ge=0, description="A sustained level change below this is a benign shift."
+    )
+    loss_floor: float = Field(
+        default=0.005, gt=0, description="Lower bound of the loss noise scale (log units)."
+    )
+    grad_floor: float = Field(
+        default=0.05, gt=0, description="Lower bound of grad norm / update ratio noise (log units)."
+    )
+    rank_floor: float = Field(
+        default=0.01, gt=0, description="Lower bound of the cross-rank spread (log units)."
+    )
+    confirm_steps: int = Field(
+        default=3, ge=0, description="Steps after detection before an incident is ready to act on."
+    )
+    transient_steps: int = Field(
+        default=5, ge=1, description="Back in band within this many steps of the peak: transient."
+    )
+    close_steps: int = Field(default=3, ge=1, description="Consecutive in-band steps that close an incident.")
+    max_incident_steps: int = Field(
+        default=400, ge=10, description="An incident still open after this many steps closes."
+    )
+    lookback: int = Field(
+        default=16, ge=1, description="Steps searched back for the first abnormal quantity."
+    )
+    resume_window: int = Field(
+        default=5, ge=0, description="Onset within this many steps of a `resumed` event: after_resume."
+    )
+    gap_factor: float = Field(
+        default=4.0, gt=1, description="A step gap this many logging intervals wide resets history."
+    )
+    period_tolerance: int = Field(
+        default=1, ge=0, description="Steps of slack when matching recurring onsets."
+    )
 
     @classmethod
     def from_telemetry(cls, telemetry: Any, **overrides: Any) -> DetectorSettings:
@@ -66,168 +101,6 @@ class DetectorSettings(BaseModel):
         kw = {n: getattr(telemetry, n) for n in names if getattr(telemetry, n, None) is not None}
         kw.update(overrides)
         return cls(**kw)
-
-
-@dataclass(slots=True)
-class StepSummary:
-    """What one step looks like across all ranks; only aggregates and this step's outliers."""
-
-    step: int
-    records: list[Record]
-    loss: float  # reported: plain mean of the ranks' `loss` (what a dashboard shows)
-    loss_true: float | None  # sum(loss_sum) / sum(tokens), the token-weighted truth
-    tokens: float | None
-    grad_norm: float | None
-    update_ratio: float | None
-    lr: float | None
-    loss_scale: float | None
-    overflow: bool
-    nonfinite_ranks: list[int]
-    nonfinite_at: str | None
-    rank_log_loss: dict[int, float]
-    worst_rank: int | None
-    worst_dev: float  # log(loss of worst rank) - log(median of the other ranks)
-    rank_spread: float | None  # median |dev| across ranks this step
-    ranks_median_loss: float | None  # median loss of the ranks other than the worst
-    misreported: list[tuple[int, float, float]]  # (rank, reported loss, loss_sum / tokens)
-    collapsed_ranks: list[tuple[int, float, float]]  # (rank, tokens, median tokens of ranks)
-    batch_mean_gap: tuple[int, float, float] | None  # (rank, batch_mean_loss, loss) with the largest gap
-    sources: dict[str, tuple[float, float]]  # name -> (tokens, token-weighted loss)
-    checksum_minority: list[int]  # ranks whose param_checksum disagrees with the majority
-    events: set[str] = field(default_factory=set)
-
-    @property
-    def loss_main(self) -> float:
-        """The loss the detector trusts: recomputed when possible, reported otherwise."""
-        return self.loss_true if self.loss_true is not None else self.loss
-
-    @property
-    def nonfinite(self) -> bool:
-        return bool(self.nonfinite_ranks)
-
-    def record_of(self, rank: int | None) -> Record | None:
-        for r in self.records:
-            if r.rank == rank:
-                return r
-        return None
-
-
-def summarize(step: int, records: list[Record]) -> StepSummary:
-    """One pass over the ranks' records of ``step`` (their order does not matter)."""
-    n = len(records)
-    loss_acc = 0.0
-    sum_ls = 0.0
-    sum_tok = 0.0
-    have_truth = True
-    grads: list[float] = []
-    upds: list[float] = []
-    rank_log: dict[int, float] = {}
-    nonfinite_ranks: list[int] = []
-    nonfinite_at: str | None = None
-    misreported: list[tuple[int, float, float]] = []
-    toks: list[tuple[int, float]] = []
-    sources: dict[str, list[float]] = {}
-    checks: dict[str, list[int]] = {}
-    events: set[str] = set()
-    overflow = False
-    lr = loss_scale = None
-    bm_gap: tuple[int, float, float] | None = None
-    for r in records:
-        loss = r.loss
-        loss_acc += loss
-        ls, tok = r.loss_sum, r.tokens
-        own = loss
-        if ls is not None and tok:
-            sum_ls += ls
-            sum_tok += tok
-            own = ls / tok
-            toks.append((r.rank, float(tok)))
-            if math.isfinite(loss) and math.isfinite(own) and abs(loss - own) > 1e-3 * max(abs(own), 1e-6):
-                misreported.append((r.rank, loss, own))
-        else:
-            have_truth = False
-        if r.nonfinite or not math.isfinite(loss) or (r.grad_norm is not None and not math.isfinite(r.grad_norm)):
-            nonfinite_ranks.append(r.rank)
-            if nonfinite_at is None:
-                nonfinite_at = r.nonfinite_at or ("loss" if not math.isfinite(loss) else "grad_norm")
-        elif own > 0.0 and math.isfinite(own):
-            rank_log[r.rank] = math.log(own)
-        if r.grad_norm is not None and r.grad_norm > 0.0:
-            grads.append(r.grad_norm)
-        if r.update_norm is not None and r.param_norm:
-            upds.append(r.update_norm / (r.param_norm + 1e-12))
-        if r.batch_mean_loss is not None and math.isfinite(own) and own > 0:
-            gap = r.batch_mean_loss / own
-            if bm_gap is None or gap > bm_gap[1] / bm_gap[2]:
-                bm_gap = (r.rank, r.batch_mean_loss, own)
-        if r.sources:
-            for name, part in r.sources.items():
-                acc = sources.setdefault(name, [0.0, 0.0])
-                acc[0] += float(part.get("tokens", 0.0) or 0.0)
-                acc[1] += float(part.get("loss_sum", 0.0) or 0.0)
-        if r.param_checksum is not None:
-            checks.setdefault(r.param_checksum, []).append(r.rank)
-        if r.events:
-            events.update(r.events)
-        if r.overflow:
-            overflow = True
-        if r.lr is not None:
-            lr = r.lr
-        if r.loss_scale is not None:
-            loss_scale = r.loss_scale if loss_scale is None else min(loss_scale, r.loss_scale)
-    worst_rank, worst_dev, spread, ranks_med = _cross_rank(rank_log)
-    return StepSummary(
-        step=step,
-        records=records,
-        loss=loss_acc / n if n else math.nan,
-        loss_true=sum_ls / sum_tok if have_truth and sum_tok > 0 else None,
-        tokens=sum_tok if have_truth and n else None,
-        grad_norm=median(grads) if grads else None,
-        update_ratio=median(upds) if upds else None,
-        lr=lr,
-        loss_scale=loss_scale,
-        overflow=overflow,
-        nonfinite_ranks=nonfinite_ranks,
-        nonfinite_at=nonfinite_at,
-        rank_log_loss=rank_log,
-        worst_rank=worst_rank,
-        worst_dev=worst_dev,
-        rank_spread=spread,
-        ranks_median_loss=ranks_med,
-        misreported=misreported,
-        collapsed_ranks=_collapsed(toks),
-        batch_mean_gap=bm_gap,
-        sources={k: (v[0], v[1] / v[0]) for k, v in sources.items() if v[0] > 0},
-        checksum_minority=_checksum_minority(checks),
-        events=events,
-    )
-
-
-def _cross_rank(rank_log: dict[int, float]) -> tuple[int | None, float, float | None, float | None]:
-    """(worst rank, its log excess over the other ranks' median, typical |deviation|, others' median loss)."""
-    if len(rank_log) < 2:
-        return None, 0.0, None, None
-    vals = sorted(rank_log.values())
-    m = sorted_median(vals)
-    others = sorted_median(vals[:-1])  # the worst rank is the largest value
-    worst = max(rank_log, key=rank_log.__getitem__)
-    spread = median([abs(v - m) for v in vals])
-    return worst, rank_log[worst] - others, spread, math.exp(others)
-
-
-def _collapsed(toks: list[tuple[int, float]]) -> list[tuple[int, float, float]]:
-    """Ranks whose effective tokens fell below a quarter of the ranks' median (padding, empty samples)."""
-    if len(toks) < 2:
-        return []
-    med = median([t for _, t in toks])
-    return [(rank, t, med) for rank, t in toks if t < 0.25 * med]
-
-
-def _checksum_minority(checks: dict[str, list[int]]) -> list[int]:
-    if len(checks) < 2:
-        return []
-    majority = max(checks.values(), key=len)
-    return sorted(rank for ranks in checks.values() if ranks is not majority for rank in ranks)
 
 
 @dataclass(slots=True)
@@ -398,6 +271,7 @@ class Detector:
         for tr in self._trackers().values():
             tr.forget_after(step)
         self.last_step = step
+        self.last_lr = None  # the LR of a later step is no reference for the replayed one
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -414,7 +288,9 @@ class Detector:
         self.sources = {}
         for name, st in state["trackers"].items():
             if name.startswith("source:"):
-                tr = self.sources[name[len("source:") :]] = LevelTracker(s.window, s.level_window, s.loss_floor)
+                tr = self.sources[name[len("source:") :]] = LevelTracker(
+                    s.window, s.level_window, s.loss_floor
+                )
             else:
                 tr = self._trackers()[name]
             tr.load_state_dict(st)

@@ -31,6 +31,7 @@ class Point:
     nonfinite: bool
     grad: float | None = None  # grad norm / its level
     update: float | None = None  # update ratio / its level
+    loss_in_band: bool = True  # the loss alone (the phenotype is the loss curve's shape)
 
 
 @dataclass(slots=True)
@@ -45,6 +46,8 @@ class Facts:
     update_ratio_at_peak: float | None = None
     update_spike: tuple[int, float] | None = None  # (step, ratio) of the largest update-ratio excess
     lr_jump: tuple[int, float] | None = None  # (step, lr / previous lr)
+    lr_before: tuple[int, float] | None = None  # (step, lr) just before onset
+    lr_rise: tuple[int, float] | None = None  # (step, lr / lr before onset), the largest rise
     nonfinite_step: int | None = None
     nonfinite_at: str | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
@@ -98,7 +101,10 @@ class Incident:
         excess = sig.loss_excess if not s.nonfinite else math.inf
         grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
         upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
-        self.trajectory.append(Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd))
+        loss_in_band = not s.nonfinite and not sig.loss_z >= settings.band_z
+        self.trajectory.append(
+            Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd, loss_in_band)
+        )
         if len(self.trajectory) > settings.max_incident_steps + 8:
             del self.trajectory[0]
         self.in_band_run = self.in_band_run + 1 if in_band else 0
@@ -115,7 +121,11 @@ class Incident:
         f.grad_known = f.grad_known or sig.grad_z is not None or sig.update_z is not None
         note_step_facts(f, sig, settings)
         if s.nonfinite and f.nonfinite_step is None:
-            f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = s.step, s.nonfinite_at, list(s.nonfinite_ranks)
+            f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = (
+                s.step,
+                s.nonfinite_at,
+                list(s.nonfinite_ranks),
+            )
             f.rose_before_nonfinite = self.onset_step < s.step - 1 and f.rising_steps >= 1
 
     # -- verdicts ------------------------------------------------------------------------
@@ -173,9 +183,14 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
     if s.misreported and f.misreport is None:
         rank, rep, true = max(s.misreported, key=lambda m: abs(m[1] - m[2]))
         f.misreport = (s.step, rank, rep, true)
-    if s.loss_true is not None and f.reported_vs_true is None and math.isfinite(s.loss):
-        if s.loss > s.loss_true * (1 + settings.min_loss_jump) and sig.reported_z >= settings.z_threshold:
-            f.reported_vs_true = (s.step, s.loss, s.loss_true)
+    if (
+        s.loss_true is not None
+        and f.reported_vs_true is None
+        and math.isfinite(s.loss)
+        and s.loss > s.loss_true * (1 + settings.min_loss_jump)
+        and sig.reported_z >= settings.z_threshold
+    ):
+        f.reported_vs_true = (s.step, s.loss, s.loss_true)
     if s.collapsed_ranks and f.collapse is None:
         rank, tok, med = min(s.collapsed_ranks, key=lambda c: c[1])
         f.collapse = (s.step, rank, tok, med)
@@ -193,10 +208,22 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
             f.scale_drop_step = s.step
         lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
         f.loss_scale_drop = (before, lowest)
-    if sig.lr_ratio is not None and (sig.lr_ratio >= 1.5 or sig.lr_ratio <= 1 / 1.5):
-        if f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])):
-            f.lr_jump = (s.step, sig.lr_ratio)
-    if sig.update_z is not None and sig.update_excess is not None and sig.update_z >= settings.grad_z_threshold:
+    jumped = sig.lr_ratio is not None and (sig.lr_ratio >= 1.5 or sig.lr_ratio <= 1 / 1.5)
+    if (
+        jumped
+        and sig.lr_ratio
+        and (f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])))
+    ):
+        f.lr_jump = (s.step, sig.lr_ratio)
+    if s.lr is not None and f.lr_before is not None and f.lr_before[1] > 0:
+        rise = s.lr / f.lr_before[1]
+        if rise >= 1.5 and (f.lr_rise is None or rise > f.lr_rise[1]):
+            f.lr_rise = (s.step, rise)
+    if (
+        sig.update_z is not None
+        and sig.update_excess is not None
+        and sig.update_z >= settings.grad_z_threshold
+    ):
         ratio = math.exp(sig.update_excess)
         if f.update_spike is None or ratio > f.update_spike[1]:
             f.update_spike = (s.step, ratio)
@@ -228,7 +255,9 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
     if nonfinite_run >= 2 or (nonfinite_run == 1 and inc.facts.rose_before_nonfinite):
         return Phenotype.DIVERGENCE
     after_peak = [p for p in traj if p.step > inc.peak_step]
-    recovered = next((p for p in after_peak if p.in_band), None)
+    if all(p.loss_in_band for p in traj):
+        return Phenotype.TRANSIENT  # the loss never left its band (e.g. an update-ratio-only incident)
+    recovered = next((p for p in after_peak if p.loss_in_band), None)
     if recovered is not None:
         if recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc):
             return Phenotype.TRANSIENT

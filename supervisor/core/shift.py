@@ -1,88 +1,88 @@
 """Benign shifts: the loss level moves up and stays, while grad norm and update ratio stay normal.
 
 A mixture switch to a harder domain looks like this. It is recorded (``BenignShift``), never
-opened as an incident. A calm-gradient loss excess that is gone within ``shift_steps`` steps is
-single-step noise of a heavy-tailed loss and leaves no trace at all.
+opened as an incident. The test is on the *level* (the median of the last ``level_window``
+steps), not on single steps: the level now against the level ``level_window`` steps ago must
+have risen by more than its own sampling noise (and by ``min_loss_jump``), with no step in
+between whose grad norm or update ratio reached ``grad_z_threshold``. A single high step barely
+moves a median, so heavy-tailed noise never reads as a shift.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from supervisor.core.detect import DetectorSettings, Signals
 from supervisor.core.model import BenignShift
 
+#: Standard error of a median relative to the noise sigma, for normal data: sqrt(pi / 2).
+_MEDIAN_SE = 1.2533
+
 
 class ShiftWatch:
     def __init__(self, settings: DetectorSettings) -> None:
         self.settings = settings
-        self.start: Signals | None = None
-        self.before: Signals | None = None
-        self.count = 0
-        self.cooldown_until = -1
+        self._hist: deque[tuple[Signals, float]] = deque(maxlen=settings.level_window + 1)
 
     def cancel(self) -> None:
-        self.start, self.before, self.count = None, None, 0
+        self._hist.clear()
 
     def observe(self, sig: Signals, recent: Sequence[Signals]) -> BenignShift | None:
-        """Called for steps that opened nothing; returns a shift once it has lasted long enough."""
+        """Called for steps that opened nothing; returns a shift when the level has clearly moved up."""
         st = self.settings
-        co = sig.co_z
-        elevated = (
-            sig.ready
-            and sig.step > self.cooldown_until
-            and sig.loss_z >= st.band_z
-            and sig.jump >= st.min_loss_jump / 2
-            and (co is None or co < st.band_z)
-        )
-        if not elevated:
+        if not sig.ready or not math.isfinite(sig.loss_excess):
             self.cancel()
             return None
-        if self.start is None:
-            self.start = sig
-            self.before = recent[-2] if len(recent) >= 2 else None
-        self.count += 1
-        if self.count < st.shift_steps:
+        level = math.log(sig.summary.loss_main) - sig.loss_excess
+        self._hist.append((sig, level))
+        if len(self._hist) < self._hist.maxlen:  # type: ignore[operator]
             return None
-        shift = self._make(sig)
+        (old, old_level), (_, new_level) = self._hist[0], self._hist[-1]
+        noise = st.band_z * _MEDIAN_SE * math.sqrt(2.0 / st.level_window) * self._sigma(sig)
+        delta = new_level - old_level
+        if delta < max(noise, math.log1p(st.min_loss_jump)) or delta >= math.log1p(st.benign_max_jump):
+            return None
+        if any(s.co_z is not None and s.co_z >= st.grad_z_threshold for s, _ in self._hist):
+            return None
+        start = next((s for s, _ in list(self._hist)[1:] if s.loss_z >= st.band_z), self._hist[1][0])
+        shift = self._make(start, old, math.exp(old_level), math.exp(new_level), sig)
         self.cancel()
-        # The level catches up within half a level window; until then the same shift would re-trigger.
-        self.cooldown_until = sig.step + st.level_window
         return shift
 
-    def _make(self, sig: Signals) -> BenignShift | None:
-        assert self.start is not None
-        start = self.start
-        level = start.summary.loss_main / math.exp(start.loss_excess) if math.isfinite(start.loss_excess) else math.nan
-        after = sig.summary.loss_main
-        if not (math.isfinite(level) and after / level - 1 < self.settings.benign_max_jump):
-            return None
-        source, note = self._source_note()
-        grad = sig.grad_excess
-        note_parts = [f"loss level {level:.3g} -> {after:.3g} (+{100 * (after / level - 1):.0f}%)"]
-        if grad is not None:
-            note_parts.append(f"grad norm {math.exp(grad):.2g}x its level")
+    def _sigma(self, sig: Signals) -> float:
+        """The loss noise sigma in log units, read back from this step's z and excess."""
+        if sig.loss_z and math.isfinite(sig.loss_z) and sig.loss_z != 0:
+            return max(abs(sig.loss_excess / sig.loss_z), self.settings.loss_floor)
+        return self.settings.loss_floor
+
+    def _make(
+        self, start: Signals, before_sig: Signals, before: float, after: float, now: Signals
+    ) -> BenignShift:
+        source, note = _source_note(before_sig, now)
+        parts = [f"loss level {before:.3g} -> {after:.3g} (+{100 * (after / before - 1):.0f}%)"]
+        if now.grad_excess is not None:
+            parts.append(f"grad norm {math.exp(now.grad_excess):.2g}x its level")
         if note:
-            note_parts.append(note)
+            parts.append(note)
         return BenignShift(
-            step=start.step, metric="loss", before=round(level, 6), after=round(after, 6), source=source,
-            note="; ".join(note_parts),
+            step=start.step, metric="loss", before=round(before, 6), after=round(after, 6), source=source,
+            note="; ".join(parts),
         )  # fmt: skip
 
-    def _source_note(self) -> tuple[str | None, str]:
-        """The source whose token share grew the most between before and after the shift."""
-        if self.before is None or self.start is None:
-            return None, ""
-        b, a = self.before.summary.sources, self.start.summary.sources
-        if not a or not b:
-            return None, ""
-        tb, ta = sum(t for t, _ in b.values()), sum(t for t, _ in a.values())
-        if tb <= 0 or ta <= 0:
-            return None, ""
-        grow = {k: a[k][0] / ta - (b[k][0] / tb if k in b else 0.0) for k in a}
-        name = max(grow, key=grow.__getitem__)
-        if grow[name] <= 0.05:
-            return None, ""
-        share_before = b[name][0] / tb if name in b else 0.0
-        return name, f"token share of `{name}` {100 * share_before:.0f}% -> {100 * a[name][0] / ta:.0f}%"
+
+def _source_note(before: Signals, after: Signals) -> tuple[str | None, str]:
+    """The source whose token share grew the most between the two steps (a mixture switch)."""
+    b, a = before.summary.sources, after.summary.sources
+    if not a:
+        return None, ""
+    tb, ta = sum(t for t, _ in b.values()), sum(t for t, _ in a.values())
+    if ta <= 0:
+        return None, ""
+    grow = {k: a[k][0] / ta - (b[k][0] / tb if k in b and tb > 0 else 0.0) for k in a}
+    name = max(grow, key=grow.__getitem__)
+    if grow[name] <= 0.05:
+        return None, ""
+    share_before = b[name][0] / tb if name in b and tb > 0 else 0.0
+    return name, f"token share of `{name}` {100 * share_before:.0f}% -> {100 * a[name][0] / ta:.0f}%"

@@ -123,15 +123,18 @@ class LevelTracker:
     noise. ``floor`` bounds the noise scale from below (in the metric's units — log units for
     loss and grad norm), so a perfectly flat history does not turn a rounding difference into
     an alarm. Values are pushed only by the caller's decision (windows freeze during incidents).
+    The last ``REWIND`` pushes are kept with their steps so a rollback can take them back exactly.
     """
 
-    __slots__ = ("floor", "_level", "_resid", "_steps")
+    REWIND = 512
+
+    __slots__ = ("floor", "_level", "_resid", "_hist")
 
     def __init__(self, window: int, level_size: int, floor: float) -> None:
         self.floor = floor
         self._level = RollingWindow(level_size)
         self._resid = RollingWindow(window)
-        self._steps: deque[int] = deque(maxlen=level_size + 64)
+        self._hist: deque[tuple[int, float, bool]] = deque(maxlen=max(level_size, self.REWIND))
 
     @property
     def history(self) -> int:
@@ -165,44 +168,47 @@ class LevelTracker:
     def push(self, x: float, step: int) -> None:
         if not math.isfinite(x):
             return
-        if len(self._level):
+        has_resid = bool(len(self._level))
+        if has_resid:
             self._resid.push(x - self._level.median())
         self._level.push(x)
-        self._steps.append(step)
+        self._hist.append((step, x, has_resid))
 
     def forget_after(self, step: int) -> int:
-        """Take back values pushed for steps > ``step`` (a rollback replays them); returns how many."""
+        """Take back values pushed for steps > ``step`` (a rollback replays them); returns how many.
+
+        Exact for the last ``REWIND`` pushes; older history cannot be taken back and stays.
+        """
         n = 0
-        while self._steps and self._steps[-1] > step and len(self._level):
-            self._steps.pop()
-            self._level.pop_newest()
-            if len(self._resid):
+        while self._hist and self._hist[-1][0] > step:
+            _, _, has_resid = self._hist.pop()
+            if has_resid and len(self._resid):
                 self._resid.pop_newest()
             n += 1
+        if n:
+            self._level.clear()
+            for _, x, _ in list(self._hist)[-self._level.size :]:
+                self._level.push(x)
         return n
 
     def reset(self) -> None:
         """Forget everything (after a gap in the log, or when a new level is accepted)."""
         self._level.clear()
         self._resid.clear()
-        self._steps.clear()
+        self._hist.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "level": self._level.values(),
-            "resid": self._resid.values(),
-            "steps": list(self._steps),
-            "floor": self.floor,
-        }
+        return {"resid": self._resid.values(), "hist": [list(h) for h in self._hist], "floor": self.floor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reset()
         self.floor = float(state.get("floor", self.floor))
-        for v in state["level"]:
-            self._level.push(float(v))
         for v in state["resid"]:
             self._resid.push(float(v))
-        self._steps.extend(int(s) for s in state.get("steps", []))
+        for step, x, has_resid in state["hist"]:
+            self._hist.append((int(step), float(x), bool(has_resid)))
+        for _, x, _ in list(self._hist)[-self._level.size :]:
+            self._level.push(x)
 
 
 def median(values: list[float]) -> float:

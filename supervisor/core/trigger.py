@@ -15,8 +15,10 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
    recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
    a possible benign shift (heavy-tailed single-step noise never opens anything);
 5. the reported loss spikes while the recomputed one does not (a metric artifact);
-6. one rank far from the others' median, beyond both the usual spread and the usual worst rank;
-7. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm.
+6. one rank far from the others' median, beyond both the usual spread and the usual worst rank,
+   with the gradients out of band too, or two steps in a row (once alone is micro-batch noise);
+7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state);
+8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from supervisor.core.model import FirstAnomaly
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    rule: str  # nonfinite | checksum | loss | loss_only | metric | rank | grad
+    rule: str  # nonfinite | checksum | loss | loss_only | metric | rank | resume | grad
     immediate: bool  # ready to act on at once (facts, not shapes)
 
 
@@ -59,14 +61,40 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
     reported_jump = s.loss_true is not None and s.loss > s.loss_true * (1 + st.min_loss_jump)
     if sig.reported_z >= st.z_threshold and reported_jump and not loss_hi:
         return Trigger("metric", True)
-    if _ge(sig.rank_z, st.rank_z_threshold) and _ge(sig.rank_tail_z, st.z_threshold):
-        if s.worst_dev >= math.log1p(st.min_loss_jump) and sig.rank_unprecedented:
+    if _rank_far(sig, st):
+        # One micro-batch far out once is heavy-tailed noise, unless the gradients moved with it;
+        # the same rank twice in a row is not noise.
+        if sig.rank_unprecedented and _ge(co, st.band_z):
             return Trigger("rank", False)
+        prev = list(recent)[-2] if len(recent) >= 2 else None
+        same = prev is not None and prev.summary.worst_rank == s.worst_rank and _contiguous([prev, sig])
+        if prev is not None and same and _rank_far(prev, st) and prev.rank_unprecedented:
+            return Trigger("rank", False)
+    if (s.events & RESUME_EVENTS or _recent_resume(recent, st)) and _ge(sig.update_z, st.grad_z_threshold):
+        return Trigger("resume", False)
     if co is not None and co >= st.grad_z_threshold and len(recent) >= 3:
         last3 = list(recent)[-3:]
         if all(_ge(r.co_z, st.grad_z_threshold) for r in last3) and _contiguous(last3):
             return Trigger("grad", False)
     return None
+
+
+RESUME_EVENTS = frozenset({"resumed", "restored"})
+
+
+def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
+    s = sig.summary
+    return (
+        _ge(sig.rank_z, st.rank_z_threshold)
+        and _ge(sig.rank_tail_z, st.z_threshold)
+        and s.worst_dev >= math.log1p(st.min_loss_jump)
+    )
+
+
+def _recent_resume(recent: Sequence[Signals], st: DetectorSettings) -> bool:
+    """A restore from a checkpoint within ``resume_window`` steps: a fresh optimizer shows in the update ratio."""
+    last = list(recent)[-(st.resume_window + 1) :]
+    return any(r.summary.events & RESUME_EVENTS for r in last)
 
 
 def _contiguous(sigs: Sequence[Signals], max_gap: int = 1) -> bool:
@@ -81,7 +109,8 @@ def _metric_z(sig: Signals, metric: str) -> float | None:
         return sig.grad_z
     if metric == "update_ratio":
         return sig.update_z
-    return sig.rank_z if _ge(sig.rank_tail_z, 0.0) else None  # rank_loss
+    # rank_loss: out of band only when it is also beyond the usual worst rank of a step.
+    return sig.rank_z if _ge(sig.rank_tail_z, 3.0) else None
 
 
 def _value(sig: Signals, metric: str) -> tuple[float | None, float | None, int | None]:
@@ -98,7 +127,9 @@ def _value(sig: Signals, metric: str) -> tuple[float | None, float | None, int |
     return s.loss_main, None, None
 
 
-def locate_first(recent: Sequence[Signals], st: DetectorSettings, rule: str, interval: int = 1) -> FirstAnomaly:
+def locate_first(
+    recent: Sequence[Signals], st: DetectorSettings, rule: str, interval: int = 1
+) -> FirstAnomaly:
     """The earliest step/metric of an unbroken out-of-band run ending at (or just before) detection.
 
     ``interval`` is the usual distance between logged steps (1 for per-step telemetry).
@@ -137,7 +168,9 @@ def locate_first(recent: Sequence[Signals], st: DetectorSettings, rule: str, int
     )
 
 
-def _run_start(recent: Sequence[Signals], metric: str, band: float, lookback: int, interval: int) -> Signals | None:
+def _run_start(
+    recent: Sequence[Signals], metric: str, band: float, lookback: int, interval: int
+) -> Signals | None:
     """Walk back from detection (allowing the detection step itself to be calm for this metric)."""
     seq = list(recent)[-(lookback + 1) :]
     first: Signals | None = None

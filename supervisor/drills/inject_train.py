@@ -109,7 +109,7 @@ class OverflowInjector(_Windowed):
 
 
 class RankGradCorruptionInjector(_Windowed):
-    """Noise added to this rank's synchronized gradients: its replica drifts from the others."""
+    """This rank's synchronized gradients are corrupted: its replica drifts from the others."""
 
     spec: RankGradCorruption
 
@@ -121,6 +121,15 @@ class RankGradCorruptionInjector(_Windowed):
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads:
             return
+        with torch.no_grad():
+            if self.spec.mode == "flip":
+                for g in grads:
+                    g.neg_()  # every sign bit flipped: this replica climbs while the others descend
+            else:
+                self._add_noise(grads, step)
+        self.fired(step, mode=self.spec.mode)
+
+    def _add_noise(self, grads: list[torch.Tensor], step: int) -> None:
         gen = torch.Generator().manual_seed(batchio.stable_seed(self.key, step))
         noise = [torch.randn(g.shape, generator=gen, dtype=torch.float32) for g in grads]
         grad_norm = torch.linalg.vector_norm(
@@ -128,10 +137,8 @@ class RankGradCorruptionInjector(_Windowed):
         )
         noise_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(n) for n in noise]))
         factor = self.spec.scale * grad_norm / (noise_norm + 1e-12)
-        with torch.no_grad():
-            for g, n in zip(grads, noise, strict=True):
-                g.add_((n * factor).to(device=g.device, dtype=g.dtype))
-        self.fired(step, grad_norm=float(grad_norm), noise_norm=float(grad_norm * self.spec.scale))
+        for g, n in zip(grads, noise, strict=True):
+            g.add_((n * factor).to(device=g.device, dtype=g.dtype))
 
 
 class ResumeWithoutOptimizerInjector(_Windowed):

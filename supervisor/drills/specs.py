@@ -79,11 +79,14 @@ class PeriodicGarbage(FaultParams):
 
 
 class RankGradCorruption(FaultParams):
-    """Gradients of one rank get noise after the all-reduce: that replica drifts from the others."""
+    """Gradients of one rank are corrupted after the all-reduce: that replica drifts from the others."""
 
     rank: int | None = Field(1, ge=0)
-    steps: int = Field(1, ge=1, description="Consecutive steps corrupted (once, not on replay).")
-    scale: float = Field(5.0, gt=0, description="Noise norm as a multiple of the gradient norm.")
+    steps: int = Field(10, ge=1, description="Consecutive steps corrupted (once, not on replay).")
+    mode: Literal["flip", "noise"] = Field(
+        "flip", description="`flip`: sign bits flipped (the rank ascends); `noise`: Gaussian noise added."
+    )
+    scale: float = Field(5.0, gt=0, description="noise: noise norm as a multiple of the gradient norm.")
 
 
 class ResumeWithoutOptimizer(FaultParams):
@@ -138,7 +141,8 @@ class FaultKind:
 
 def _kinds(*pairs: tuple[str, type[FaultParams]]) -> dict[str, FaultKind]:
     return {
-        name: FaultKind(name, model, (model.__doc__ or "").strip().splitlines()[0]) for name, model in pairs
+        name: FaultKind(name, model, (model.__doc__ or "").strip().splitlines()[0].replace("``", "`"))
+        for name, model in pairs
     }
 
 

@@ -47,8 +47,9 @@ class SupervisorActor:
     def ingest(self, rank: int, batch: list[dict[str, Any]]) -> None:
         self.ctl.ingest_batch(rank, batch)
 
-    def directives(self, rank: int, after_seq: int) -> list[dict[str, Any]]:
-        return self.ctl.directives_after(rank, after_seq)
+    def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Directives after ``after_seq``; a long poll of up to ``wait_s`` when there are none yet."""
+        return self.ctl.directives_after(rank, after_seq, min(wait_s, 5.0))
 
     def status(self) -> dict[str, Any]:
         out = self.ctl.status()

@@ -24,6 +24,7 @@ from supervisor.runtime.names import NAMESPACE, supervisor_name
 log = get_logger("supervisor.runtime.channel")
 
 _ACK = "directive_applied:"
+LONG_POLL_S = 1.0
 
 
 class SupervisorLink:
@@ -50,6 +51,10 @@ class SupervisorLink:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"supervisor-link-{rank}", daemon=True)
         self._thread.start()
+        # Only rank 0 fetches directives: the SDK broadcasts rank 0's to every rank at the boundary.
+        self._poller = threading.Thread(target=self._poll_directives, name=f"directives-{rank}", daemon=True)
+        if rank == 0:
+            self._poller.start()
 
     # -- called by the SDK transport ------------------------------------------------------
     def sink(self, batch: list[dict[str, Any]]) -> None:
@@ -86,6 +91,8 @@ class SupervisorLink:
         self.flush(timeout_s)
         self._stop.set()
         self._thread.join(timeout=2.0)
+        if self._poller.is_alive():
+            self._poller.join(timeout=LONG_POLL_S + 1.0)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -113,10 +120,19 @@ class SupervisorLink:
         while not self._stop.wait(self.poll_interval_s):
             try:
                 self._pump()
-                self._fetch()
             except Exception as exc:  # a failing link must never kill the worker's training
                 log.warning("link_error", rank=self.rank, error=repr(exc))
                 self._forget_handle()
+
+    def _poll_directives(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self._fetch():
+                    self._stop.wait(self.poll_interval_s)
+            except Exception as exc:  # a failing link must never kill the worker's training
+                log.warning("directive_poll_error", rank=self.rank, error=repr(exc))
+                self._forget_handle()
+                self._stop.wait(self.poll_interval_s)
 
     def _supervisor(self) -> Any:
         if self._handle is None and time.monotonic() >= self._next_lookup:
@@ -151,16 +167,21 @@ class SupervisorLink:
             self._backlog.clear()
             self._in_flight = (handle.ingest.remote(self.rank, batch), batch)
 
-    def _fetch(self) -> None:
+    def _fetch(self) -> bool:
+        """One long poll; False when there is no supervisor to ask (the caller then waits)."""
         handle = self._supervisor()
         if handle is None:
-            return
+            return False
         try:
-            new = ray.get(handle.directives.remote(self.rank, self._after_id), timeout=10.0)
+            # A long poll: the call returns as soon as a directive is issued (or after LONG_POLL_S).
+            new = ray.get(
+                handle.directives.remote(self.rank, self._after_id, LONG_POLL_S), timeout=LONG_POLL_S + 10
+            )
         except (RayActorError, GetTimeoutError):
             self._forget_handle()
-            return
+            return False
         with self._lock:
             for d in new:
                 self._after_id = max(self._after_id, int(d.pop("seq")))
                 self._directives.append(d)
+        return True

@@ -76,8 +76,8 @@ class Controller:
     def run(self) -> JobPhase:
         self.machinery.boot()
         while not self.phase.is_terminal:
-            self.iterate()
-            time.sleep(self.settings.loop_interval_s)
+            if not self.iterate():
+                time.sleep(self.settings.loop_interval_s)
         self.machinery.close()
         self.persist(force=True)
         if self._trace is not None:
@@ -85,19 +85,23 @@ class Controller:
         self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason)
         return self.phase
 
-    def iterate(self) -> None:
-        self.ingest()
-        self.flow.advance()
+    def iterate(self) -> bool:
+        """One pass of the loop; True when it changed something (the loop then goes on at once)."""
+        busy = self.ingest()
+        busy |= self.flow.advance()
         self.machinery.watch()
         self.machinery.tend_checkpoints()
         self.persist()
+        return busy
 
-    def ingest(self) -> None:
+    def ingest(self) -> bool:
+        took = False
         while True:
             try:
                 rank, batch = self.inbox.get_nowait()
             except queue.Empty:
                 break
+            took = True
             for rec in batch:
                 self._note(rank, rec)
                 self.assembler.add(rank, rec)
@@ -109,6 +113,7 @@ class Controller:
             self.history.append(stats)
             self.current_step = step
             self.flow.observe(step, records)
+        return took
 
     def _note(self, rank: int, rec: dict[str, Any]) -> None:
         events = [e for e in rec.get("events") or () if isinstance(e, str)]
@@ -207,8 +212,8 @@ class Controller:
     def ingest_batch(self, rank: int, batch: list[dict[str, Any]]) -> None:
         self.inbox.put((rank, batch))
 
-    def directives_after(self, rank: int, seq: int) -> list[dict[str, Any]]:
-        return self.directives.after(seq)
+    def directives_after(self, rank: int, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        return self.directives.after(seq, wait_s)
 
     def request_stop(self, reason: str) -> None:
         self.stop_requested = reason

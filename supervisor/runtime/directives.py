@@ -21,7 +21,7 @@ _FAILED = "directive_failed:"
 class DirectiveLog:
     def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
         self._entries: list[dict[str, Any]] = list(entries or [])
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self.acks: dict[str, dict[int, int]] = {}  # directive id -> {rank: step of the acknowledging record}
         self.failures: dict[str, dict[int, int]] = {}
 
@@ -43,10 +43,15 @@ class DirectiveLog:
                     return int(e["seq"])
             seq = (self._entries[-1]["seq"] + 1) if self._entries else 1
             self._entries.append({**body, "seq": seq})
+            self._lock.notify_all()
             return seq
 
-    def after(self, seq: int) -> list[dict[str, Any]]:
+    def after(self, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Entries after ``seq``; with ``wait_s`` a long poll: wait that long for a first one."""
         with self._lock:
+            self._lock.wait_for(
+                lambda: bool(self._entries) and self._entries[-1]["seq"] > seq, timeout=wait_s
+            )
             return [e for e in self._entries if e["seq"] > seq]
 
     def note_events(self, rank: int, step: int, events: list[str]) -> None:

@@ -101,18 +101,25 @@ class IncidentFlow:
             self._diagnosis = d
         return self._diagnosis
 
-    def advance(self) -> None:
+    def advance(self) -> bool:
+        """Move the active plan on; True when an action started or finished."""
         if self.active is None:
-            if not self.waiting:
-                return
+            if not self.waiting or self.ctl.training_ended():  # nothing left to act on once training ended
+                return False
             incident_id, diagnosis = self.waiting.popleft()
             self._start_plan(incident_id, diagnosis, plan_no=1, observation_failures=0)
         assert self.active is not None
+        before = (self.active.plan_no, self.active.index, self.runner.transitions)
         failed = self.runner.advance(self.active)
         if failed is not None:
             self._on_failure(failed.reason)
         elif self.active is not None and self.active.index >= len(self.active.plan["actions"]):
             self._close_plan()
+        return self.active is None or before != (
+            self.active.plan_no,
+            self.active.index,
+            self.runner.transitions,
+        )
 
     def _start_plan(self, incident_id: int, d: Diagnosis, *, plan_no: int, observation_failures: int) -> None:
         ctl = self.ctl

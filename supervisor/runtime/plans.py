@@ -50,6 +50,7 @@ class PlanRunner:
         self.rt = rt
         self.incidents = incidents
         self._started: set[str] = set()
+        self.transitions = 0
 
     def advance(self, active: ActivePlan) -> Outcome | None:
         """None while the current action runs; the failed action's outcome when one failed."""
@@ -71,6 +72,7 @@ class PlanRunner:
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             ex.start(self.rt, params, memo)
             self._started.add(aid)
+            self.transitions += 1
             return None
         if event.status is EventStatus.DONE:
             active.index += 1

@@ -9,7 +9,10 @@ metaseq's NanDetector), never on every step. Order of the checks, first hit wins
 4. ``grad:<name>``     — the first parameter, in backward order, whose gradient is non-finite.
 
 The backward pass uses ``torch.autograd.grad``: it leaves ``.grad`` untouched and does not
-trigger DDP's gradient all-reduce, so one rank can replay alone.
+trigger DDP's gradient all-reduce, so one rank can replay alone. Under FSDP2 (``sharded``)
+the forward all-gathers parameters, so every rank must run exactly the same passes: the
+replay is then forward-only with no early exit (steps 2 and 3), and all ranks take part —
+they do, because the global grad norm that triggers it is the same on every rank.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) else model
 
 
-def localize_nonfinite(model: nn.Module, run: Callable[[nn.Module], torch.Tensor]) -> str | None:
+def localize_nonfinite(
+    model: nn.Module, run: Callable[[nn.Module], torch.Tensor], *, sharded: bool = False
+) -> str | None:
     """Replay ``run(module) -> loss`` on the unwrapped model with checks armed; the first culprit or None."""
     module = unwrap(model)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    for name, p in named:
+    for name, p in named if not sharded else ():
         if _nonfinite(p):
             return f"param:{name}"
     hits: list[str] = []
@@ -64,7 +69,7 @@ def localize_nonfinite(model: nn.Module, run: Callable[[nn.Module], torch.Tensor
         return f"forward:{hits[0]}"
     if _nonfinite(loss):
         return "loss"
-    return _first_bad_grad(loss, named)
+    return None if sharded else _first_bad_grad(loss, named)
 
 
 def _first_bad_grad(loss: torch.Tensor, named: list[tuple[str, nn.Parameter]]) -> str | None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from supervisor.logging import get_logger
@@ -32,6 +33,7 @@ from supervisor.sdk.metrics import (
     fingerprint,
     fingerprint_parts,
     grad_norm,
+    is_sharded,
 )
 from supervisor.sdk.nonfinite import localize_nonfinite, unwrap
 from supervisor.sdk.settings import ProbeSettings
@@ -67,6 +69,8 @@ class Probe:
         """Optimizer steps completed (the ``step`` of the last record)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.sampler = NormSampler(self.params, self.settings.sample_stride, self.settings.exact_below)
+        self.sharded = is_sharded(self.params)
+        """FSDP2 / DTensor parameters: norms are all-reduced, the fingerprint is per shard."""
         self.canary_batch = canary_batch
         self.log = get_logger("supervisor.sdk", rank=rank)
         self.pending: Pending | None = None
@@ -138,7 +142,8 @@ class Probe:
         rec["nonfinite"] = not math.isfinite(rec["loss_sum"]) or grads_bad
         if rec["nonfinite"] and self.settings.localize_nonfinite and self.loss_fn is not None:
             fn, batch = self.loss_fn, scope.batch
-            rec["nonfinite_at"] = localize_nonfinite(self.model, lambda m: fn(m, batch).loss) or "unknown"
+            found = localize_nonfinite(self.model, lambda m: fn(m, batch).loss, sharded=self.sharded)
+            rec["nonfinite_at"] = found or "unknown"
         return rec
 
     def _apply_update(self, rec: dict[str, Any], scope: StepScope) -> bool:
@@ -166,6 +171,12 @@ class Probe:
         s = self.settings
         if s.norms:
             param_sq, update_sq = self.sampler.measure()
+            if self.sharded:  # shards -> global: one tiny all-reduce, enqueued without a host sync
+                both = torch.stack(
+                    [param_sq, update_sq if update_sq is not None else torch.zeros_like(param_sq)]
+                )
+                dist.all_reduce(both)
+                param_sq, update_sq = both[0], (both[1] if update_sq is not None else None)
             if self.pending is not None:
                 pack.add("param_sq", param_sq)
                 pack.add("update_sq", update_sq)
@@ -186,7 +197,9 @@ class Probe:
         if "update_sq" in vals:
             rec["update_norm"] = math.sqrt(vals["update_sq"][0])
         attrs = rec.setdefault("attrs", {})
-        if "fingerprint" in vals:
+        if "fingerprint" in vals and self.sharded:
+            attrs["shard_checksum"] = fingerprint(vals["fingerprint"])  # shards differ by design
+        elif "fingerprint" in vals:
             rec["param_checksum"] = fingerprint(vals["fingerprint"])
             attrs["param_norm_exact"] = exact_param_norm(vals["fingerprint"])
         if "canary" in vals:

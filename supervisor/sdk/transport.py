@@ -126,6 +126,8 @@ class BatchingTransport:
         self.flush(timeout_s)
         with self._cv:
             self._closed = True
+            self.stats.dropped += len(self._buf)  # what the receiver could not take in time: counted
+            self._buf.clear()
             self._cv.notify_all()
         self._thread.join(timeout_s)
 

@@ -43,7 +43,8 @@ class LocalBackend:
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
 
-    def _path(self, key: str) -> Path:
+    def path(self, key: str) -> Path:
+        """The file behind ``key`` (it may not exist)."""
         path = (self.root / key).resolve()
         if self.root != path and self.root not in path.parents:
             raise StorageError(f"key escapes the storage root: {key!r}", source=self.uri)
@@ -51,7 +52,7 @@ class LocalBackend:
 
     @contextmanager
     def _staged(self, key: str, digest: Callable[[BinaryIO], T] | None) -> Iterator[tuple[BinaryIO, list[T]]]:
-        final = self._path(key)
+        final = self.path(key)
         tmp = final.with_name(f".{final.name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ class LocalBackend:
 
     def get_bytes(self, key: str) -> bytes:
         try:
-            return self._path(key).read_bytes()
+            return self.path(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound(f"no such object: {key}", source=self.uri) from None
         except OSError as exc:
@@ -98,7 +99,7 @@ class LocalBackend:
     @contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
         try:
-            f = open(self._path(key), "rb", buffering=0)  # noqa: SIM115
+            f = open(self.path(key), "rb", buffering=0)  # noqa: SIM115
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFound(f"no such object: {key}", source=self.uri) from None
         with f:
@@ -106,20 +107,20 @@ class LocalBackend:
 
     @contextmanager
     def local_path(self, key: str) -> Iterator[Path]:
-        path = self._path(key)
+        path = self.path(key)
         if not path.is_file():
             raise ObjectNotFound(f"no such object: {key}", source=self.uri)
         yield path
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
-            st = self._path(key).stat()
+            st = self.path(key).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
-        base = self._path(prefix) if prefix else self.root
+        base = self.path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
         out = []
@@ -136,7 +137,7 @@ class LocalBackend:
     def delete(self, keys: Iterable[str]) -> None:
         parents = set()
         for key in keys:
-            path = self._path(key)
+            path = self.path(key)
             path.unlink(missing_ok=True)
             parents.add(path.parent)
         # Empty step directories go too, so a deleted checkpoint leaves nothing behind.

@@ -218,6 +218,28 @@ class S3Backend:
 
         return self._call(f"list {prefix}", _list)
 
+    def abort_stale_uploads(self, prefix: str, older_than: float) -> int:
+        """Abort multipart uploads under ``prefix`` started before ``older_than`` (unix time).
+
+        A writer killed mid-upload leaves its parts invisible but billed; retention calls this.
+        """
+        full = self._key(prefix)
+
+        def _abort() -> int:
+            count = 0
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=full
+            ):
+                for up in page.get("Uploads", []):
+                    if up["Initiated"].timestamp() <= older_than:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                        )
+                        count += 1
+            return count
+
+        return self._call(f"abort stale uploads {prefix}", _abort)
+
     def delete(self, keys: Iterable[str]) -> None:
         batch = [{"Key": self._key(k)} for k in keys]
         for i in range(0, len(batch), 1000):

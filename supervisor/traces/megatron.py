@@ -62,7 +62,9 @@ def parse_megatron(text: str) -> TraceData:
         if loss is None:
             skipped += 1
             scale = f.get("loss scale")
-            notes.append(f"iteration {step}: no lm loss (skipped step)" + (f"; loss scale {scale}" if scale else ""))
+            notes.append(
+                f"iteration {step}: no lm loss (skipped step)" + (f"; loss scale {scale}" if scale else "")
+            )
             pending_overflow = False
             prev_grad = grad_text
             continue

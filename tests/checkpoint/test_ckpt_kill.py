@@ -52,7 +52,8 @@ def _check_after_kill(store: CheckpointStore, stop_at: str) -> None:
     save_plain(store, 300)  # the next save works and moves latest on
     assert store.latest() == 300
     cleaner = CheckpointStore(store.backend, store.job, StoreSettings(stale_uncommitted_s=0))
-    collect_garbage(cleaner, keep=5)
+    report = collect_garbage(cleaner, keep=5)
+    assert report.uploads_aborted == (1 if stop_at == "during_upload" else 0)
     leftovers = [o.key for o in store.backend.list(store.root) if ".tmp-" in o.key]
     assert leftovers == []
     if stop_at != "after_manifest":

@@ -92,12 +92,15 @@ def test_bad_batch_on_one_rank_is_rank_local_data_with_its_samples() -> None:
     assert d.suspect_samples == bad.samples
 
 
-def test_one_rank_far_out_with_calm_global_is_low_severity() -> None:
+def test_one_rank_far_out_once_is_noise_twice_is_a_low_incident() -> None:
     recs = synthetic_records(300, 64, seed=8, tokens=256)
     (bad,) = at(recs, 250, rank=17)
     set_loss(bad, bad.loss * 2.5)
+    assert analyze_records(recs).incidents == []
+    (again,) = at(recs, 251, rank=17)
+    set_loss(again, again.loss * 2.5)
     d = _one(recs)
-    assert d.rank_local and d.first_rank == 17
+    assert d.rank_local and d.first_rank == 17 and d.onset_step == 250
     assert d.severity is Severity.LOW
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import torch
 
 from supervisor.drills.faults import FaultPlan
@@ -71,7 +70,9 @@ def test_overflow_picks_named_module_or_fails_with_choices() -> None:
 
 
 def test_rank_grad_corruption_makes_one_replica_drift() -> None:
-    specs = [{"kind": "rank_grad_corruption", "step": 5, "rank": 1, "steps": 2, "scale": 5.0}]
+    specs = [
+        {"kind": "rank_grad_corruption", "step": 5, "rank": 1, "steps": 2, "mode": "noise", "scale": 5.0}
+    ]
     replicas = [_setup(specs, rank=r) for r in (0, 1)]
     for step in range(10):
         for model, opt, plan in replicas:
@@ -124,3 +125,14 @@ def test_every_rank_fires_its_own_copy_with_shared_markers(tmp_path) -> None:  #
     plans = [FaultPlan.from_specs(spec, rank=r, world_size=2, state_dir=tmp_path) for r in (0, 1)]
     assert [p.lr_scale(2) for p in plans] == [5.0, 5.0]
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_flipped_gradients_make_one_replica_climb() -> None:
+    specs = [{"kind": "rank_grad_corruption", "step": 40, "rank": 1, "steps": 10}]
+    replicas = [_setup(specs, rank=r) for r in (0, 1)]
+    losses: dict[int, list[float]] = {0: [], 1: []}
+    for step in range(55):
+        for rank, (model, opt, plan) in enumerate(replicas):
+            losses[rank].append(train_step(model, opt, plan, step, make_batch(step)).loss)
+    assert losses[0][:41] == losses[1][:41]
+    assert losses[1][50] > losses[1][40] + 0.5 and losses[0][50] < losses[0][40]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -85,3 +87,39 @@ def test_transient_bad_batch_is_quarantined_without_rollback(tmp_path: Path) -> 
     assert excluded & before, "the suspect samples were seen before the fault (they recur every epoch)"
     assert after and not excluded & set(after), "quarantined samples came back"
     ray.kill(handle)
+
+
+def test_supervisor_killed_during_rollback_attach_finishes_without_second_rollback(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    settings = FAST.model_copy(update={"trace_path": str(trace)})
+    job = make_job(tmp_path, "attach", max_steps=240, policy=LEAN,
+                   faults=[{"kind": "oversized_update", "step": 130, "factor": 300.0}])  # fmt: skip
+    handle = api.launch(job, settings)
+    store = open_incident_store(job)
+    pending = wait_for_event(store, job.name, EventKind.ROLLED_BACK, EventStatus.PENDING, timeout_s=300)
+    ray.kill(handle, no_restart=True)  # the supervisor dies with the rollback in flight
+    assert store.event(pending.id).status is EventStatus.PENDING
+    handle = api.attach(job, settings)
+    final = api.wait(handle, 600)
+    assert final["phase"] == "finished" and final["exit_code"] == 0, final
+    timeline = store.timeline(pending.incident_id)
+    rollbacks = [e for e in timeline if e.kind is EventKind.ROLLED_BACK]
+    assert [e.id for e in rollbacks] == [pending.id] and rollbacks[0].status is EventStatus.DONE
+    assert any(e.kind is EventKind.SUPERVISOR_RESUMED for e in timeline)
+    assert store.get(pending.incident_id).state is IncidentState.RESOLVED
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    loads = {(r["rank"], e) for r in records for e in r.get("events", []) if e.startswith("rolled_back:")}
+    assert len(loads) == job.resources.num_workers, loads  # each rank loaded the checkpoint exactly once
+    ray.kill(handle)
+
+
+def wait_for_event(store: Any, job: str, kind: EventKind, status: EventStatus, timeout_s: float) -> Any:
+    """Poll the incident store (a second reader of the live database) until such an event exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for incident in store.list_incidents(job=job):
+            for e in store.timeline(incident.id):
+                if e.kind is kind and e.status is status:
+                    return e
+        time.sleep(0.005)
+    raise AssertionError(f"no {status.value} {kind.value} event within {timeout_s}s")

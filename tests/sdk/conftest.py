@@ -19,7 +19,9 @@ def dataset() -> TextDataset:
     return build_dataset(seq_len=SEQ, max_bytes_per_source=40_000, seed=0)
 
 
-def make_run(dataset: Any, *, seed: int = 0, batch_size: int = 4, lr: float = 3e-3, **settings: Any) -> tuple[Any, ...]:
+def make_run(
+    dataset: Any, *, seed: int = 0, batch_size: int = 4, lr: float = 3e-3, **settings: Any
+) -> tuple[Any, ...]:
     """(model, optimizer, scheduler, loader, probe, transport) with a MemoryTransport."""
     torch.manual_seed(seed)
     model = TinyLM(TinyLMConfig(seq_len=SEQ, d_model=32, n_layers=2, n_heads=2))
@@ -27,7 +29,9 @@ def make_run(dataset: Any, *, seed: int = 0, batch_size: int = 4, lr: float = 3e
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
     loader = sdk.SupervisedLoader(dataset, batch_size, seed=seed, collate_fn=collate, rank=0, world_size=1)
     transport = sdk.MemoryTransport(flush_interval_s=0.01)
-    probe = sdk.init(model, opt, scheduler=sched, loader=loader, loss_fn=lm_loss, transport=transport, **settings)
+    probe = sdk.init(
+        model, opt, scheduler=sched, loader=loader, loss_fn=lm_loss, transport=transport, **settings
+    )
     return model, opt, sched, loader, probe, transport
 
 

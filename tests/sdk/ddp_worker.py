@@ -15,7 +15,9 @@ def run(rank: int, world_size: int, tmp: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(TinyLM(TinyLMConfig(seq_len=32, d_model=32, n_layers=2)))
+        model = torch.nn.parallel.DistributedDataParallel(
+            TinyLM(TinyLMConfig(seq_len=32, d_model=32, n_layers=2))
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         ds = build_dataset(seq_len=32, max_bytes_per_source=20_000)
         loader = sdk.SupervisedLoader(ds, 4, seed=0, collate_fn=collate)
@@ -33,5 +35,41 @@ def run(rank: int, world_size: int, tmp: str) -> None:
                 s.backward(lm_loss(model, batch))
                 s.optimizer_step()
         probe.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_fsdp(rank: int, world_size: int, tmp: str) -> None:
+    """FSDP2 (fully_shard) on gloo: global norms, per-shard checksum, a one-rank NaN without deadlock."""
+    import math
+
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = TinyLM(TinyLMConfig(seq_len=32, d_model=32, n_layers=2))
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ds = build_dataset(seq_len=32, max_bytes_per_source=20_000)
+        loader = sdk.SupervisedLoader(ds, 4, seed=0, collate_fn=collate)
+        probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, trace=f"{tmp}/trace.jsonl",
+                         fingerprint_every=2, max_steps=6, grad_clip=1.0)  # fmt: skip
+        for batch in loader:
+            hook = None
+            if rank == 1 and probe.step_count == 3:
+                hook = model.blocks[0].mlp.register_forward_hook(lambda m, i, out: out * math.nan)
+            with probe.step(batch) as s:
+                s.backward(lm_loss(model, batch))
+                s.optimizer_step()
+            if hook is not None:
+                hook.remove()
+        probe.close()
+        full = torch.stack([p.full_tensor().norm() for p in model.parameters()]).norm().item()
+        with open(f"{tmp}/exact_norm.rank{rank}", "w") as f:
+            f.write(repr(full))
     finally:
         dist.destroy_process_group()

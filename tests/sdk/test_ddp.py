@@ -21,7 +21,7 @@ def test_two_ranks(tmp_path):
     steps0, steps1 = [r["step"] for r in r0], [r["step"] for r in r1]
     assert steps0 == steps1 == list(range(1, 10))  # stop applied at the same boundary on both ranks
     assert [r["rank"] for r in r1] == [1] * 9 and r0[0]["samples"] != r1[0]["samples"]
-    by_step = {a["step"]: (a, b) for a, b in zip(r0, r1)}
+    by_step = {a["step"]: (a, b) for a, b in zip(r0, r1, strict=False)}
     # Healthy replicas agree bit-for-bit; the perturbation on rank 1 after step 5 shows from step 6.
     for step in (2, 4):
         a, b = by_step[step]

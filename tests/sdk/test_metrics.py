@@ -55,7 +55,9 @@ def test_token_weighted_loss_and_source_split(dataset):
     # The first record was computed with the initial weights: recompute it on the twin.
     b = batches[0]
     logits = twin(b["input_ids"])
-    per_tok = torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["targets"].flatten(), reduction="none")
+    per_tok = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), b["targets"].flatten(), reduction="none"
+    )
     mask = (b["targets"] != -100).flatten()
     assert recs[0]["loss"] == pytest.approx((per_tok[mask].sum() / mask.sum()).item(), rel=1e-5)
     assert recs[0]["tokens"] == int(mask.sum())
@@ -88,7 +90,9 @@ def test_update_norm_vs_explicit_copy(dataset, stride, rel):
     before = [p.detach().clone() for p in model.parameters()]
     train(model, loader, probe, 1)
     after = list(model.parameters())
-    expected = math.sqrt(sum(((a.detach().double() - b.double()) ** 2).sum().item() for a, b in zip(after, before)))
+    expected = math.sqrt(
+        sum(((a.detach().double() - b.double()) ** 2).sum().item() for a, b in zip(after, before, strict=False))
+    )
     expected_param = math.sqrt(sum((a.detach().double() ** 2).sum().item() for a in after))
     rec = records(probe, transport)[-1]
     assert rec["step"] == 4
@@ -99,7 +103,11 @@ def test_update_norm_vs_explicit_copy(dataset, stride, rel):
 
 def test_update_norm_sample_is_small_and_close_on_a_larger_model():
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(256, 256)), torch.nn.Parameter(torch.randn(1024, 64)), torch.nn.Parameter(torch.randn(64))]
+    params = [
+        torch.nn.Parameter(torch.randn(256, 256)),
+        torch.nn.Parameter(torch.randn(1024, 64)),
+        torch.nn.Parameter(torch.randn(64)),
+    ]
     sampler = NormSampler(params, stride=31, exact_below=1024)
     sampler.measure()
     before = [p.detach().clone() for p in params]
@@ -107,7 +115,7 @@ def test_update_norm_sample_is_small_and_close_on_a_larger_model():
         for p in params:  # an Adam-like update: sign-ish, with varying magnitude
             p.add_(torch.randn_like(p).sign() * torch.rand_like(p) * 1e-3)
     _, update_sq = sampler.measure()
-    exact = math.sqrt(sum(((p.detach() - b) ** 2).sum().item() for p, b in zip(params, before)))
+    exact = math.sqrt(sum(((p.detach() - b) ** 2).sum().item() for p, b in zip(params, before, strict=False)))
     assert math.sqrt(update_sq.item()) == pytest.approx(exact, rel=0.03)
     assert sampler.memory_fraction < 0.04
 

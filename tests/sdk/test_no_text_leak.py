@@ -21,7 +21,9 @@ def test_canary_text_appears_nowhere(tmp_path, capfd):
     opt = torch_adamw(model)
     loader = sdk.SupervisedLoader(ds, 8, seed=0, collate_fn=collate, rank=0, world_size=1)
     trace = tmp_path / "trace.jsonl"
-    probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, trace=trace, fingerprint_every=5, max_steps=30)
+    probe = sdk.init(
+        model, opt, loader=loader, loss_fn=lm_loss, trace=trace, fingerprint_every=5, max_steps=30
+    )
     for batch in loader:
         hook = None
         if probe.step_count == 25:  # a non-finite step, so that an incident (with its samples) exists

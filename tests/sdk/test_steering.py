@@ -35,7 +35,9 @@ def test_rollback_in_place_replays_bit_identical_losses(dataset, store):
         "directive_applied:rb1:rollback" in r.get("events", []) for r in transport.records
     )
     after = [r for r in recs if "resumed" in r.get("events", [])]
-    assert after and after[0]["step"] == 5 and any(e.startswith("rolled_back:9:4") for e in after[0]["events"])
+    assert (
+        after and after[0]["step"] == 5 and any(e.startswith("rolled_back:9:4") for e in after[0]["events"])
+    )
 
 
 def test_rollback_with_exclusions_never_replays_excluded(dataset, store):
@@ -43,7 +45,9 @@ def test_rollback_with_exclusions_never_replays_excluded(dataset, store):
     train(model, loader, probe, 6)
     recs = records(probe, transport)
     bad = recs[3]["samples"][:2]  # step 4's batch, after checkpoint 3
-    transport.deliver(sdk.RollbackInPlace(step=3, exclusions=sdk.Exclusions(samples=tuple(bad), sources=("tests",))))
+    transport.deliver(
+        sdk.RollbackInPlace(step=3, exclusions=sdk.Exclusions(samples=tuple(bad), sources=("tests",)))
+    )
     train(model, loader, probe, 8)
     later = [r for r in records(probe, transport) if r["time"] > recs[-1]["time"]]
     seen = {s for r in later for s in r["samples"]}
@@ -96,7 +100,9 @@ def test_apply_overrides_warmup_clip_and_skip(dataset):
     base = 3e-3
     assert [r["lr"] for r in recs[5:9]] == pytest.approx([base * k / 4 for k in (1, 2, 3, 4)])
     assert recs[5]["attrs"]["batch"] == recs[4]["attrs"]["batch"] + 3  # two batches skipped
-    assert all(g["lr"] == pytest.approx(base) for g in opt.param_groups)  # the scheduler never saw the override
+    assert all(
+        g["lr"] == pytest.approx(base) for g in opt.param_groups
+    )  # the scheduler never saw the override
     assert {"lr_override", "grad_clip_override", "data_override"} <= set(recs[4]["events"])
     assert probe.steering.grad_clip == 1e-4
 

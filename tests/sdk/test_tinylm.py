@@ -70,7 +70,16 @@ def test_init_resumes_from_ctx_resume_step(tmp_path, dataset):
 
     model, opt, loader = build()
     t1 = sdk.MemoryTransport()
-    probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, transport=t1, checkpoint=store, checkpoint_every=3, max_steps=5)
+    probe = sdk.init(
+        model,
+        opt,
+        loader=loader,
+        loss_fn=lm_loss,
+        transport=t1,
+        checkpoint=store,
+        checkpoint_every=3,
+        max_steps=5,
+    )
     losses = []
     for batch in loader:
         with probe.step(batch) as s:

@@ -39,7 +39,9 @@ def test_megatron_lines_in_prose() -> None:
 
 def test_megatron_excerpts_are_ordered_and_deduplicated() -> None:
     line = " iteration {s}/ 10 | lm loss: {v} | grad norm: {g} |"
-    text = "\n".join([line.format(s=7, v=3.0, g=1.5), line.format(s=5, v=2.0, g=1.1), line.format(s=7, v=3.5, g=1.7)])
+    text = "\n".join(
+        [line.format(s=7, v=3.0, g=1.5), line.format(s=5, v=2.0, g=1.1), line.format(s=7, v=3.5, g=1.7)]
+    )
     data = parse_text(text, "megatron")
     assert [(r.step, r.loss) for r in data.records] == [(5, 2.0), (7, 3.5)]
 

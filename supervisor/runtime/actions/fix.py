@@ -74,6 +74,10 @@ class ObserveAction:
         if len(window) < memo["steps"] and not rt.training_ended():
             return None
         base = rt.baseline()
+        if rt.training_ended() and len(window) < 5:
+            return Outcome.done(
+                passed=None, steps=len(window), note="training ended before the window could run"
+            )
         if base is None or len(window) < 5:
             return Outcome.fail(
                 f"not enough steps to judge (baseline {base is not None}, window {len(window)})"

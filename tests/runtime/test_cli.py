@@ -1,0 +1,60 @@
+"""`supervisor launch / status / stop` as a person uses them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from supervisor.cli.main import cli
+from tests.runtime.conftest import FAST, TINY, make_job, wait_for
+
+
+def test_launch_bad_job_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: x\nentrypoint: examples.tinylm.train:main\nmax_steps: 0\nstorage: {path: /tmp}\n")
+    result = CliRunner().invoke(cli, ["launch", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [f"error: {bad}: max_steps: must be >= 1 (got 0)"]
+
+
+def test_attach_without_file_or_cluster_job_is_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["launch"])
+    assert result.exit_code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_status_and_stop_from_the_cli(tmp_path: Path) -> None:
+    from supervisor.runtime import api
+
+    job = make_job(tmp_path, "clistop", max_steps=5000)
+    handle = api.launch(job, FAST)
+    wait_for(lambda: api.status(handle), lambda s: s["step"] >= 10, 240)
+    result = CliRunner().invoke(cli, ["status", "clistop", "--json"])
+    assert result.exit_code == 0, result.output
+    st = json.loads(result.output)
+    assert st["job"] == "clistop" and st["phase"] == "running" and st["max_steps"] == 5000
+    result = CliRunner().invoke(cli, ["stop", "clistop", "--timeout", "120"])
+    assert result.exit_code == 0, result.output
+    assert "clistop: stopped" in result.output
+    assert api.list_jobs() == []
+
+
+@pytest.mark.slow
+def test_foreground_launch_exits_0_when_the_job_finishes(tmp_path: Path) -> None:
+    spec = make_job(tmp_path, "fg", max_steps=30).model_dump(mode="json", exclude_none=True)
+    spec["config"] = TINY
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli.main", "--log-level", "warning", "launch", str(path)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "finished" in done.stdout and "30/30" in done.stdout
