@@ -11,7 +11,7 @@ One run on a local Ray, real tinylm training (2 workers), a real injected spike:
    verified checkpoint. **full restart** = wall time from the `worker_restarted` event (the
    death already noticed) to the record of the first step after the resume checkpoint.
 
-    python bench/recovery.py [--d-model 256 --layers 4] [--readme bench/README.md]
+    python bench/recovery.py [--d-model 128 --layers 2] [--readme bench/README.md]
 
 Targets (issue 7): in-place <= 1.5 x raw read + 2 s, and >= 5 x faster than a full restart.
 """
@@ -59,8 +59,8 @@ fallback: [alert]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--readme", type=Path, default=None, help="Append the figures to this Markdown file.")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
@@ -68,7 +68,7 @@ def main() -> None:
     job = JobSpec.model_validate({
         "name": "bench-recovery", "entrypoint": "examples.tinylm.train:main", "max_steps": 400,
         "config": {"model": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": 4},
-                   "data": {"max_bytes_per_source": 300_000}},
+                   "data": {"max_bytes_per_source": 300_000}, "probe": {"freeze_poll_s": 0.02}},
         "resources": {"num_workers": 2}, "storage": {"path": str(work / "store")},
         "checkpoint": {"every_steps": 25}, "policy": str(work / "policy.yaml"),
         "telemetry": {"min_history": 50, "window": 200, "hang_timeout_s": 120},
@@ -94,6 +94,7 @@ def main() -> None:
     detected = next(e for e in store.timeline(rollback.incident_id) if e.kind is EventKind.DETECTED)
     target = int(rollback.result["to_step"])
     in_place = _first_step_after(records, target, rollback.wall_time) - detected.wall_time
+    plan_at = next(e.wall_time for e in store.timeline(rollback.incident_id) if e.kind is EventKind.NOTE)
     resume = int(restart.result["resume_step"])
     full_restart = _first_step_after(records, resume, restart.wall_time) - restart.wall_time
     raw, nbytes = _raw_read(work / "store" / job.name / "checkpoints" / f"step_{target:08d}")
@@ -105,6 +106,9 @@ def main() -> None:
         "full_restart_s": round(full_restart, 3),
         "in_place_limit_s": round(1.5 * raw + 2.0, 3),
         "restart_over_in_place": round(full_restart / in_place, 1),
+        "detect_to_decision_s": round(plan_at - detected.wall_time, 3),
+        "decision_to_first_step_s": round(in_place - (plan_at - detected.wall_time), 3),
+        "median_step_s": round(_median_step(records), 3),
         "detect_to_freeze_s": round(
             _done_at(store, rollback.incident_id, EventKind.FROZE) - detected.wall_time, 3
         ),
@@ -147,6 +151,10 @@ def _first_step_after(records: list[dict[str, Any]], step: int, since: float) ->
     if not times:
         raise RuntimeError(f"no record of step {step + 1} after the recovery")
     return float(min(times))
+
+
+def _median_step(records: list[dict[str, Any]]) -> float:
+    return float(statistics.median(r["step_time"] for r in records if r.get("step_time")))
 
 
 def _raw_read(directory: Path) -> tuple[float, int]:

@@ -5,7 +5,13 @@ The torch side (``save_training_state`` / ``load_training_state``) lives in
 supervisor can use the store without importing torch.
 """
 
-from supervisor.checkpoint.lifecycle import GcReport, RollbackTarget, collect_garbage, select_rollback_target
+from supervisor.checkpoint.lifecycle import (
+    GcReport,
+    RollbackTarget,
+    collect_garbage,
+    select_restart_target,
+    select_rollback_target,
+)
 from supervisor.checkpoint.manifest import COMPONENTS, FileEntry, HealthChange, Manifest, Verification
 from supervisor.checkpoint.store import BlockState, CheckpointStore, StoreSettings
 from supervisor.checkpoint.verify import VerifyResult, verify
@@ -23,6 +29,7 @@ __all__ = [
     "Verification",
     "VerifyResult",
     "collect_garbage",
+    "select_restart_target",
     "select_rollback_target",
     "verify",
 ]

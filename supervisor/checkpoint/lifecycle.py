@@ -23,7 +23,7 @@ from supervisor.checkpoint.store import MANIFEST, CheckpointStore
 from supervisor.checkpoint.verify import verify
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
-from supervisor.storage.base import join_key
+from supervisor.storage.local import LocalBackend
 
 
 @dataclass(slots=True)
@@ -40,9 +40,15 @@ def select_rollback_target(
     margin: int,
     *,
     expected_world_size: int | None = None,
-    deep: bool = True,
+    deep: bool | None = None,
 ) -> RollbackTarget:
-    """The newest healthy checkpoint at or before ``onset_step - margin`` that passes re-verification."""
+    """The newest healthy checkpoint at or before ``onset_step - margin`` that passes re-verification.
+
+    ``deep`` (open every file with torch) defaults to on for local storage; on S3 it would
+    download everything once more just before the restore downloads it again.
+    """
+    if deep is None:
+        deep = isinstance(store.backend, LocalBackend)
     limit = onset_step - margin
     log = store.log.bind(onset=onset_step, margin=margin)
     candidates = [m for m in store.manifests() if m.health == HealthMark.HEALTHY and m.step <= limit]
@@ -62,6 +68,23 @@ def select_rollback_target(
         f"no healthy checkpoint at or before step {limit} (onset {onset_step} - margin {margin}){detail}",
         source=store.uri,
     )
+
+
+def select_restart_target(
+    store: CheckpointStore, *, expected_world_size: int | None = None, verify_unverified: bool = True
+) -> Manifest | None:
+    """Where a dead worker group restarts: the newest verified or healthy checkpoint, never an
+    unverified `latest`. Unverified ones are verified on the way (and quarantined if they fail)
+    unless ``verify_unverified`` is False. None when there is nothing to restart from."""
+    usable = (HealthMark.VERIFIED, HealthMark.HEALTHY)
+    for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
+        if manifest.health == HealthMark.UNVERIFIED and verify_unverified:
+            result = verify(store, manifest.step, expected_world_size=expected_world_size, by="restart")
+            manifest = result.manifest or manifest
+        if manifest.health in usable:
+            store.log.info("restart target selected", step=manifest.step, health=manifest.health.value)
+            return manifest
+    return None
 
 
 @dataclass(slots=True)
@@ -123,4 +146,10 @@ def _orphans(store: CheckpointStore, dirs: dict[int, list[str]], manifests: dict
     return out
 
 
-__all__ = ["GcReport", "RollbackTarget", "collect_garbage", "join_key", "select_rollback_target"]
+__all__ = [
+    "GcReport",
+    "RollbackTarget",
+    "collect_garbage",
+    "select_restart_target",
+    "select_rollback_target",
+]

@@ -179,7 +179,11 @@ class CheckpointStore:
         if manifest.health in _NO_LATEST:
             log.info("latest not advanced", reason=f"checkpoint is {manifest.health.value}")
             return
-        current = self.latest()
+        try:
+            current = self.latest()
+        except CheckpointError as exc:  # a damaged pointer is replaced, not a reason to fail a commit
+            log.warning("replacing unreadable latest pointer", error=exc.one_line())
+            current = None
         if current is not None and current > manifest.step:
             return
         self.backend.put_bytes(join_key(self.root, LATEST), json.dumps({"step": manifest.step}).encode())

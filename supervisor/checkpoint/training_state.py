@@ -16,27 +16,28 @@ Files of one save (the store adds a save id to each name):
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-
-try:
-    from torch.utils.serialization import config as _serialization_config
-except ImportError:  # torch < 2.6
-    _serialization_config = None  # type: ignore[assignment]
 
 from supervisor.checkpoint.consistency import compare, summarize
 from supervisor.checkpoint.manifest import FileEntry, Manifest
 from supervisor.checkpoint.store import CheckpointStore
+from supervisor.checkpoint.torch_io import (
+    capture_rng,
+    check_loadable,
+    load_mmap,
+    one_thread,
+    restore_rng,
+    save_file,
+)
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, SupervisorError
+
+__all__ = ["LoadedState", "check_loadable", "load_training_state", "save_training_state", "unwrap"]
 
 
 @dataclass(slots=True)
@@ -124,7 +125,7 @@ def _write_rank_files(
             store.write_file(
                 step,
                 stem,
-                lambda f: _save(model_sd, f),
+                lambda f: save_file(model_sd, f),
                 rank=rank if sharded else None,
                 components=["model"],
             )
@@ -134,7 +135,7 @@ def _write_rank_files(
         store.write_file(
             step,
             f"optimizer.rank{rank:05d}",
-            lambda f: _save(optim_sd, f),
+            lambda f: save_file(optim_sd, f),
             rank=rank,
             components=["optimizer"],
         )
@@ -153,7 +154,7 @@ def _write_rank_files(
             components.append("exclusions")
     files.append(
         store.write_file(
-            step, f"state.rank{rank:05d}", lambda f: _save(state, f), rank=rank, components=components
+            step, f"state.rank{rank:05d}", lambda f: save_file(state, f), rank=rank, components=components
         )
     )
     return files
@@ -165,21 +166,6 @@ class _RankResult:
 
     files: list[FileEntry]
     summary: dict[str, Any]
-
-
-def _save(obj: Any, f: BinaryIO) -> None:
-    """torch.save without torch's own per-record CRC32: the store checksums every file already,
-    and torch's CRC (miniz, ~1 GB/s) was the largest cost of a save (bench/README.md)."""
-    save_config = getattr(_serialization_config, "save", None)
-    if save_config is None or not hasattr(save_config, "compute_crc32"):  # older torch: always computes it
-        torch.save(obj, f)
-        return
-    previous = save_config.compute_crc32
-    save_config.compute_crc32 = False
-    try:
-        torch.save(obj, f)
-    finally:
-        save_config.compute_crc32 = previous
 
 
 def _commit(
@@ -243,50 +229,6 @@ def _broadcast(outcome: Manifest | str | None, world_size: int) -> Manifest | st
     return Manifest.model_validate(value) if isinstance(value, dict) else value
 
 
-# -- RNG --------------------------------------------------------------------------------------------
-
-
-def capture_rng() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    assert isinstance(keys, np.ndarray)  # the legacy MT19937 tuple
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> list[str]:
-    events = []
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        saved = state["cuda"]
-        if len(saved) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(saved)
-        else:
-            events.append(
-                f"cuda rng not restored: saved for {len(saved)} devices, {torch.cuda.device_count()} here"
-            )
-    elif "cuda" in state:
-        events.append("cuda rng saved but no CUDA device here: not restored")
-    return events
-
-
-def check_loadable(path: Path) -> str | None:
-    """None when torch can open the file (mmap, weights only: cheap), else why not."""
-    try:
-        torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as exc:  # any failure to open is the answer, not a crash
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-    return None
-
-
 # -- load -----------------------------------------------------------------------------------------
 
 
@@ -325,12 +267,12 @@ def load_training_state(
     src = rank % manifest.world_size
     report = [] if src == rank else [f"rank {rank} restores rank {src}'s optimizer/rng/data state"]
     with (
-        _one_thread(),
+        one_thread(),
         store.local_file(step, _entry(store, manifest, "model", src if sharded else None).name) as path,
     ):
-        unwrap(model).load_state_dict(_load(path, map_location))
-    with _one_thread(), store.local_file(step, _entry(store, manifest, "optimizer", src).name) as path:
-        _restore_optimizer(optimizer, _load(path, map_location))
+        unwrap(model).load_state_dict(load_mmap(path, map_location))
+    with one_thread(), store.local_file(step, _entry(store, manifest, "optimizer", src).name) as path:
+        _restore_optimizer(optimizer, load_mmap(path, map_location))
     with store.local_file(step, _entry(store, manifest, "rng", src).name) as path:
         state = torch.load(path, map_location="cpu", weights_only=True)
     report += _restore_small(state, scheduler, scaler)
@@ -359,27 +301,6 @@ def _entry(store: CheckpointStore, manifest: Manifest, component: str, rank: int
             return entry
     who = "shared" if rank is None else f"rank {rank}"
     raise CheckpointError(f"no {component} file ({who}) in the manifest", source=store.where(manifest.step))
-
-
-def _load(path: Path, map_location: str | torch.device) -> Any:
-    # mmap: the bytes are copied once, page cache -> live tensor, by load_state_dict (no read buffer,
-    # so none of the slow unaligned-destination reads).
-    try:
-        return torch.load(path, map_location=map_location, mmap=True, weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{path.name}: cannot load: {type(exc).__name__}: {exc}") from None
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Copies out of an mmap on one thread: several threads faulting the same mapping in
-    contend for it and ran ~1.4x slower than one (bench/README.md)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _restore_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:

@@ -177,8 +177,12 @@ def plot(records: list[Record], result: AnalysisResult, path: Path) -> None:
         ax2.set_yscale("log")
     ax2.set_ylabel("grad norm")
     ax2.set_xlabel("step")
+    last_step = max((r.step for r in records), default=0)
     for d in result.incidents:
         _mark(ax1, ax2, d)
+        if d.period:  # the later occurrences of a periodic incident
+            for k in range(1, (last_step - d.onset_step) // d.period + 1):
+                ax1.axvline(d.onset_step + k * d.period, color="tab:orange", ls="--", lw=0.6, alpha=0.6)
     if not many and len(by_rank) > 1:
         ax1.legend(loc="upper right", fontsize=7)
     ax1.set_title(f"{len(result.incidents)} incident(s)")

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from supervisor.checkpoint import CheckpointStore, Manifest, verify
+from supervisor.checkpoint import CheckpointStore, Manifest, collect_garbage, verify
 from supervisor.cli.output import console, json_option, print_json
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, ConfigError
@@ -178,3 +178,52 @@ def mark_cmd(
         print_json(_row(m, store.latest()))
     else:
         console().print(f"step {step}: {m.health.value} ({reason})")
+
+
+@checkpoints.command("gc")
+@_target
+@click.option(
+    "--keep",
+    type=int,
+    default=None,
+    help="Healthy checkpoints to keep (default: checkpoint.keep of the job, else 3).",
+)
+@click.option("--protect", type=int, multiple=True, help="A step an open incident references (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@json_option
+def gc_cmd(
+    job_or_path: str,
+    job: str | None,
+    endpoint_url: str | None,
+    region: str | None,
+    keep: int | None,
+    protect: tuple[int, ...],
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply retention: keep the newest K healthy, protected steps, `latest`, and unjudged newer ones."""
+    store = _open(job_or_path, job, endpoint_url, region)
+    if keep is None:
+        keep = _job_keep(job_or_path)
+    report = collect_garbage(store, keep, protect, dry_run=dry_run)
+    if as_json:
+        print_json(
+            {
+                "deleted": report.deleted,
+                "kept": report.kept,
+                "orphans_deleted": report.orphans_deleted,
+                "uploads_aborted": report.uploads_aborted,
+                "dry_run": dry_run,
+            }
+        )
+        return
+    verb = "would delete" if dry_run else "deleted"
+    console().print(f"{verb} {report.deleted or 'nothing'}; kept {report.kept}")
+
+
+def _job_keep(job_or_path: str) -> int:
+    if job_or_path.endswith((".yaml", ".yml")) and Path(job_or_path).is_file():
+        from supervisor.config.job import load_job
+
+        return load_job(job_or_path).checkpoint.keep
+    return 3

@@ -30,8 +30,11 @@ from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
 from supervisor.core.trigger import Trigger, decide, locate_first
+from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
+
+log = get_logger("supervisor.detect")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ class StreamingAnalyzer:
         if inc.in_band_run >= st.close_steps:
             inc.end_step = inc.trajectory[-inc.in_band_run].step
             return updates + self._close(inc)
-        if sig.step - inc.onset_step > st.max_incident_steps:
+        if sig.step - inc.facts.occurrences[-1] > st.max_incident_steps:  # the latest occurrence if periodic
             updates += self._close(inc)
             self.detector.reset()  # a level that never came back is the new normal; relearn it
             return updates
@@ -243,6 +246,19 @@ class StreamingAnalyzer:
     def _update(self, kind: UpdateKind, inc: Incident) -> IncidentUpdate:
         diag = inc.diagnosis(self.settings)
         self._emitted[inc.key] = _fingerprint(diag)
+        # Debug level: offline analysis of a long trace must not flood stderr; the runtime logs its own.
+        log.debug(
+            f"incident {kind}",
+            incident=inc.key,
+            step=self.last_step,
+            rule=inc.facts.trigger,
+            onset=diag.onset_step,
+            phenotype=diag.phenotype.value,
+            cause=diag.top_cause.value if diag.top_cause else None,
+            severity=diag.severity.value,
+            z_threshold=self.settings.z_threshold,
+            grad_z_threshold=self.settings.grad_z_threshold,
+        )
         return IncidentUpdate(kind, inc.key, diag)
 
     def _changed(self, inc: Incident) -> bool:
@@ -321,9 +337,30 @@ def group_steps(records: Iterable[Record]) -> Iterable[tuple[int, list[Record]]]
         yield step, batch
 
 
+def trace_order(records: Iterable[Record]) -> list[Record]:
+    """Records in the order to feed them: as written, unless the file is written rank by rank.
+
+    A (rank, step) pair seen twice means the run replayed steps (a rollback): keep file order so
+    the replay is seen as one. Otherwise a step number going back means per-rank blocks (e.g.
+    concatenated per-rank files): order by step, stably.
+    """
+    recs = list(records)
+    seen: set[tuple[int, int]] = set()
+    monotonic, last = True, None
+    for r in recs:
+        key = (r.rank, r.step)
+        if key in seen:
+            return recs
+        seen.add(key)
+        if last is not None and r.step < last:
+            monotonic = False
+        last = r.step
+    return recs if monotonic else sorted(recs, key=lambda r: r.step)
+
+
 def analyze_records(records: Iterable[Record], settings: DetectorSettings | None = None) -> AnalysisResult:
     """Offline analysis: the streaming analyzer fed step by step."""
     analyzer = StreamingAnalyzer(settings)
-    for step, batch in group_steps(records):
+    for step, batch in group_steps(trace_order(records)):
         analyzer.observe_step(step, batch)
     return analyzer.finish()

@@ -289,6 +289,9 @@ def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
         return Severity.LOW
     if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and calm_grads(inc):
         return Severity.LOW  # gradients and updates stayed normal: the weights were not hurt
+    unconfirmed = not inc.facts.grad_known and inc.facts.checksum is None and not inc.rank_local
+    if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and unconfirmed:
+        return Severity.LOW  # a one-off loss blip with nothing logged to confirm it: heavy tails do this
     if inc.facts.nonfinite_step is not None and phen is not Phenotype.TRANSIENT:
         return Severity.CRITICAL
     if phen is Phenotype.DIVERGENCE:

@@ -10,7 +10,7 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 1. non-finite loss or grad norm on any rank (no history needed);
 2. param fingerprints that disagree between ranks (no history needed);
 3. loss above ``z_threshold`` and ``min_loss_jump``, confirmed by grad norm or update ratio
-   above ``grad_z_threshold`` — or with no grad metrics logged at all;
+   above ``grad_z_threshold`` — or, with no grad metrics logged at all, beyond the heavy-tail guard;
 4. loss above threshold with calm gradients: only with metric-truth evidence (reported vs
    recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
    a possible benign shift (heavy-tailed single-step noise never opens anything);
@@ -51,7 +51,9 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return None
     co = sig.co_z
     loss_hi = sig.loss_z >= st.z_threshold and sig.jump >= st.min_loss_jump
-    if loss_hi and (co is None or co >= st.grad_z_threshold):
+    if loss_hi and co is not None and co >= st.grad_z_threshold:
+        return Trigger("loss", False)
+    if loss_hi and co is None and sig.loss_unprecedented:  # no grad metrics logged: demand more of the loss
         return Trigger("loss", False)
     metric_evidence = bool(s.misreported or s.collapsed_ranks)
     if loss_hi and metric_evidence:

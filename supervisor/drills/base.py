@@ -10,6 +10,7 @@ second. "Fired" markers are files under the job's state dir so they survive a wo
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,22 @@ class Markers:
         self._mem.add(key)
         if self.backend is not None:
             self.backend.put_bytes(self._key(key), f"{os.getpid()}\n".encode())
+
+    def put_json(self, name: str, obj: Any) -> None:
+        if self.backend is not None:
+            self.backend.put_bytes(self._key(name), json.dumps(obj, sort_keys=True).encode())
+
+    def get_json(self, name: str) -> Any:
+        if self.backend is None or self.backend.stat(self._key(name)) is None:
+            return None
+        return json.loads(self.backend.get_bytes(self._key(name)))
+
+    def names(self, suffix: str) -> list[str]:
+        """Stored names ending in ``suffix`` (without the prefix)."""
+        if self.backend is None:
+            return []
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        return [o.key[cut:] for o in self.backend.list(self.prefix) if o.key.endswith(suffix)]
 
 
 @dataclass

@@ -77,12 +77,10 @@ class Checker:
         self.primary: Incident | None = caused[0] if caused else None
         self.false_alarms = [i for i in self.incidents if i not in caused]
         self.timeline = store.timeline(self.primary.id) if self.primary else []
-        records = series.read_trace(
-            Path(self.job.storage.path), self.job.name, self.job.resources.num_workers
-        )
         ws = self.job.resources.num_workers
-        self.first = series.step_losses(records, ws, "first")
-        self.last = series.step_losses(records, ws, "last")
+        self.records = series.read_trace(Path(self.job.storage.path), self.job.name, ws)
+        self.first = series.step_losses(self.records, ws, "first")
+        self.last = series.step_losses(self.records, ws, "last")
 
     def checks(self) -> list[Check]:
         e = self.expect
@@ -99,8 +97,10 @@ class Checker:
             out.append(self._recovered())
         if e.final_loss_tolerance is not None:
             out.append(self._final_loss(e.final_loss_tolerance))
-        if e.quarantined:
-            out.append(self._quarantined())
+        if e.incident:
+            out += [self._event(k) for k in e.events]
+        if e.resumed_from is not None:
+            out.append(self._resumed_from(e.resumed_from))
         if e.restarts:
             got = int(self.run.status.get("group_restarts") or 0)
             out.append(
@@ -210,14 +210,15 @@ class Checker:
         backend = open_backend(self.job.storage.path)
         return Check("exported", backend.stat(key) is not None, f"{backend.uri}/{key}")
 
-    def _quarantined(self) -> Check:
-        from supervisor.checkpoint import CheckpointStore
-        from supervisor.core.model import HealthMark
-        from supervisor.storage import open_backend
+    def _event(self, kind: EventKind) -> Check:
+        hits = [e for e in self.timeline if e.kind is kind]
+        return Check(
+            f"event:{kind.value}", bool(hits), f"at step {hits[0].step}" if hits else "not in the timeline"
+        )
 
-        store = CheckpointStore(open_backend(self.job.storage.path), self.job.name)
-        bad = [m.step for m in store.manifests() if m.health is HealthMark.QUARANTINED]
-        return Check("quarantined", bool(bad), f"quarantined checkpoints: {bad or 'none'}")
+    def _resumed_from(self, step: int) -> Check:
+        got = series.first_resume(self.records)
+        return Check("resumed_from", got == step, f"first restart resumed from step {got} (expected {step})")
 
     # -- the loss curve ------------------------------------------------------------------------
     def _recovered(self) -> Check:

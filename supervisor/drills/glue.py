@@ -22,6 +22,7 @@ from typing import Any
 from supervisor.drills import batchio
 from supervisor.drills.base import Markers
 from supervisor.drills.faults import FaultPlan
+from supervisor.drills.inject_data import SAMPLES_SUFFIX
 from supervisor.storage import open_backend
 
 #: Set (to anything) in a drill run's environment: each rank appends the records it sends to
@@ -100,6 +101,41 @@ def attach(plan: FaultPlan, probe: Any) -> None:
     plan.install(probe.model)
     plan.step_fn = lambda: int(probe.step_count) + 1
     probe.transport = FaultTransport(probe.transport, plan, getattr(probe, "checkpoint", None))
+
+
+class ReplayView:
+    """Replay hooks whose ``batch(sample_ids)`` carries the same garbage the training run was fed.
+
+    A replay rebuilds batches from the dataset by sample ID, in another process: garbage a
+    data fault wrote into a sample must be there too, or the replay would clear bad data.
+    """
+
+    def __init__(self, hooks: Any, vocab: int, seeds: dict[str, int]) -> None:
+        self.hooks, self.vocab, self.seeds = hooks, vocab, seeds
+
+    def batch(self, sample_ids: list[str]) -> Any:
+        out = self.hooks.batch(sample_ids)
+        rows = [r for r, sid in enumerate(sample_ids) if sid in self.seeds]
+        return batchio.garbage_rows(out, rows, self.vocab, [self.seeds[sample_ids[r]] for r in rows])
+
+    def __getattr__(self, name: str) -> Any:  # model, optimizer, control_batch, loss
+        return getattr(self.hooks, name)
+
+
+def replay_view(hooks: Any, job: Any) -> Any:
+    """``hooks`` itself unless a data fault of ``job`` (a JobSpec) stored garbage samples."""
+    if not job.faults:
+        return hooks
+    markers = Markers(
+        open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region), f"{job.name}/faults"
+    )
+    seeds: dict[str, int] = {}
+    vocab = 0
+    for name in markers.names(SAMPLES_SUFFIX):
+        saved = markers.get_json(name) or {}
+        seeds.update(saved.get("samples", {}))
+        vocab = max(vocab, int(saved.get("vocab", 0)))
+    return ReplayView(hooks, vocab, seeds) if seeds and vocab else hooks
 
 
 class MixtureDataset:

@@ -14,6 +14,9 @@ from supervisor.drills import batchio
 from supervisor.drills.base import Injector, PlanContext
 from supervisor.drills.specs import CorruptShard, FaultParams, GarbageBatch, MixtureShift, PeriodicGarbage
 
+#: Stored next to the fault's markers: ``{"vocab": V, "samples": {sample_id: seed}}``.
+SAMPLES_SUFFIX = ".samples.json"
+
 
 class _Garbage(Injector):
     def vocab(self, batch: Any) -> int:
@@ -22,10 +25,11 @@ class _Garbage(Injector):
     def rewrite(self, step: int, batch: Any, rows: list[int], ids: list[str] | None) -> Any:
         if not rows:
             return batch
-        seeds = [
-            batchio.stable_seed(self.key, self.spec.seed, ids[r] if ids else f"{step}:{r}") for r in rows
-        ]
+        seeds = [self.seed_of(ids[r] if ids else f"{step}:{r}") for r in rows]
         return batchio.garbage_rows(batch, rows, self.vocab(batch), seeds)
+
+    def seed_of(self, sample: str) -> int:
+        return batchio.stable_seed(self.key, self.spec.seed, sample)
 
     @staticmethod
     def head(n: int, fraction: float) -> list[int]:
@@ -41,7 +45,8 @@ class SampleGarbage(_Garbage):
         super().__init__(spec, index, ctx)
         self.window = self.once_window(getattr(spec, "steps", 1))
         self.on = False
-        self.bad_ids: set[str] = set()
+        saved = ctx.markers.get_json(self.key + SAMPLES_SUFFIX) or {}
+        self.bad_ids: set[str] = set(saved.get("samples", {}))  # a restarted worker keeps its bad data
 
     def observe_step(self, step: int) -> None:
         self.on = self.window.active(step)
@@ -52,6 +57,7 @@ class SampleGarbage(_Garbage):
             rows = self.head(batchio.num_rows(batch), self.spec.fraction)
             if ids:
                 self.bad_ids.update(ids[r] for r in rows)
+                self.persist(batch)
             self.fired(step, rows=len(rows), samples=[ids[r] for r in rows][:8] if ids else None)
         elif ids and self.bad_ids:
             rows = [r for r, sid in enumerate(ids) if sid in self.bad_ids]
@@ -60,6 +66,11 @@ class SampleGarbage(_Garbage):
         else:
             return batch
         return self.rewrite(step, batch, rows, ids)
+
+    def persist(self, batch: Any) -> None:
+        """Store the bad samples and their garbage seeds: a replay elsewhere rebuilds the same garbage."""
+        seeds = {sid: self.seed_of(sid) for sid in sorted(self.bad_ids)}
+        self.ctx.markers.put_json(self.key + SAMPLES_SUFFIX, {"vocab": self.vocab(batch), "samples": seeds})
 
 
 class PeriodicGarbageInjector(_Garbage):

@@ -34,7 +34,7 @@ from supervisor.core.model import Cause, Phenotype
 from supervisor.core.policy import action_names
 from supervisor.drills.specs import FaultParams, parse_faults
 from supervisor.errors import ConfigError
-from supervisor.incidents.states import IncidentState
+from supervisor.incidents.states import EventKind, IncidentState
 
 #: Where the shipped scenarios live (``supervisor drill`` looks here by default).
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "examples" / "drills"
@@ -78,10 +78,15 @@ class Expect(BaseModel):
         gt=0,
         description="Final loss within this relative distance of the clean run's (null: not checked).",
     )
-    quarantined: bool = Field(
-        False, description="Some checkpoint ends quarantined (a corrupt one was caught)."
+    events: list[EventKind] = Field(
+        default_factory=list, description="Timeline events the incident must hold."
     )
     restarts: int = Field(0, ge=0, description="At least this many worker-group restarts.")
+    resumed_from: int | None = Field(
+        None,
+        ge=0,
+        description="The first restart resumed from this checkpoint step (e.g. not a corrupt one).",
+    )
 
     @field_validator("phenotype", "top_cause", mode="before")
     @classmethod

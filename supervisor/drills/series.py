@@ -57,6 +57,17 @@ def _global(recs: list[dict[str, Any]]) -> float:
     return sum(float(r["loss"]) for r in recs) / len(recs)
 
 
+def first_resume(records: Iterable[dict[str, Any]]) -> int | None:
+    """The checkpoint step training went back to at its first step regression (any rank), or None."""
+    last: dict[int, int] = {}
+    for rec in records:
+        rank, step = int(rec.get("rank", 0)), int(rec["step"])
+        if rank in last and step <= last[rank]:
+            return step - 1
+        last[rank] = step
+    return None
+
+
 @dataclass(frozen=True)
 class Band:
     median: float

@@ -64,9 +64,8 @@ class Controller:
         self.machinery = Machinery(self)
         self._lock = threading.Lock()
         self._last_persist = 0.0
-        self._trace = (
-            open(self.settings.trace_path, "a", encoding="utf-8") if self.settings.trace_path else None
-        )
+        path = self.settings.trace_path
+        self._trace = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open while the loop runs
 
     # -- the loop -----------------------------------------------------------------------------
     @property

@@ -62,6 +62,8 @@ class Probe:
         settings: ProbeSettings | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        if scaler is not None and not scaler.is_enabled():
+            self.scaler = None  # a disabled GradScaler is a no-op: treat the run as full precision
         self.loader, self.loss_fn, self.transport, self.checkpoint = loader, loss_fn, transport, checkpoint
         self.rank, self.world_size = rank, world_size
         self.settings = settings or ProbeSettings()

@@ -91,3 +91,16 @@ def test_s3_list_and_missing_bucket(s3_endpoint: str, tmp_path: Path) -> None:
         "checkpoints", "list", "s3://no-such-bucket/x", "--job", "job1", "--endpoint-url", s3_endpoint
     )
     assert code == 2 and err.strip() == "error: s3://no-such-bucket/x: bucket 'no-such-bucket' does not exist"
+
+
+def test_gc_dry_run_then_delete(tmp_path: Path) -> None:
+    root, store = _local(tmp_path)
+    for step in (100, 200):
+        assert _run("checkpoints", "verify", root, str(step))[0] == 0
+        assert _run("checkpoints", "mark", root, str(step), "healthy", "--reason", "ok")[0] == 0
+    code, out, _ = _run("checkpoints", "gc", root, "--keep", "1", "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["deleted"] == [100] and store.steps() == [100, 200]
+    code, out, _ = _run("checkpoints", "gc", root, "--keep", "1", "--protect", "100", "--json")
+    assert code == 0 and json.loads(out)["deleted"] == [] and store.steps() == [100, 200]
+    assert _run("checkpoints", "gc", root, "--keep", "1")[0] == 0
+    assert store.steps() == [200]

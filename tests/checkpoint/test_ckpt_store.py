@@ -112,3 +112,12 @@ def test_corrupt_manifest_is_a_one_line_checkpoint_error_and_skipped_in_listings
     with pytest.raises(CheckpointError, match="corrupt manifest"):
         store.manifest(2)
     assert [m.step for m in store.manifests()] == [1]
+
+
+def test_damaged_latest_pointer_is_replaced_by_the_next_commit(store: CheckpointStore) -> None:
+    save_plain(store, 100)
+    store.backend.put_bytes(f"{store.root}/latest", b"garbage")
+    with pytest.raises(CheckpointError, match="unreadable latest pointer"):
+        store.latest()
+    save_plain(store, 200)
+    assert store.latest() == 200

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.checkpoint import CheckpointStore, collect_garbage, select_rollback_target, verify
+from supervisor.checkpoint import (
+    CheckpointStore,
+    collect_garbage,
+    select_restart_target,
+    select_rollback_target,
+    verify,
+)
 from supervisor.checkpoint.store import MANIFEST, StoreSettings
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
@@ -125,3 +131,16 @@ def test_gc_removes_stale_uncommitted_files_of_killed_writers(store: CheckpointS
     stale = CheckpointStore(store.backend, store.job, StoreSettings(stale_uncommitted_s=0))
     assert collect_garbage(stale, keep=3).orphans_deleted == 1
     assert list(store.step_dirs()) == [100]
+
+
+def test_restart_target_is_newest_verified_never_a_broken_latest(store: CheckpointStore) -> None:
+    make_healthy(store, 100)
+    save_plain(store, 200)  # unverified, intact: verified on the way
+    save_plain(store, 300)  # unverified, broken: quarantined on the way
+    _flip_byte(store, entry_key(store, 300, "optimizer"))
+    save_plain(store, 350, mark=HealthMark.DIAGNOSTIC)
+    assert store.latest() == 300
+    target = select_restart_target(store)
+    assert target is not None and target.step == 200 and target.health == HealthMark.VERIFIED
+    assert store.manifest(300).health == HealthMark.QUARANTINED
+    assert select_restart_target(store, verify_unverified=False) is not None

@@ -236,3 +236,13 @@ def test_ready_comes_within_confirm_steps() -> None:
     assert seen["opened"] == 250
     assert 250 <= seen["ready"] <= 250 + analyzer.settings.confirm_steps
     assert "closed" in seen
+
+
+def test_heavy_tailed_loss_only_log_raises_nothing_medium_or_above() -> None:
+    """nanoGPT-style logs: loss every 10 iterations, no grad norm, Student-t(3) noise."""
+    recs = synthetic_records(2000, 1, seed=22, heavy_tail=True, loss_noise=0.03)
+    for r in recs:
+        r.grad_norm = r.update_norm = r.param_norm = r.loss_sum = r.tokens = None
+        r.step *= 10
+    result = analyze_records(recs)
+    assert [d.to_json() for d in result.incidents if d.severity.rank >= Severity.MEDIUM.rank] == []

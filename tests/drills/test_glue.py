@@ -111,3 +111,37 @@ def test_mixture_weights_are_followed() -> None:
     ds = plan_dataset(FaultPlan.from_specs([spec], rank=0, world_size=1), SourcedData())
     share = [ds.source(i) for i in range(100)].count("tests") / 100
     assert 0.6 < share < 0.9
+
+
+def test_replay_rebuilds_the_garbage_training_was_fed(tmp_path: Path) -> None:
+    from supervisor.config.job import JobSpec
+    from supervisor.drills.glue import replay_view
+    from tests.drills.conftest import make_batch
+
+    job = JobSpec.model_validate({"name": "j", "entrypoint": "a.b:c", "storage": {"path": str(tmp_path)}, "max_steps": 9,
+                                  "faults": [{"kind": "garbage_batch", "step": 3, "rank": 1, "fraction": 0.5}]})  # fmt: skip
+    markers = Markers(open_backend(str(tmp_path)), "j/faults")
+    plan = FaultPlan.from_specs(job.faults, rank=1, world_size=2, state_dir=markers, vocab_size=40)
+    fed = plan.batch(3, make_batch(3))
+
+    class Hooks:  # what an entrypoint's replay_hooks(config) returns: batches rebuilt by sample ID
+        model = "the model"
+
+        def batch(self, ids: list[str]) -> dict[str, Any]:
+            clean = make_batch(3)
+            rows = [clean["sample_ids"].index(i) for i in ids]
+            return {
+                k: (v[rows] if isinstance(v, torch.Tensor) else [v[r] for r in rows])
+                for k, v in clean.items()
+            }
+
+    view = replay_view(Hooks(), job)
+    assert view.model == "the model"
+    suspects = fed["sample_ids"][:2]
+    replayed = view.batch(suspects)
+    assert torch.equal(replayed["input_ids"], fed["input_ids"][:2])  # the same garbage
+    control = view.batch(fed["sample_ids"][2:])
+    assert torch.equal(control["input_ids"], make_batch(3)["input_ids"][2:])  # clean samples stay clean
+    restarted = FaultPlan.from_specs(job.faults, rank=1, world_size=2, state_dir=markers, vocab_size=40)
+    again = restarted.batch(7, make_batch(3))  # the same samples, drawn again by a restarted worker
+    assert torch.equal(again["input_ids"], fed["input_ids"])

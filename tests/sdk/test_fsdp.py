@@ -13,7 +13,9 @@ from tests.sdk import ddp_worker
 @pytest.mark.slow
 def test_fsdp2_two_ranks(tmp_path):
     mp.spawn(ddp_worker.run_fsdp, args=(2, str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = ([json.loads(x) for x in (tmp_path / f"trace.rank{r}.jsonl").read_text().splitlines()] for r in (0, 1))
+    r0, r1 = (
+        [json.loads(x) for x in (tmp_path / f"trace.rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)
+    )
     assert [r["step"] for r in r0] == [r["step"] for r in r1] == list(range(1, 7))
     exact = float((tmp_path / "exact_norm.rank0").read_text())
     for a, b in zip(r0, r1, strict=True):

@@ -91,7 +91,10 @@ def test_update_norm_vs_explicit_copy(dataset, stride, rel):
     train(model, loader, probe, 1)
     after = list(model.parameters())
     expected = math.sqrt(
-        sum(((a.detach().double() - b.double()) ** 2).sum().item() for a, b in zip(after, before, strict=False))
+        sum(
+            ((a.detach().double() - b.double()) ** 2).sum().item()
+            for a, b in zip(after, before, strict=False)
+        )
     )
     expected_param = math.sqrt(sum((a.detach().double() ** 2).sum().item() for a in after))
     rec = records(probe, transport)[-1]

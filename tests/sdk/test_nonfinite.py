@@ -33,7 +33,9 @@ def test_forward_nan_is_named_and_step_skipped(dataset):
     rec = records(probe, transport)[-1]
     assert rec["nonfinite"] is True and rec["nonfinite_at"] == "forward:blocks.1.mlp.fc"
     assert "step_skipped_nonfinite" in rec["events"]
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False))  # state kept clean
+    assert all(
+        torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False)
+    )  # state kept clean
     assert rec["update_norm"] == 0.0
     train(model, loader, probe, 1)
     assert records(probe, transport)[-1]["nonfinite"] is False
