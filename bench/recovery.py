@@ -182,6 +182,8 @@ def _append(readme: Path, r: dict[str, Any]) -> None:
 | path | wall time |
 |---|---|
 | in-place rollback: detection -> first step after the target | {r["in_place_s"]} s |
+| &nbsp;&nbsp;of which detection -> firm diagnosis and plan (the detector confirms over a few steps) | {r["detect_to_decision_s"]} s |
+| &nbsp;&nbsp;of which plan -> first step after the target (freeze, block, rollback, fix, release) | {r["decision_to_first_step_s"]} s |
 | &nbsp;&nbsp;of which detection -> all ranks frozen | {r["detect_to_freeze_s"]} s |
 | &nbsp;&nbsp;of which rollback (re-verify + every rank loads in place) | {r["rollback_load_s"]} s |
 | raw read of the same checkpoint | {r["raw_read_s"]} s |

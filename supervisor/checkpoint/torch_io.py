@@ -61,11 +61,14 @@ def one_thread() -> Iterator[None]:
 
 
 def capture_rng() -> dict[str, Any]:
+    """Every RNG a training step may draw from. Mersenne-Twister words are stored as int64
+    tensors: a list of 624 ints costs the weights-only unpickler ~100x more to read."""
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     assert isinstance(keys, np.ndarray)  # the legacy MT19937 tuple
+    version, words, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "python": (version, torch.tensor(words, dtype=torch.int64), gauss),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -75,9 +78,10 @@ def capture_rng() -> dict[str, Any]:
 
 def restore_rng(state: Mapping[str, Any]) -> list[str]:
     events = []
-    random.setstate(state["python"])
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(int(w) for w in words.tolist()), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         saved = state["cuda"]

@@ -71,20 +71,25 @@ def run_drills(
     """Run ``scenarios`` in order on one local Ray session; returns one result per scenario."""
     import ray
 
+    previous = os.environ.get(TRACE_ENV)
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit the driver's environment
     started = not ray.is_initialized()
+    if not started and previous is None:
+        log.warning(
+            "trace_may_be_missing", why=f"Ray was started before {TRACE_ENV} was set: loss checks may fail"
+        )
     if started:
         from supervisor.runtime.names import NAMESPACE
 
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
     try:
-        reference = _reference(scenarios, out_dir, on_result)
+        losses, ran = _references(scenarios, out_dir, on_result)
         results = []
         for sc in scenarios:
-            if sc.name == REFERENCE and reference.get("ran") is sc:
-                results.append(reference["result"])
+            if sc.name in ran:
+                results.append(ran[sc.name])
                 continue
-            res = run_one(sc, out_dir, reference.get("loss"))
+            res = run_one(sc, out_dir, losses.get(sc.config_hash()))
             results.append(res)
             if on_result:
                 on_result(res)
@@ -92,6 +97,8 @@ def run_drills(
     finally:
         if started:
             ray.shutdown()
+        if previous is None:
+            os.environ.pop(TRACE_ENV, None)
 
 
 def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> DrillResult:
@@ -142,36 +149,45 @@ def _release(handle: Any) -> None:
         log.debug("release_skipped", error=repr(exc))
 
 
-def _reference(
+def _references(
     scenarios: list[LoadedScenario], out_dir: Path, on_result: Callable[[DrillResult], None] | None
-) -> dict[str, Any]:
-    """The clean run's final loss per config hash: from the cache, else by running `clean` now."""
-    needed = [s for s in scenarios if s.expect.final_loss_tolerance is not None]
+) -> tuple[dict[str, float | None], dict[str, DrillResult]]:
+    """The clean final loss per training-config hash (cached), and the clean runs made for it now.
+
+    A hash is served by the ``clean`` scenario when it matches, else by the scenario itself
+    with its faults removed (``reference_<hash>``).
+    """
     selected = {s.name: s for s in scenarios}
-    if not needed and REFERENCE not in selected:
-        return {}
-    hashes = {s.config_hash() for s in needed}
     clean = selected.get(REFERENCE) or next(iter(find_scenarios([REFERENCE])), None)
-    if clean is None:
-        return {}
-    if len(hashes) > 1 or (hashes and clean.config_hash() not in hashes):
-        log.warning("reference_mismatch", why="drills differ in training config from the clean scenario")
-    cache = out_dir / "reference" / f"{clean.config_hash()}.json"
-    if cache.exists() and REFERENCE not in selected:
-        return {"loss": json.loads(cache.read_text())["final_loss"]}
-    result = run_one(clean, out_dir, None)
-    if on_result:
-        on_result(result)
-    job = clean.job_spec((out_dir / REFERENCE / "storage").resolve())
-    losses = series.step_losses(
-        series.read_trace(Path(job.storage.path), job.name, job.resources.num_workers),
-        job.resources.num_workers,
-        "last",
-    )
-    loss = series.final_loss(losses, job.max_steps)
-    if loss is not None and result.passed:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(
-            json.dumps({"final_loss": loss, "max_steps": job.max_steps, "config_hash": clean.config_hash()})
+    losses: dict[str, float | None] = {}
+    ran: dict[str, DrillResult] = {}
+    for sc in scenarios:
+        h = sc.config_hash()
+        if sc.expect.final_loss_tolerance is None or h in losses:
+            continue
+        cache = out_dir / "reference" / f"{h}.json"
+        if cache.exists():
+            losses[h] = json.loads(cache.read_text())["final_loss"]
+            continue
+        base = (
+            clean
+            if clean is not None and clean.config_hash() == h
+            else sc.without_faults(f"reference_{h[:8]}")
         )
-    return {"loss": loss, "ran": clean, "result": result}
+        result = run_one(base, out_dir, None)
+        if base.name in selected:
+            ran[base.name] = result
+        if on_result:
+            on_result(result)
+        losses[h] = loss = _final_loss(base, out_dir)
+        if loss is not None and result.passed:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"final_loss": loss, "scenario": base.name, "config_hash": h}))
+    return losses, ran
+
+
+def _final_loss(sc: LoadedScenario, out_dir: Path) -> float | None:
+    job = sc.job_spec((out_dir / sc.name / "storage").resolve())
+    ws = job.resources.num_workers
+    records = series.read_trace(Path(job.storage.path), job.name, ws)
+    return series.final_loss(series.step_losses(records, ws, "last"), job.max_steps)

@@ -138,6 +138,14 @@ class LoadedScenario:
     def first_fault_step(self) -> int | None:
         return min((f.step for f in self.faults), default=None)
 
+    def without_faults(self, name: str) -> LoadedScenario:
+        """The same job with no fault, expected to stay quiet: a clean reference for this config."""
+        quiet = Expect(
+            incident=False, recovered=False, final_loss_tolerance=None, report=False, exported=False
+        )
+        scenario = self.scenario.model_copy(update={"name": name, "faults": [], "expect": quiet})
+        return LoadedScenario(self.path, scenario, {**self.job_data, "faults": []}, [])
+
     def job_spec(self, storage: Path, *, job_name: str | None = None) -> JobSpec:
         """The job to launch: storage under ``storage``, named ``drill-<name>`` unless given."""
         data = _merge(

@@ -107,11 +107,18 @@ class StepScope:
         if not sources or len(sources) != out.sample_loss_sum.numel():
             return []
         names = sorted(set(sources))
-        idx = torch.tensor([names.index(s) for s in sources], device=out.sample_loss_sum.device)
+        idx = _to_device(torch.tensor([names.index(s) for s in sources]), out.sample_loss_sum.device)
         zeros = torch.zeros(len(names), dtype=torch.float64, device=idx.device)
         pack.add("src_loss", zeros.index_add(0, idx, out.sample_loss_sum.detach().double()))
         pack.add("src_tokens", zeros.index_add(0, idx, out.sample_tokens.double()))
         return names
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without a stream sync: a pageable copy to CUDA would wait for queued work."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def loss_fields(

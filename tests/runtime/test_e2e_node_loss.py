@@ -1,0 +1,55 @@
+"""A node lost under the workers (ray.cluster_utils.Cluster + remove_node): the group moves and finishes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from supervisor.incidents import EventKind, EventStatus
+from supervisor.runtime import api
+from supervisor.runtime.group import WorkerGroup
+from supervisor.runtime.names import NAMESPACE
+from supervisor.runtime.stores import open_incident_store
+from tests.runtime.conftest import FAST, make_job, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=2)
+    c.add_node(num_cpus=2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def test_node_lost_restarts_the_group_on_the_remaining_node(tmp_path: Path, cluster: Any) -> None:
+    job = make_job(tmp_path, "nodeloss", max_steps=160)
+    handle = api.launch(job, FAST)
+    wait_for(lambda: api.status(handle), lambda s: s["step"] >= 70, 300)
+    group = WorkerGroup.find(job, FAST)
+    assert group is not None and group.pg is not None
+    nodes = set(ray.util.placement_group_table(group.pg)["bundles_to_node_id"].values())
+    victim = next(n for n in cluster.list_all_nodes() if n.node_id in nodes and not n.is_head())
+    cluster.remove_node(victim)
+    final = api.wait(handle, 400)
+    assert final["phase"] == "finished" and final["step"] == 160, final
+    assert final["group_restarts"] >= 1
+    incidents = open_incident_store(job)
+    restarts = [e for i in incidents.list_incidents(job=job.name) for e in incidents.timeline(i.id)
+                if e.kind is EventKind.WORKER_RESTARTED]  # fmt: skip
+    assert restarts and all(e.status is EventStatus.DONE for e in restarts)
+    assert restarts[0].result["resume_step"] >= 60
+    ray.kill(handle)
