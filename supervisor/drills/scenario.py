@@ -140,9 +140,7 @@ class LoadedScenario:
 
     def without_faults(self, name: str) -> LoadedScenario:
         """The same job with no fault, expected to stay quiet: a clean reference for this config."""
-        quiet = Expect(
-            incident=False, recovered=False, final_loss_tolerance=None, report=False, exported=False
-        )
+        quiet = Expect.model_validate({"incident": False, "recovered": False, "final_loss_tolerance": None})
         scenario = self.scenario.model_copy(update={"name": name, "faults": [], "expect": quiet})
         return LoadedScenario(self.path, scenario, {**self.job_data, "faults": []}, [])
 

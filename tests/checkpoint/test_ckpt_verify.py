@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from supervisor.checkpoint import (
@@ -11,9 +13,11 @@ from supervisor.checkpoint import (
     select_rollback_target,
     verify,
 )
+from supervisor.checkpoint.hashing import available
 from supervisor.checkpoint.store import MANIFEST, StoreSettings
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
+from supervisor.storage import open_backend
 from tests.checkpoint.conftest import entry_key, make_healthy, save_plain
 
 
@@ -144,3 +148,18 @@ def test_restart_target_is_newest_verified_never_a_broken_latest(store: Checkpoi
     assert target is not None and target.step == 200 and target.health == HealthMark.VERIFIED
     assert store.manifest(300).health == HealthMark.QUARANTINED
     assert select_restart_target(store, verify_unverified=False) is not None
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "crc32", "adler32", "sha256", "blake2b"])
+def test_every_checksum_algorithm_catches_a_flipped_byte(algorithm: str, tmp_path: Path) -> None:
+    if not available(algorithm):
+        pytest.skip(f"{algorithm} not installed")
+    writer = CheckpointStore(open_backend(str(tmp_path)), "job1", StoreSettings(checksum=algorithm))
+    save_plain(writer, 1)
+    assert all(f.checksum.startswith(f"{algorithm}:") for f in writer.manifest(1).files)
+    reader = CheckpointStore(
+        open_backend(str(tmp_path)), "job1"
+    )  # another default: the file says how to check it
+    assert verify(reader, 1, record=False).ok
+    _flip_byte(reader, entry_key(reader, 1, "model"), at=4000)
+    assert "checksum mismatch" in verify(reader, 1, record=False).problems[0]

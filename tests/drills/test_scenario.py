@@ -44,9 +44,13 @@ def test_no_rollback_for_metric_artifacts_and_benign_shifts() -> None:
         assert "rollback" in s.expect.no_actions
 
 
-def test_every_drill_shares_the_clean_runs_training_config() -> None:
-    hashes = {s.config_hash() for s in find_scenarios(["all"])}
-    assert len(hashes) == 1  # one clean run is the loss reference for all
+def test_reference_twin_has_the_same_training_config_and_no_fault() -> None:
+    (s,) = find_scenarios(["garbage_batch"])
+    twin = s.without_faults("reference_x")
+    assert twin.config_hash() == s.config_hash() and not twin.faults and not twin.job_data["faults"]
+    assert twin.expect.incident is False and twin.expect.final_loss_tolerance is None
+    (clean,) = find_scenarios(["clean"])
+    assert clean.config_hash() == s.config_hash()  # most drills share the clean run as reference
 
 
 def test_job_overrides_merge_into_the_base(tmp_path: Path) -> None:
