@@ -36,7 +36,9 @@ def _supervisor_commands(text: str) -> list[list[str]]:
     """Every `supervisor ...` invocation in a text (shell lines, YAML values, ExecStart=)."""
     found = []
     for line in text.splitlines():
-        for m in re.finditer(r"(?:^|[\s=/\"'\[])supervisor(\s+[^;&|\n\"'\]]*)", line):
+        if line.lstrip().startswith("#"):
+            continue
+        for m in re.finditer(r"(?:^|[\s=/\"'\[])supervisor(\s+[^;&|<>\n\"'\]]*)", line):
             args = shlex.split(m.group(1).replace("\\", " "))
             if args and not args[0].startswith(("/", ".")) and args[0] != "-":
                 found.append(args)
@@ -53,9 +55,7 @@ def _check_args(args: list[str]) -> None:
             name = tok.split("=", 1)[0]
             param = next((p for p in cmd.params if isinstance(p, click.Option) and name in p.opts + p.secondary_opts), None)
             if name in ("-h", "--help"):
-                param = None
-                i += 1
-                continue
+                return
             assert param is not None, f"`{cmd.name}` has no option {name} (in: supervisor {' '.join(args)})"
             i += 1 if (param.is_flag or "=" in tok) else 2
             continue

@@ -1,4 +1,4 @@
-"""A node lost under the workers (ray.cluster_utils.Cluster + remove_node): the group moves and finishes."""
+"""A job spanning two nodes loses one (ray.cluster_utils.Cluster + remove_node): the group moves and finishes."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ pytestmark = pytest.mark.slow
 def cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
+    # One CPU per worker node and one worker per CPU: the 2 ranks must land on 2 different
+    # nodes (a multi-node job), and the third node is where the group can move to.
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=2)
-    c.add_node(num_cpus=2)
+    for _ in range(3):
+        c.add_node(num_cpus=1)
     c.wait_for_nodes()
     ray.init(address=c.address, namespace=NAMESPACE, log_to_driver=False)
     try:
@@ -42,6 +44,7 @@ def test_node_lost_restarts_the_group_on_the_remaining_node(tmp_path: Path, clus
     group = WorkerGroup.find(job, FAST)
     assert group is not None and group.pg is not None
     nodes = set(ray.util.placement_group_table(group.pg)["bundles_to_node_id"].values())
+    assert len(nodes) == 2, "the workers should span two nodes"
     victim = next(n for n in cluster.list_all_nodes() if n.node_id in nodes and not n.is_head())
     cluster.remove_node(victim)
     final = api.wait(handle, 400)
