@@ -10,7 +10,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table."
+)
 
 
 def _finite(obj: Any) -> Any:

@@ -38,7 +38,9 @@ class RaySection(Section):
     )
     runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime_env for the workers.")
     num_cpus: int | None = Field(
-        None, ge=1, description="Logical CPUs of a local Ray started by the supervisor (default: enough for the job)."
+        None,
+        ge=1,
+        description="Logical CPUs of a local Ray started by the supervisor (default: enough for the job).",
     )
 
     @field_validator("address")
@@ -74,7 +76,9 @@ class CheckpointSection(Section):
     """How often to checkpoint and how many healthy checkpoints to keep."""
 
     every_steps: int = Field(100, ge=1, description="Save a checkpoint every N optimizer steps.")
-    keep: int = Field(3, ge=1, description="Keep the newest K healthy checkpoints (plus incident references).")
+    keep: int = Field(
+        3, ge=1, description="Keep the newest K healthy checkpoints (plus incident references)."
+    )
 
 
 class Telemetry(Section):
@@ -82,10 +86,18 @@ class Telemetry(Section):
 
     window: int = Field(1000, ge=8, description="Rolling window (steps) of the robust statistics.")
     min_history: int = Field(50, ge=4, description="Steps of history before any alarm can be raised.")
-    z_threshold: float = Field(6.0, gt=0, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm.")
-    grad_z_threshold: float = Field(6.0, gt=0, description="Robust-z for grad norm / update ratio to co-move.")
-    rank_z_threshold: float = Field(8.0, gt=0, description="Robust-z of a rank vs the other ranks at one step.")
-    hang_timeout_s: float = Field(120.0, gt=0, description="No record from a rank for this long: a hung worker.")
+    z_threshold: float = Field(
+        6.0, gt=0, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm."
+    )
+    grad_z_threshold: float = Field(
+        6.0, gt=0, description="Robust-z for grad norm / update ratio to co-move."
+    )
+    rank_z_threshold: float = Field(
+        8.0, gt=0, description="Robust-z of a rank vs the other ranks at one step."
+    )
+    hang_timeout_s: float = Field(
+        120.0, gt=0, description="No record from a rank for this long: a hung worker."
+    )
     fingerprint_every: int = Field(50, ge=1, description="Parameter fingerprint every K steps.")
     canary_every: int = Field(0, ge=0, description="Canary forward pass every K steps (0: off).")
 
@@ -121,13 +133,17 @@ class JobSpec(Section):
 
     name: str = Field(description="Job name: letters, digits, `_`, `-`, `.`; names its storage folder.")
     entrypoint: str = Field(description="`package.module:function` or a path to a Python script.")
-    config: dict[str, Any] = Field(default_factory=dict, description="Passed to the entrypoint as its config.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the entrypoint as its config."
+    )
     resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
     ray: RaySection = Field(default_factory=RaySection)  # type: ignore[arg-type]
     storage: Storage
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)  # type: ignore[arg-type]
     telemetry: Telemetry = Field(default_factory=Telemetry)  # type: ignore[arg-type]
-    policy: str = Field("default", description="A shipped policy name (see policies/) or a path to a YAML file.")
+    policy: str = Field(
+        "default", description="A shipped policy name (see policies/) or a path to a YAML file."
+    )
     max_steps: int = Field(ge=1, description="Optimizer steps to train.")
     alert: Alert = Field(default_factory=Alert)  # type: ignore[arg-type]
     incidents: Incidents = Field(default_factory=Incidents)  # type: ignore[arg-type]

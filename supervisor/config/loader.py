@@ -57,7 +57,9 @@ def format_validation_error(exc: ValidationError) -> tuple[str, str]:
     elif kind == "missing":
         msg = "required field is missing"
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[
+            kind
+        ]
         bound = next(iter(ctx.values())) if ctx else "?"
         msg = f"must be {op} {bound} (got {got!r})"
     elif kind == "literal_error":

@@ -59,7 +59,11 @@ class CauseScore:
     evidence: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cause": self.cause.value, "score": round(float(self.score), 4), "evidence": list(self.evidence)}
+        return {
+            "cause": self.cause.value,
+            "score": round(float(self.score), 4),
+            "evidence": list(self.evidence),
+        }
 
 
 @dataclass(slots=True)
@@ -148,7 +152,10 @@ class Diagnosis:
             first_rank=d.get("first_rank"),
             after_resume=bool(d.get("after_resume", False)),
             source_local=d.get("source_local"),
-            causes=[CauseScore(Cause(c["cause"]), float(c["score"]), list(c.get("evidence", []))) for c in d.get("causes", [])],
+            causes=[
+                CauseScore(Cause(c["cause"]), float(c["score"]), list(c.get("evidence", [])))
+                for c in d.get("causes", [])
+            ],
             suspect_samples=list(d.get("suspect_samples", [])),
             severity=Severity(d.get("severity", "medium")),
             first_anomaly=FirstAnomaly(**fa) if isinstance(fa, dict) else None,

@@ -63,7 +63,9 @@ class Record:
         """NaN/Inf flagged by the probe, or visible in loss / grad norm."""
         if self.nonfinite:
             return True
-        return not math.isfinite(self.loss) or (self.grad_norm is not None and not math.isfinite(self.grad_norm))
+        return not math.isfinite(self.loss) or (
+            self.grad_norm is not None and not math.isfinite(self.grad_norm)
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
+import tomllib
 import yaml
 
 from supervisor.cli.main import cli
@@ -53,14 +53,19 @@ def _check_args(args: list[str]) -> None:
         tok = args[i]
         if tok.startswith("-"):
             name = tok.split("=", 1)[0]
-            param = next((p for p in cmd.params if isinstance(p, click.Option) and name in p.opts + p.secondary_opts), None)
+            param = next(
+                (p for p in cmd.params if isinstance(p, click.Option) and name in p.opts + p.secondary_opts),
+                None,
+            )
             if name in ("-h", "--help"):
                 return
             assert param is not None, f"`{cmd.name}` has no option {name} (in: supervisor {' '.join(args)})"
             i += 1 if (param.is_flag or "=" in tok) else 2
             continue
         if isinstance(cmd, click.Group):
-            assert tok in cmd.commands, f"no command `{tok}` under `{cmd.name}` (in: supervisor {' '.join(args)})"
+            assert tok in cmd.commands, (
+                f"no command `{tok}` under `{cmd.name}` (in: supervisor {' '.join(args)})"
+            )
             cmd = cmd.commands[tok]
         i += 1
 
@@ -85,7 +90,9 @@ def test_every_supervisor_command_exists_with_its_options() -> None:
             for args in _supervisor_commands(t):
                 _check_args(args)
                 seen += 1
-    assert seen >= 4, "deploy/ should run the supervisor in the cluster config, RayJob, systemd unit and image"
+    assert seen >= 4, (
+        "deploy/ should run the supervisor in the cluster config, RayJob, systemd unit and image"
+    )
 
 
 def test_job_in_configmap_validates(tmp_path: Path) -> None:

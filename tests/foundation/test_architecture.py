@@ -46,5 +46,9 @@ def test_stage_packages_do_not_import_the_runtime() -> None:
     """Only the orchestration layer (runtime, cli, drills) may import the runtime."""
     for stage in ("core", "traces", "checkpoint", "storage", "incidents", "sdk"):
         for f in (PKG / stage).rglob("*.py") if (PKG / stage).exists() else []:
-            bad = {m for m in _imports(f) if m.startswith(("supervisor.runtime", "supervisor.cli", "supervisor.drills"))}
+            bad = {
+                m
+                for m in _imports(f)
+                if m.startswith(("supervisor.runtime", "supervisor.cli", "supervisor.drills"))
+            }
             assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"

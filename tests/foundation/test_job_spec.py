@@ -106,11 +106,19 @@ def _malformed_job(draw: st.DrawFn) -> str | bytes:
         wrong = {"name": str, "max_steps": int}.get(key, dict)
         doc[key] = draw(_junk_value.filter(lambda v: type(v) is not wrong))
     elif kind == "unknown_key":
-        doc[draw(st.text("abcdefghij_", min_size=1, max_size=10).filter(lambda k: k not in JobSpec.model_fields))] = 1
+        doc[
+            draw(
+                st.text("abcdefghij_", min_size=1, max_size=10).filter(
+                    lambda k: k not in JobSpec.model_fields
+                )
+            )
+        ] = 1
     elif kind == "missing":
         doc.pop(draw(st.sampled_from(["name", "entrypoint", "storage", "max_steps"])))
     elif kind == "bad_yaml":
-        return yaml.safe_dump(doc) + draw(st.sampled_from(["  - [unclosed\n", "\tbad: tab\n", "x: 'open\n", ": :\n"]))
+        return yaml.safe_dump(doc) + draw(
+            st.sampled_from(["  - [unclosed\n", "\tbad: tab\n", "x: 'open\n", ": :\n"])
+        )
     else:
         return draw(st.binary(min_size=1, max_size=64).filter(lambda b: b"\x00" in b or not _is_utf8(b)))
     return yaml.safe_dump(doc)
