@@ -62,9 +62,7 @@ def format_validation_error(exc: ValidationError) -> tuple[str, str]:
         ]
         bound = next(iter(ctx.values())) if ctx else "?"
         msg = f"must be {op} {bound} (got {got!r})"
-    elif kind == "literal_error":
-        msg = f"must be one of {ctx.get('expected', '?')} (got {got!r})"
-    elif kind == "enum":
+    elif kind in ("literal_error", "enum"):
         msg = f"must be one of {ctx.get('expected', '?')} (got {got!r})"
     else:
         text = err["msg"]
