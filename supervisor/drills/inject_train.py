@@ -1,9 +1,9 @@
 """Optimizer, numeric and distributed faults: they act on the LR, the gradients, the forward pass.
 
-The one-off ones (oversized update, overflow, corrupted gradients, lost optimizer state) use
-``OnceWindow``: they model an event, not a property of the data, so a replay after a
-rollback runs clean. ``lr_spike`` models a wrong schedule and stays until the run ends; only
-the supervisor's own LR fix counters it.
+All of them use ``OnceWindow``: they model an event, not a property of the data, so a
+replay after a rollback runs clean. ``lr_spike`` is a bad schedule state (a hot-reloaded
+config, a corrupted scheduler): it lasts from its step on until training is rolled back to a
+checkpoint from before it, whose scheduler state is sound.
 """
 
 from __future__ import annotations
@@ -25,55 +25,54 @@ from supervisor.drills.specs import (
 from supervisor.errors import ConfigError
 
 FP16_MAX = 65504.0
+FOREVER = 1 << 62
 
 
 class _Windowed(Injector):
     def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
         super().__init__(spec, index, ctx)
-        self.window = self.once_window(getattr(spec, "steps", 1))
+        steps = getattr(spec, "steps", 1)  # lr_spike: None = until a rollback
+        self.window = self.once_window(FOREVER if steps is None else steps)
         self.on = False
 
     def observe_step(self, step: int) -> None:
         self.on = self.window.active(step)
 
 
-class LrSpikeInjector(Injector):
-    spec: LrSpike
+class _ScaledLr(_Windowed):
+    """LR x ``factor`` while the window is on; the logged LR of those steps says so too."""
+
+    spec: LrSpike | OversizedUpdate
 
     def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
         super().__init__(spec, index, ctx)
-        self.announced = False
+        self.used: set[int] = set()
 
-    def lr_scale(self, step: int) -> float:
-        if step < self.spec.step:
-            return 1.0
-        if not self.announced:
-            self.announced = True
-            self.fired(step, factor=self.spec.factor)
-        return self.spec.factor
-
-    def record(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
-        # The probe reads the scheduled LR; log the one the optimizer actually used.
-        if step >= self.spec.step and isinstance(record.get("lr"), float | int):
-            record = {**record, "lr": record["lr"] * self.spec.factor}
-        return record
-
-
-class OversizedUpdateInjector(_Windowed):
-    spec: OversizedUpdate
-    used_at: int | None = None
+    def observe_step(self, step: int) -> None:
+        super().observe_step(step)
+        self.used = {u for u in self.used if u < step}  # after a rollback, replayed steps run clean
 
     def lr_scale(self, step: int) -> float:
         if not self.on:
             return 1.0
-        self.used_at = step
-        self.fired(step, factor=self.spec.factor)
+        if not self.used:
+            self.fired(step, factor=self.spec.factor)
+        self.used.add(step)
         return self.spec.factor
 
     def record(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
-        if step == self.used_at and isinstance(record.get("lr"), float | int):
+        # The probe reads the scheduled LR; log the one the optimizer actually used.
+        if step in self.used and isinstance(record.get("lr"), float | int):
             record = {**record, "lr": record["lr"] * self.spec.factor}
         return record
+
+
+class LrSpikeInjector(_ScaledLr):
+    spec: LrSpike
+
+
+class OversizedUpdateInjector(_ScaledLr):
+    spec: OversizedUpdate
 
 
 class OverflowInjector(_Windowed):

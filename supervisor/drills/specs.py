@@ -42,9 +42,10 @@ class GarbageBatch(FaultParams):
 
 
 class LrSpike(FaultParams):
-    """The learning rate is multiplied by ``factor`` from ``step`` on (a wrong schedule or config)."""
+    """The learning rate is multiplied by ``factor`` from ``step`` on, until a rollback to before it."""
 
     factor: float = Field(10.0, gt=1, description="LR multiplier from `step` on.")
+    steps: int | None = Field(None, ge=1, description="Steps it lasts (null: until the run is rolled back).")
 
 
 class OversizedUpdate(FaultParams):

@@ -45,57 +45,61 @@ def grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
 
 
 class NormSampler:
-    """Keeps a small strided copy of the parameters to estimate ‖θ‖ and ‖Δθ‖ between calls."""
+    """Keeps a small strided copy of the parameters to estimate ‖θ‖ and ‖Δθ‖ between calls.
+
+    One measurement is a handful of kernels whatever the number of tensors: the sampled
+    elements are gathered into one flat vector, squared in float64 and summed per tensor
+    (``segment_reduce``), then weighted by ``numel / sampled``.
+    """
 
     def __init__(self, params: Sequence[Tensor], stride: int = 31, exact_below: int = 1024) -> None:
         self.params = list(params)
         self.stride = max(1, stride)
         self.exact_below = exact_below
-        self._prev: list[Tensor] | None = None
-        views = self._views()
+        self._prev: Tensor | None = None
+        self._views = self._make_views()
         self.numel = sum(local(p).numel() for p in self.params)
-        self.sampled = sum(v.numel() for v in views)
-        dev = views[0].device if views else torch.device("cpu")
+        self.sampled = sum(v.numel() for v in self._views)
+        dev = self._views[0].device if self._views else torch.device("cpu")
+        lengths = [v.numel() for v in self._views]
+        self._lengths = torch.tensor(lengths, dtype=torch.int64, device=dev)
         self._scale = torch.tensor(
-            [local(p).numel() / max(1, v.numel()) for p, v in zip(self.params, views, strict=True)],
+            [local(p).numel() / max(1, n) for p, n in zip(self.params, lengths, strict=True)],
             dtype=torch.float64,
             device=dev,
         )
 
     @property
     def memory_fraction(self) -> float:
-        """Bytes kept between steps / parameter bytes."""
+        """Elements kept between steps / parameter elements."""
         return self.sampled / max(1, self.numel)
 
-    def _views(self) -> list[Tensor]:
+    def _make_views(self) -> list[Tensor]:
+        # Views into the parameters' storage: optimizers and load_state_dict update in place.
         out = []
         for p in self.params:
             flat = local(p).reshape(-1)
-            out.append(
-                flat
-                if flat.numel() <= self.exact_below or self.stride == 1
-                else flat[self.stride // 2 :: self.stride]
-            )
+            small = flat.numel() <= self.exact_below or self.stride == 1
+            out.append(flat if small else flat[self.stride // 2 :: self.stride])
         return out
 
     def reset(self) -> None:
         """Forget the last sample (after a rollback the next delta would be meaningless)."""
         self._prev = None
+        self._views = self._make_views()
+
+    def _weighted(self, x: Tensor) -> Tensor:
+        sq = x.double().square()
+        return (torch.segment_reduce(sq, "sum", lengths=self._lengths) * self._scale).sum()
 
     def measure(self) -> tuple[Tensor, Tensor | None]:
         """(‖θ‖² estimate, ‖Δθ‖² estimate since the last call or None), as float64 device scalars."""
-        views = self._views()
-        if not views:
+        if not self._views:
             return torch.zeros((), dtype=torch.float64), None
-        vals = [v.float() for v in views] if views[0].dtype != torch.float32 else views
-        param_sq = (torch.stack(torch._foreach_norm(vals)).double() ** 2 * self._scale).sum()
-        update_sq = None
-        if self._prev is not None:
-            diff = torch._foreach_sub(vals, self._prev)
-            update_sq = (torch.stack(torch._foreach_norm(diff)).double() ** 2 * self._scale).sum()
-            torch._foreach_copy_(self._prev, vals)
-        else:
-            self._prev = [v.clone() for v in vals]
+        flat = torch.cat(self._views).float()  # a fresh copy: it becomes the next baseline
+        param_sq = self._weighted(flat)
+        update_sq = self._weighted(flat - self._prev) if self._prev is not None else None
+        self._prev = flat
         return param_sq, update_sq
 
 

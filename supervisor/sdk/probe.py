@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from supervisor.errors import SupervisorError
 from supervisor.logging import get_logger
 from supervisor.sdk.control import ControlChannel
 from supervisor.sdk.losses import StepLoss
@@ -83,9 +84,17 @@ class Probe:
 
     # -- the user loop -------------------------------------------------------------------------
     def step(self, batch: Any) -> StepScope:
-        if self.loader is None or not hasattr(self.loader, "boundary"):
-            self.boundary()  # no supervised loader: directives are handled here instead
+        if self.should_stop:
+            raise SupervisorError("training was stopped (Stop directive or max_steps): end the loop")
         return StepScope(self, batch)
+
+    def proceed(self) -> bool:
+        """The step boundary for a loop without a ``SupervisedLoader``: ``if not probe.proceed(): break``."""
+        try:
+            self.boundary()
+        except StopIteration:
+            return False
+        return True
 
     def boundary(self) -> None:
         """Between two steps, identically on every rank: directives, periodic checkpoint, stop."""

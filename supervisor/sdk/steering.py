@@ -65,6 +65,7 @@ class Steering:
         if due and self.last_saved != p.step_count:
             self.save(HealthMark.UNVERIFIED, "checkpoint_saved")
         if self.stopped or (p.settings.max_steps and p.step_count >= p.settings.max_steps):
+            self.stopped = True
             p.flush()
             raise StopIteration
 

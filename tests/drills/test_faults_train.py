@@ -23,10 +23,18 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def test_lr_spike_from_its_step_on() -> None:
+def test_lr_spike_from_its_step_on_until_a_rollback() -> None:
     _, _, plan = _setup([{"kind": "lr_spike", "step": 10, "factor": 8.0}])
     assert [plan.lr_scale(s) for s in (0, 9, 10, 11, 500)] == [1.0, 1.0, 8.0, 8.0, 8.0]
-    assert plan.lr_scale(5) == 1.0  # after a rollback to before the spike: the schedule is fine there
+    assert plan.record(11, {"step": 11, "loss": 1.0, "lr": 1e-3})["lr"] == pytest.approx(8e-3)
+    # rolled back to a checkpoint from before the spike: its scheduler state is sound
+    assert [plan.lr_scale(s) for s in (5, 10, 11, 600)] == [1.0, 1.0, 1.0, 1.0]
+    assert plan.record(11, {"step": 11, "loss": 1.0, "lr": 1e-3})["lr"] == pytest.approx(1e-3)
+
+
+def test_lr_spike_for_a_number_of_steps() -> None:
+    _, _, plan = _setup([{"kind": "lr_spike", "step": 3, "factor": 4.0, "steps": 2}])
+    assert [plan.lr_scale(s) for s in range(7)] == [1, 1, 1, 4, 4, 1, 1]
 
 
 def test_oversized_update_fires_once_and_not_on_replay(tmp_path) -> None:  # type: ignore[no-untyped-def]

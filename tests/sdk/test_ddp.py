@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch.multiprocessing as mp
 
 from tests.sdk import ddp_worker
@@ -14,7 +13,6 @@ def read(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_two_ranks(tmp_path):
     mp.spawn(ddp_worker.run, args=(2, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = read(tmp_path / "trace.rank0.jsonl"), read(tmp_path / "trace.rank1.jsonl")

@@ -10,7 +10,6 @@ import torch.multiprocessing as mp
 from tests.sdk import ddp_worker
 
 
-@pytest.mark.slow
 def test_fsdp2_two_ranks(tmp_path):
     mp.spawn(ddp_worker.run_fsdp, args=(2, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (
