@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from examples.tinylm.data import build_dataset, collate
 from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
+from examples.tinylm.replay import replay_hooks  # the supervisor's `replay` action
 from supervisor import sdk
 from supervisor.drills.glue import attach, plan_dataset, plan_for_worker  # drills
 
@@ -131,6 +132,8 @@ def _cli() -> None:
     )
     print(out)
 
+
+__all__ = ["build", "main", "replay_hooks"]
 
 if __name__ == "__main__":
     _cli()

@@ -1,0 +1,52 @@
+"""What the supervisor's `replay` action needs to rebuild this job in one process.
+
+The runtime (supervisor/runtime/replay.py) loads the last healthy checkpoint into a fresh
+model and runs forward/backward on the suspect batch and on a control batch of normal
+samples. Batches are rebuilt from sample IDs, so the replay sees exactly the stored data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from examples.tinylm.data import TextDataset, collate
+from examples.tinylm.model import lm_loss
+
+
+@dataclass
+class ReplayHooks:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    dataset: TextDataset
+
+    def __post_init__(self) -> None:
+        self._index = {self.dataset.sample_id(i): i for i in range(len(self.dataset))}
+
+    def batch(self, sample_ids: list[str]) -> dict[str, Any]:
+        """A batch of exactly these samples; unknown IDs are an error, never silently dropped."""
+        missing = [s for s in sample_ids if s not in self._index]
+        if missing or not sample_ids:
+            raise KeyError(f"samples not in the dataset: {missing[:3] or 'none given'}")
+        return collate([self.dataset[self._index[s]] for s in sample_ids])
+
+    def control_batch(self, n: int, exclude: set[str]) -> tuple[dict[str, Any], list[str]]:
+        """``n`` normal samples, spread evenly over the dataset (deterministic), none of ``exclude``."""
+        stride = max(1, len(self.dataset) // (4 * max(n, 1)))
+        ids = [sid for sid in (self.dataset.sample_id(i) for i in range(0, len(self.dataset), stride))]
+        chosen = [sid for sid in ids if sid not in exclude][:n]
+        return self.batch(chosen), chosen
+
+    @staticmethod
+    def loss(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        return lm_loss(model, batch).loss
+
+
+def replay_hooks(config: dict[str, Any]) -> ReplayHooks:
+    """Fresh model, optimizer and dataset built exactly as a single-process run of this job."""
+    from examples.tinylm.train import build  # the entrypoint module imports this one
+
+    model, optimizer, _scheduler, dataset = build(config, int(config.get("max_steps", 200)))
+    return ReplayHooks(model=model, optimizer=optimizer, dataset=dataset)
