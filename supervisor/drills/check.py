@@ -88,6 +88,7 @@ class Checker:
         if e.incident:
             out += [self._diagnosis(), self._state()]
             out += [self._action(a) for a in e.actions]
+            out += [self._attempted(a) for a in e.attempted]
         out += [self._not_taken(a) for a in e.no_actions]
         if e.incident and e.report:
             out.append(self._report())
@@ -177,6 +178,12 @@ class Checker:
         why = f"{failed[0].status.value}: {failed[0].result}" if failed else "never taken"
         return Check(f"did:{action}", False, why)
 
+    def _attempted(self, action: str) -> Check:
+        hits = _taken(self.timeline, action)
+        if not hits:
+            return Check(f"tried:{action}", False, "never started")
+        return Check(f"tried:{action}", True, f"{hits[0].status.value} at step {hits[0].step}")
+
     def _not_taken(self, action: str) -> Check:
         hits = [(i.id, e) for i in self.incidents for e in _taken(self.store.timeline(i.id), action)]
         if not hits:
@@ -251,6 +258,6 @@ class Checker:
         got = series.final_loss(self.last, self.job.max_steps)
         if ref is None or got is None:
             return Check("final_loss", False, f"final loss {got} vs clean reference {ref}: missing")
-        rel = abs(got - ref) / ref
-        ok = math.isfinite(rel) and rel <= tol
+        rel = (got - ref) / ref
+        ok = math.isfinite(rel) and abs(rel) <= tol
         return Check("final_loss", ok, f"{got:.4g} vs clean {ref:.4g} ({rel:+.1%}, tolerance {tol:.0%})")

@@ -59,6 +59,9 @@ class Expect(BaseModel):
     actions: list[str] = Field(
         default_factory=list, description="Policy actions that must have been carried out."
     )
+    attempted: list[str] = Field(
+        default_factory=list, description="Actions that must have been started (done or failed)."
+    )
     no_actions: list[str] = Field(
         default_factory=list, description="Actions that must never be taken in the run."
     )
@@ -93,7 +96,7 @@ class Expect(BaseModel):
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
 
-    @field_validator("actions", "no_actions")
+    @field_validator("actions", "attempted", "no_actions")
     @classmethod
     def _known_actions(cls, v: list[str]) -> list[str]:
         unknown = [a for a in v if a not in action_names()]

@@ -160,3 +160,16 @@ def test_resumed_from_reads_the_first_step_regression() -> None:
     recs += [{"step": s, "rank": r} for s in range(76, 90) for r in (0, 1)]
     assert first_resume(recs) == 75
     assert first_resume([{"step": s, "rank": 0} for s in range(1, 50)]) is None
+
+
+def test_an_attempted_action_counts_even_when_it_failed(tmp_path: Path) -> None:
+    sc = _scenario(tmp_path, {"attempted": ["replay"], "actions": ["replay"]})
+    job = sc.job_spec(tmp_path / "storage")
+    store = IncidentStore(tmp_path / "storage" / "incidents.sqlite")
+    iid = _incident(store, job.name, actions=(EventKind.ALERT_SENT,))
+    ev = store.begin(iid, EventKind.REPLAYED, actor="policy", step=62, action_id="r1")
+    store.finish(ev.id, result={"why": "does not reproduce"}, failed=True)
+    run = RunOutcome(sc, job, {"phase": "finished"}, 1.0, tmp_path / "out")
+    checks = {c.name: c for c in Checker(run, store).checks()}
+    assert checks["tried:replay"].ok is True and checks["tried:replay"].detail.startswith("failed")
+    assert checks["did:replay"].ok is False
