@@ -44,9 +44,15 @@ class ReplayHooks:
         return lm_loss(model, batch).loss
 
 
-def replay_hooks(config: dict[str, Any]) -> ReplayHooks:
-    """Fresh model, optimizer and dataset built exactly as a single-process run of this job."""
+def replay_hooks(config: dict[str, Any], job: Any = None) -> Any:
+    """Fresh model, optimizer and dataset built exactly as a single-process run of this job.
+
+    With ``job`` (its JobSpec), samples that a drill's data fault corrupted are rebuilt as the
+    training saw them, so a replay of a drill reproduces what the workers trained on.
+    """
     from examples.tinylm.train import build  # the entrypoint module imports this one
+    from supervisor.drills.glue import replay_view  # drills
 
     model, optimizer, _scheduler, dataset = build(config, int(config.get("max_steps", 200)))
-    return ReplayHooks(model=model, optimizer=optimizer, dataset=dataset)
+    hooks = ReplayHooks(model=model, optimizer=optimizer, dataset=dataset)
+    return replay_view(hooks, job) if job is not None else hooks

@@ -24,6 +24,7 @@ from typing import Any
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Diagnosis
 from supervisor.core.policy import load_policy
+from supervisor.errors import SupervisorError
 from supervisor.logging import get_logger
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
@@ -64,6 +65,8 @@ class Controller:
         self.machinery = Machinery(self)
         self._lock = threading.Lock()
         self._last_persist = 0.0
+        self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
+        self._last_export = 0.0
         path = self.settings.trace_path
         self._trace = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open while the loop runs
 
@@ -79,6 +82,7 @@ class Controller:
                 time.sleep(self.settings.loop_interval_s)
         self.machinery.close()
         self.persist(force=True)
+        self.export_incidents(force=True)
         if self._trace is not None:
             self._trace.close()
         self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason)
@@ -91,6 +95,7 @@ class Controller:
         self.machinery.watch()
         self.machinery.tend_checkpoints()
         self.persist()
+        self.export_incidents()
         return busy
 
     def ingest(self) -> bool:
@@ -128,6 +133,23 @@ class Controller:
                 saved = int(ev.split(":")[1]) if ":" in ev and ev.split(":")[1].isdigit() else step
                 if saved not in self.state.checkpoints_seen:
                     self.state.checkpoints_seen.append(saved)
+
+    def export_incidents(self, force: bool = False) -> None:
+        """Copy every incident that changed to ``<job>/incidents/<id>.json`` in the job's storage,
+        so the record survives the loss of this machine's SQLite file."""
+        if not force and time.monotonic() - self._last_export < self.settings.export_interval_s:
+            return
+        self._last_export = time.monotonic()
+        from supervisor.incidents.export import export_incident
+
+        for inc in self.incidents.list_incidents(job=self.job.name):
+            if self._exported.get(inc.id) == inc.updated_at:
+                continue
+            try:
+                export_incident(self.incidents, inc.id, self.checkpoints.backend, self.job.name)
+                self._exported[inc.id] = inc.updated_at
+            except SupervisorError as exc:  # storage trouble must not stop supervision; retried next pass
+                self.log.warning("incident_export_failed", incident=inc.id, error=exc.one_line())
 
     def persist(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._last_persist < 0.5:

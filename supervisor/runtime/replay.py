@@ -3,7 +3,7 @@
 Runs as a separate single-process Ray task, away from the (frozen) worker group. The job
 supplies how to build its model and batches: its entrypoint module defines
 
-    def replay_hooks(config: dict) -> hooks
+    def replay_hooks(config: dict, job: JobSpec) -> hooks
 
 where ``hooks`` has ``model`` and ``optimizer`` (fresh, to load the checkpoint into),
 ``batch(sample_ids) -> batch`` (a batch made of exactly these samples),
@@ -41,8 +41,8 @@ def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: boo
     module = resolve_module(spec.entrypoint)
     make = module.get("replay_hooks") if isinstance(module, dict) else getattr(module, "replay_hooks", None)
     if make is None:
-        raise RuntimeError(f"{spec.entrypoint}: no replay_hooks(config) defined; cannot replay")
-    hooks = make(dict(spec.config))
+        raise RuntimeError(f"{spec.entrypoint}: no replay_hooks(config, job) defined; cannot replay")
+    hooks = make(dict(spec.config), spec)
     store = open_checkpoint_store(spec)
     load_training_state(store, step, rank=0, world_size=1, model=hooks.model, optimizer=hooks.optimizer)
     state = {k: v.detach().clone() for k, v in hooks.model.state_dict().items()}

@@ -15,6 +15,9 @@ class RuntimeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     loop_interval_s: float = Field(0.05, gt=0, description="Sleep of one idle loop iteration.")
+    export_interval_s: float = Field(
+        2.0, gt=0, description="At most this often, changed incidents are exported as JSON to storage."
+    )
     step_deadline_s: float = Field(
         10.0, gt=0, description="A step missing some ranks for this long is analysed with the ranks present."
     )

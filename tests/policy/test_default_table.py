@@ -73,7 +73,7 @@ def test_divergence_plan_parameters(default_policy: Policy) -> None:
     assert rollback.params["margin_steps"] == 100 and rollback.params["max_target_step"] == 240
     assert rollback.params["target_step"] == 200 and rollback.params["require_verified"] is True
     assert "target step 200" in rollback.reason and "margin 100" in rollback.reason
-    assert apply.params == {"lr_scale": 0.5, "warmup_steps": 200}
+    assert apply.params == {"warmup_steps": 200}
     assert observe.params["steps"] == 100 and observe.params["baseline_until_step"] == 340
     assert observe.on_failure == "escalate" and p.action_names[-1] == "resume"
 
