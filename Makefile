@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The demo's storage (runs/demo) is started afresh each time, so every run shows the incident.
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(BIN)/supervisor launch examples/tinylm/job.yaml
 
 lint: $(STAMP)

@@ -7,10 +7,12 @@ or stopped, 2 bad input (an unreadable job.yaml, no Ray to connect to).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
 
+from supervisor.cli.outcome import print_outcome
 from supervisor.cli.output import console, json_option, print_json
 from supervisor.config.job import JobSpec, load_job
 from supervisor.errors import ConfigError
@@ -45,9 +47,13 @@ def _job(job_file: Path | None, attach_job: str | None) -> JobSpec:
     "--attach", "attach_job", metavar="JOB", help="Resume supervising JOB (after its supervisor died)."
 )
 @click.option("--address", help="Ray address for --attach (default: the job's, else `auto`).")
-def launch(job_file: Path | None, detach: bool, attach_job: str | None, address: str | None) -> None:
+@click.option("--no-faults", is_flag=True, help="Ignore the job's `faults:` list (run a drill job clean).")
+def launch(
+    job_file: Path | None, detach: bool, attach_job: str | None, address: str | None, no_faults: bool
+) -> None:
     """Launch JOB_FILE on Ray under the supervisor (or --attach to a running job)."""
     from supervisor.runtime import api, cluster, display
+    from supervisor.runtime.stores import open_incident_store
 
     job = load_job(job_file) if job_file is not None else None
     if attach_job:
@@ -56,7 +62,13 @@ def launch(job_file: Path | None, detach: bool, attach_job: str | None, address:
         raise click.UsageError("give a job file, or --attach JOB")
     else:
         cluster.connect(job, persistent=detach)
+        if api.job_of_running(job.name) is not None:  # its workers outlived their supervisor
+            console().print(f"job {job.name!r} is already running on this cluster: attaching to it")
+            attach_job = job.name
     job = _job(job_file, attach_job)
+    if no_faults:
+        job = job.model_copy(update={"faults": []})
+    started = 0.0 if attach_job else time.time()  # attached: the whole job's incidents
     handle = api.attach(job, detached=detach) if attach_job else api.launch(job, detached=detach)
     if detach:
         console().print(
@@ -68,6 +80,7 @@ def launch(job_file: Path | None, detach: bool, attach_job: str | None, address:
     except KeyboardInterrupt:
         api.stop(handle, "interrupted (Ctrl-C)")
         final = display.follow(lambda: api.status(handle, timeout_s=60))
+    print_outcome(job, open_incident_store(job), final, started, console())
     sys.exit(int(final.get("exit_code") or 0))
 
 

@@ -42,7 +42,9 @@ def connect(job: JobSpec, *, persistent: bool = False) -> None:
                 namespace=NAMESPACE,
                 include_dashboard=False,
                 runtime_env=job.ray.runtime_env or None,
-                log_to_driver=True,
+                # On a terminal the live display is the output; worker logs stay in Ray's
+                # session log folder (printed below). Piped, they go to stderr as JSON lines.
+                log_to_driver=not sys.stdout.isatty(),
             )
         else:
             ray.init(address=address, namespace=NAMESPACE, runtime_env=job.ray.runtime_env or None)
@@ -50,7 +52,19 @@ def connect(job: JobSpec, *, persistent: bool = False) -> None:
         raise RuntimeBackendError(
             f"cannot connect to Ray at {address or 'a new local instance'}: {exc}"
         ) from None
-    log.info("ray_connected", address=address or "local", resources=ray.cluster_resources())
+    log.info(
+        "ray_connected",
+        address=address or "local",
+        resources=ray.cluster_resources(),
+        logs=_local_logs_dir() if address is None else None,
+    )
+
+
+def _local_logs_dir() -> str | None:
+    """Where a local Ray keeps worker logs (Ray has no public call for it; None if it moved)."""
+    node = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(node, "_global_node", None)
+    return node.get_logs_dir_path() if node is not None else None
 
 
 def connect_existing(address: str | None) -> None:

@@ -1,0 +1,82 @@
+"""What `supervisor launch` prints when a job ends: each incident of the run, what the
+supervisor did about it, and where its HTML postmortem is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from supervisor.config.job import JobSpec
+from supervisor.incidents import EventKind, EventStatus, IncidentStore
+from supervisor.incidents.render import render_report
+
+# Timeline events that are things the supervisor did (in the words of the summary line).
+_DID = {
+    EventKind.ALERT_SENT: "alert",
+    EventKind.FROZE: "froze",
+    EventKind.SNAPSHOT: "snapshot",
+    EventKind.LATEST_BLOCKED: "blocked latest",
+    EventKind.REPLAYED: "replayed",
+    EventKind.ROLLED_BACK: "rolled back",
+    EventKind.FIX_APPLIED: "applied fix",
+    EventKind.OBSERVATION: "observed",
+    EventKind.RESUMED: "resumed",
+    EventKind.ESCALATED: "escalated",
+    EventKind.WORKER_RESTARTED: "restarted workers",
+    EventKind.DISMISSED: "dismissed",
+}
+
+
+def _did(event: Any) -> str:
+    text = _DID[event.kind]
+    if event.kind is EventKind.ROLLED_BACK:
+        text += f" {event.payload.get('from_step', '?')}→{event.payload.get('to_step', '?')}"
+    elif event.kind is EventKind.OBSERVATION and event.result is not None:
+        text += " (passed)" if event.result.get("passed") else " (failed)"
+    elif event.kind is EventKind.FIX_APPLIED:
+        params = event.payload.get("params") or {}
+        shown = [f"{k}={v}" for k, v in sorted(params.items()) if v not in (None, [], {}, "")]
+        text += f" ({', '.join(shown)})" if shown else ""
+    if event.status is EventStatus.FAILED:
+        text += " [failed]"
+    return text
+
+
+def reports_dir(job: JobSpec) -> Path:
+    """Local storage: next to the job's checkpoints. S3 storage: ./reports/<job>."""
+    if job.storage.is_s3:
+        return Path("reports") / job.name
+    return Path(job.storage.path) / job.name / "reports"
+
+
+def print_outcome(
+    job: JobSpec, store: IncidentStore, final: dict[str, Any], since: float, out: Console
+) -> None:
+    """One paragraph per incident opened since ``since`` (unix time), with its report's path."""
+    out.print(
+        f"\n[bold]{job.name}[/]: {final.get('phase', '?')} at step {final.get('step')}/{final.get('max_steps')}"
+        f" — {final.get('reason', '')}"
+    )
+    incidents = [i for i in store.list_incidents(job=job.name) if i.opened_at >= since]
+    if not incidents:
+        out.print("No incidents in this run.")
+        return
+    folder = reports_dir(job)
+    folder.mkdir(parents=True, exist_ok=True)
+    for inc in sorted(incidents, key=lambda i: i.id):
+        d = inc.diagnosis
+        what = f"{inc.phenotype or '?'}, top cause {inc.top_cause or '?'}, severity {inc.severity or '?'}"
+        where = f"onset step {inc.onset_step}, detected at {inc.detected_step}"
+        if d is not None and d.first_rank is not None:
+            where += f", first rank {d.first_rank}"
+        done = [
+            _did(e) for e in store.timeline(inc.id) if e.kind in _DID and e.status is not EventStatus.PENDING
+        ]
+        path = folder / f"incident-{inc.id}.html"
+        path.write_text(render_report(store, inc.id, "html"), encoding="utf-8")
+        out.print(f"[bold yellow]Incident #{inc.id}[/] ({inc.state.value}): {what}; {where}")
+        out.print(f"  done:   {' → '.join(done) if done else 'nothing (recorded only)'}")
+        out.print(f"  report: {path}")
+    out.print(f"Review: supervisor incidents list --db {store.path}")
