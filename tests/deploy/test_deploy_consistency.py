@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 import pytest
-import tomllib
 import yaml
 
 from supervisor.cli.main import cli
@@ -122,6 +121,7 @@ def _strings_containers(cluster: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_image_installs_the_package_with_declared_extras_and_a_torch_in_range() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = set(pyproject["project"].get("optional-dependencies", {}))
     docker = (DEPLOY / "Dockerfile").read_text()
