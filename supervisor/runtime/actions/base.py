@@ -102,7 +102,8 @@ class DirectiveAction:
     event: EventKind
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
-        raise NotImplementedError
+        """The directive every rank applies at its next step boundary (or override ``prepare``)."""
+        raise TypeError(f"{type(self).__name__} defines neither directive() nor its own prepare()")
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         return {"directive": self.directive(rt, params, action_id).to_dict(), "started_at": time.time()}
