@@ -7,9 +7,11 @@ falls back to the next older one. ``diagnostic`` and ``quarantined`` ones are ne
 Retention keeps: the newest K healthy; every step an open incident references (its
 rollback target, its snapshots); the `latest` target and the block-time `latest`; and
 everything newer than the newest healthy one (not judged yet). Everything else is deleted,
-manifest first. Files no manifest lists (a killed writer's, a replaced save's) go once they
-are older than ``stale_uncommitted_s``: age, not step, because after a rollback a save in
-flight may well be at an older step than the newest committed one.
+manifest first. A replaced quarantined save kept beside a re-save (``store.history``) goes
+with its step, never before. Files no manifest lists (a killed writer's, a replaced
+unjudged save's) go once they are older than ``stale_uncommitted_s``: age, not step,
+because after a rollback a save in flight may well be at an older step than the newest
+committed one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from supervisor.checkpoint.manifest import Manifest
-from supervisor.checkpoint.store import MANIFEST, CheckpointStore
+from supervisor.checkpoint.store import CheckpointStore, is_manifest_name
 from supervisor.checkpoint.verify import verify
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
@@ -138,7 +140,12 @@ def _orphans(store: CheckpointStore, dirs: dict[int, list[str]], manifests: dict
     mtimes = {o.key: o.mtime for o in store.backend.list(store.root)}
     out = []
     for step, names in dirs.items():
-        listed = {f.name for f in manifests[step].files} | {MANIFEST} if step in manifests else set()
+        listed: set[str] = set()
+        if step in manifests:
+            # A kept (replaced, quarantined) save is history, not garbage: it and its files stay.
+            for m in [manifests[step], *store.history(step)]:
+                listed |= {f.name for f in m.files}
+            listed |= {n for n in names if is_manifest_name(n)}
         for name in names:
             key = store.key(step, name)
             if name not in listed and mtimes.get(key, 0.0) <= stale_before:

@@ -9,11 +9,16 @@ Layout under the storage root (shared/DESIGN.md)::
 
 File names carry a per-save id, so re-saving a step never touches the files of the
 checkpoint already committed there: until the new manifest lands, the old one is whole.
+A re-save over a *quarantined* checkpoint (after a rollback or restart, the new timeline
+saves the same step again) first keeps the old manifest as
+``MANIFEST.quarantined.<save id>.json`` beside it: the quarantine, its reason and the files
+it names stay as the step's history (``history(step)``) and go only with the step itself.
 One writer (rank 0) commits; manifest updates are read-modify-write by one supervisor.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -38,6 +43,9 @@ BLOCK = "LATEST_BLOCK.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 _NO_LATEST = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
 _NO_REPLACE = (HealthMark.HEALTHY, HealthMark.DIAGNOSTIC)
+#: Replaced manifests with these marks are kept as the step's history (evidence of an incident).
+_KEEP_REPLACED = (HealthMark.QUARANTINED,)
+_ARCHIVED = re.compile(r"^MANIFEST\.([a-z]+)\.([0-9a-f]+)\.json$")
 
 
 class StoreSettings(BaseModel):
@@ -76,6 +84,22 @@ class BlockState(BaseModel):
 
 def step_dir(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def save_id(manifest: Manifest) -> str:
+    """A stable id of one save: its file names carry random ids, so they tell saves apart."""
+    names = "\n".join(sorted(f.name for f in manifest.files)) + f"\n{manifest.created_at!r}"
+    return hashlib.blake2b(names.encode(), digest_size=6).hexdigest()
+
+
+def archived_name(manifest: Manifest) -> str:
+    """Where a replaced manifest is kept in its step directory."""
+    return f"MANIFEST.{manifest.health.value}.{save_id(manifest)}.json"
+
+
+def is_manifest_name(name: str) -> bool:
+    """The live manifest or a kept (replaced) one."""
+    return name == MANIFEST or _ARCHIVED.match(name) is not None
 
 
 class CheckpointStore:
@@ -151,6 +175,11 @@ class CheckpointStore:
                 raise CheckpointError(
                     f"{entry.name}: missing or wrong size, not committing", source=self.where(step)
                 )
+        if previous is not None and previous.health in _KEEP_REPLACED:
+            # Keep the replaced one (and so its files) before the new commit hides it; the
+            # name is derived from that save, so a retried commit writes the same copy again.
+            self.backend.put_bytes(self.key(step, archived_name(previous)), previous.to_bytes())
+            log.info("replaced checkpoint kept as history", kept=archived_name(previous))
         manifest = Manifest(
             job=self.job,
             step=step,
@@ -232,6 +261,20 @@ class CheckpointStore:
                 out.append(m)
         return out
 
+    def history(self, step: int) -> list[Manifest]:
+        """Earlier saves of ``step`` that a re-save replaced (kept quarantined ones), oldest first."""
+        prefix = join_key(self.root, step_dir(step))
+        out = []
+        for name in (o.key[len(prefix) + 1 :] for o in self.backend.list(prefix)):
+            if _ARCHIVED.match(name) is None:
+                continue
+            try:
+                data = self.backend.get_bytes(self.key(step, name))
+                out.append(Manifest.from_bytes(data, source=f"{self.where(step)}/{name}"))
+            except (ObjectNotFound, CheckpointError) as exc:
+                self.log.warning("skipping unreadable kept manifest", step=step, name=name, error=repr(exc))
+        return sorted(out, key=lambda m: m.created_at)
+
     @contextmanager
     def local_file(self, step: int, name: str) -> Iterator[Path]:
         """A local path with the file's bytes (for torch.load with mmap)."""
@@ -308,12 +351,14 @@ class CheckpointStore:
         return None
 
     def delete_step(self, step: int, names: Iterable[str]) -> None:
-        """Delete one step: the manifest first, so readers never see a half-deleted checkpoint."""
+        """Delete one step: the manifests first (the live one, then the kept ones), so readers never
+        see a half-deleted checkpoint."""
         names = list(names)
+        manifests = sorted((n for n in names if is_manifest_name(n)), key=lambda n: n != MANIFEST)
         try:
-            if MANIFEST in names:
-                self.backend.delete([self.key(step, MANIFEST)])
-            self.backend.delete([self.key(step, n) for n in names if n != MANIFEST])
+            if manifests:
+                self.backend.delete([self.key(step, n) for n in manifests])
+            self.backend.delete([self.key(step, n) for n in names if n not in manifests])
         except StorageError as exc:
             # One failed deletion must not stop the collection of the others: it is retried next time.
             self.log.warning("checkpoint deletion failed", step=step, error=exc.one_line())

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from supervisor.checkpoint import CheckpointStore, Manifest, collect_garbage, verify
+from supervisor.checkpoint.store import save_id
 from supervisor.cli.output import console, json_option, print_json
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, ConfigError
@@ -52,7 +53,7 @@ def _target(f: Any) -> Any:
     return click.argument("job_or_path")(f)
 
 
-def _row(m: Manifest, latest: int | None) -> dict[str, Any]:
+def _row(m: Manifest, latest: int | None, kept: list[Manifest] | None = None) -> dict[str, Any]:
     last = m.last_verification
     return {
         "step": m.step,
@@ -66,6 +67,17 @@ def _row(m: Manifest, latest: int | None) -> dict[str, Any]:
         "verified_at": last.time if last else None,
         "verified_ok": last.ok if last else None,
         "metrics": m.metrics,
+        "reason": m.history[-1].reason if m.history else None,
+        "replaced": [_replaced(k) for k in kept or []],
+    }
+
+
+def _replaced(m: Manifest) -> dict[str, Any]:
+    """An earlier save of the step that a re-save replaced (kept as history)."""
+    return {
+        "save_id": save_id(m),
+        "health": m.health.value,
+        "created_at": m.created_at,
         "reason": m.history[-1].reason if m.history else None,
     }
 
@@ -85,7 +97,7 @@ def list_cmd(
     store = _open(job_or_path, job, endpoint_url, region)
     latest = store.latest()
     block = store.block_state()
-    rows = [_row(m, latest) for m in store.manifests()]
+    rows = [_row(m, latest, store.history(m.step)) for m in store.manifests()]
     if as_json:
         holders = [h.model_dump() for h in block.holders] if block else []
         print_json(
@@ -109,6 +121,8 @@ def list_cmd(
         out.print(
             f"  step {r['step']:>9}  {r['health']:<11} ws={r['world_size']}  {r['bytes'] / 2**20:9.1f} MiB  {when}{mark}"
         )
+        for k in r["replaced"]:
+            out.print(f"      replaced save {k['save_id']}: {k['health']} ({k['reason']})")
     if not rows:
         out.print("  no committed checkpoints")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,13 @@ def drill(
             mark = "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
             out.print(f"{mark} {r.name} ({r.wall_s:.0f}s)")
 
-    results = run_drills(scenarios, out_dir=out_dir, on_result=progress)
+    if as_json:
+        # Ray's driver prints cluster errors (e.g. "a worker died" in the worker_kill drill) to
+        # stdout from a background thread; keep stdout for the JSON document alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            results = run_drills(scenarios, out_dir=out_dir, on_result=progress)
+    else:
+        results = run_drills(scenarios, out_dir=out_dir, on_result=progress)
     if as_json:
         print_json({"passed": all(r.passed for r in results), "drills": [r.to_json() for r in results]})
     else:

@@ -3,8 +3,9 @@
 A mixture switch to a harder domain looks like this. It is recorded (``BenignShift``), never
 opened as an incident. The test is on the *level* (the median of the last ``level_window``
 steps), not on single steps: the level now against the level ``level_window`` steps ago must
-have risen by more than its own sampling noise (and by ``min_loss_jump``), with no step in
-between whose grad norm or update ratio reached ``grad_z_threshold``. A single high step barely
+have risen by more than its own sampling noise (and by ``min_loss_jump``), with no step since
+the old level's window began whose grad norm or update ratio reached ``grad_z_threshold``
+(an oversized update shows one step ahead of the loss it breaks). A single high step barely
 moves a median, so heavy-tailed noise never reads as a shift.
 """
 
@@ -25,6 +26,7 @@ class ShiftWatch:
     def __init__(self, settings: DetectorSettings) -> None:
         self.settings = settings
         self._hist: deque[tuple[Signals, float]] = deque(maxlen=settings.level_window + 1)
+        self._last_push: int | None = None  # the last step whose grad norm / update ratio was out of band
 
     def cancel(self) -> None:
         self._hist.clear()
@@ -32,6 +34,10 @@ class ShiftWatch:
     def observe(self, sig: Signals, recent: Sequence[Signals]) -> BenignShift | None:
         """Called for steps that opened nothing; returns a shift when the level has clearly moved up."""
         st = self.settings
+        if self._last_push is not None and sig.step < self._last_push:
+            self._last_push = None  # the run went back before it (a rollback)
+        if sig.co_z is not None and sig.co_z >= st.grad_z_threshold:
+            self._last_push = sig.step
         if not sig.ready or not math.isfinite(sig.loss_excess):
             self.cancel()
             return None
@@ -44,7 +50,10 @@ class ShiftWatch:
         delta = new_level - old_level
         if delta < max(noise, math.log1p(st.min_loss_jump)) or delta >= math.log1p(st.benign_max_jump):
             return None
-        if any(s.co_z is not None and s.co_z >= st.grad_z_threshold for s, _ in self._hist):
+        # Calm gradients since the old level was measured (its median reaches ``level_window``
+        # steps back): an oversized update shows one step ahead of the loss it breaks, and the
+        # new level is judged only once the rise has filled a window.
+        if self._last_push is not None and self._last_push >= old.step - st.level_window:
             return None
         start = next((s for s, _ in list(self._hist)[1:] if s.loss_z >= st.band_z), self._hist[1][0])
         shift = self._make(start, old, math.exp(old_level), math.exp(new_level), sig)

@@ -10,7 +10,8 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 1. non-finite loss or grad norm on any rank (no history needed);
 2. param fingerprints that disagree between ranks (no history needed);
 3. loss above ``z_threshold`` and ``min_loss_jump``, confirmed by grad norm or update ratio
-   above ``grad_z_threshold`` — or, with no grad metrics logged at all, beyond the heavy-tail guard;
+   above ``grad_z_threshold`` (or by the update ratio of the step before, whose update this loss
+   was computed after) — or, with no grad metrics logged at all, beyond the heavy-tail guard;
 4. loss above threshold with calm gradients: only with metric-truth evidence (reported vs
    recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
    a possible benign shift (heavy-tailed single-step noise never opens anything);
@@ -49,7 +50,7 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("checksum", True)
     if not sig.ready:
         return None
-    co = sig.co_z
+    co = _co_moving(sig, recent)
     loss_hi = sig.loss_z >= st.z_threshold and sig.jump >= st.min_loss_jump
     if loss_hi and co is not None and co >= st.grad_z_threshold:
         return Trigger("loss", False)
@@ -82,6 +83,18 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
 
 
 RESUME_EVENTS = frozenset({"resumed", "restored"})
+
+
+def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
+    """The gradient-side z that confirms a loss at this step: this step's grad norm / update
+    ratio, or the update of the step just before. The loss of step s is computed on the weights
+    that update s - 1 produced, so an oversized update shows in the update ratio one step
+    before the loss it breaks; by then the gradients have often calmed down again."""
+    co = sig.co_z
+    prev = list(recent)[-2] if len(recent) >= 2 and recent[-1] is sig else None
+    if prev is None or not _contiguous([prev, sig]) or prev.update_z is None or math.isnan(prev.update_z):
+        return co
+    return prev.update_z if co is None else max(co, prev.update_z)
 
 
 def _rank_far(sig: Signals, st: DetectorSettings) -> bool:

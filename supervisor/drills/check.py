@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config.job import JobSpec
+from supervisor.core.model import HealthMark
 from supervisor.drills import series
 from supervisor.drills.scenario import Expect, LoadedScenario
 from supervisor.incidents import Event, EventKind, EventStatus, Incident, IncidentStore
@@ -102,6 +103,7 @@ class Checker:
             out += [self._event(k) for k in e.events]
         if e.resumed_from is not None:
             out.append(self._resumed_from(e.resumed_from))
+        out += [self._quarantined(step) for step in e.quarantined]
         if e.restarts:
             got = int(self.run.status.get("group_restarts") or 0)
             out.append(
@@ -172,6 +174,10 @@ class Checker:
 
     def _action(self, action: str) -> Check:
         done = [e for e in _taken(self.timeline, action) if e.status is EventStatus.DONE]
+        if action == "observe":
+            # An observation counts only if its window ran and passed: a window cut off by the
+            # end of training is recorded as done but verified nothing.
+            done = [e for e in done if (e.result or {}).get("passed") is True]
         if done:
             return Check(f"did:{action}", True, f"done at step {done[0].step}")
         failed = _taken(self.timeline, action)
@@ -226,6 +232,25 @@ class Checker:
     def _resumed_from(self, step: int) -> Check:
         got = series.first_resume(self.records)
         return Check("resumed_from", got == step, f"first restart resumed from step {got} (expected {step})")
+
+    def _quarantined(self, step: int) -> Check:
+        from supervisor.checkpoint import CheckpointStore
+        from supervisor.storage import open_backend
+
+        store = CheckpointStore(open_backend(self.job.storage.path), self.job.name)
+        live = store.find(step)
+        saves = [*store.history(step), *([live] if live else [])]
+        failed = [
+            m for m in saves if m.health is HealthMark.QUARANTINED and any(not v.ok for v in m.verifications)
+        ]
+        if not failed:
+            marks = [m.health.value for m in saves] or "no save at all"
+            return Check(
+                f"quarantined:{step}", False, f"no save of step {step} failed verification ({marks})"
+            )
+        why = next(v for v in failed[0].verifications if not v.ok).problems[:1]
+        where = "live" if failed[0] is live else "kept beside a re-save"
+        return Check(f"quarantined:{step}", True, f"{where}: {why[0] if why else 'verification failed'}")
 
     # -- the loss curve ------------------------------------------------------------------------
     def _recovered(self) -> Check:

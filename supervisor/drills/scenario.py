@@ -91,6 +91,12 @@ class Expect(BaseModel):
         description="The first restart resumed from this checkpoint step (e.g. not a corrupt one).",
     )
 
+    quarantined: list[int] = Field(
+        default_factory=list,
+        description="Checkpoint steps holding a save that failed verification and is kept quarantined "
+        "(as the live manifest, or as history beside a re-save).",
+    )
+
     @field_validator("phenotype", "top_cause", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:

@@ -76,9 +76,19 @@ class StepAssembler:
             self.watermark = step
         return out
 
+    def reached(self) -> int | None:
+        """The furthest step any rank reported on this timeline (None: none yet).
+
+        In data-parallel training a rank completes a step only together with the others (the
+        gradient all-reduce), so this is also how far the whole group got: the records of a
+        rank that died may have been lost in its send buffer, but its peers' were not.
+        """
+        return max(self.last_step.values(), default=None)
+
     def rewind(self, to_step: int) -> None:
         """The job continues from the checkpoint at ``to_step``: drop the abandoned timeline."""
         self.watermark = to_step
+        self.last_step.clear()
         self._pending.clear()
         self._first_seen.clear()
         self._resync_at = to_step

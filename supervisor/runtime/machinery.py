@@ -134,8 +134,12 @@ class Machinery:
     def restart(self, rank: int | None, reason: str) -> None:
         """Replace the worker group from the newest verified checkpoint, as an incident of its own."""
         ctl, state = self.ctl, self.ctl.state
-        log.warning("worker_group_fault", reason=reason, rank=rank, generation=state.generation)
-        incident = ctl.incidents.open_incident(ctl.job.name, _machinery_diagnosis(ctl.current_step, rank, reason),
+        # The fault struck in the first step the group did not finish; the analysed step
+        # (current_step) lags behind it by whatever records were still in flight.
+        reached = ctl.assembler.reached()
+        at = max(ctl.current_step, reached + 1 if reached is not None else ctl.current_step)
+        log.warning("worker_group_fault", reason=reason, rank=rank, generation=state.generation, step=at)
+        incident = ctl.incidents.open_incident(ctl.job.name, _machinery_diagnosis(at, rank, reason),
                                                actor="supervisor", step=ctl.current_step,
                                                payload={"machinery": reason})  # fmt: skip
         if state.group_restarts >= ctl.settings.max_group_restarts:

@@ -91,13 +91,31 @@ def baseline(history: list[StepStats]) -> Baseline | None:
         loss_mad=max(mad, 1e-6 * max(1.0, abs(med))),
         grad_norm=_median([h.grad_norm for h in finite]),
         update_ratio=_median([h.update_ratio for h in finite]),
-        tokens_per_s=_median([h.tokens_per_s for h in finite]),
+        tokens_per_s=capacity([h.tokens_per_s for h in finite]),
     )
 
 
 def _median(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None and math.isfinite(x)]
     return statistics.median(vals) if vals else None
+
+
+CAPACITY_QUANTILE = 0.9
+
+
+def capacity(xs: list[float | None]) -> float | None:
+    """Sustained throughput: the 90th percentile of per-step tokens/s, not the median.
+
+    Step-time noise is one-sided: a busy neighbour on a shared host, a GC pause or an I/O
+    stall only ever slows a step down. The median falls with the share of disturbed steps
+    (half a window next to another job reads as a 35% drop); the fast end stays where the
+    job's own speed is until nearly every step is slowed, which is what a real regression
+    (a precision change, a starving data loader, a degraded node) does.
+    """
+    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
+    if not vals:
+        return None
+    return vals[round(CAPACITY_QUANTILE * (len(vals) - 1))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +134,9 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     """Each pass criterion of an ``observe`` action, checked on the window against the baseline.
 
     Loss must stay *below* baseline median + N x 1.4826 MAD (lower is fine: training goes on
-    improving); grad norm and update ratio medians must stay under N x baseline; throughput
-    over N x baseline. A metric nobody reports is skipped (passed, "not reported").
+    improving); grad norm and update ratio medians must stay under N x baseline; sustained
+    throughput (``capacity``) over N x baseline. A metric nobody reports is skipped (passed,
+    "not reported").
     """
     checks = [_finite(window)]
     w_loss = statistics.median(h.loss for h in window)
@@ -125,16 +144,13 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     checks.append(
         Check("loss", w_loss <= limit, w_loss, limit, f"window median {w_loss:.4g} vs limit {limit:.4g}")
     )
-    for name, attr, key, upper in (
-        ("grad_norm", "grad_norm", "grad_norm_ratio_max", True),
-        ("update_ratio", "update_ratio", "update_ratio_max", True),
-        ("throughput", "tokens_per_s", "throughput_min_ratio", False),
+    for name, attr, key, upper, summary in (
+        ("grad_norm", "grad_norm", "grad_norm_ratio_max", True, _median),
+        ("update_ratio", "update_ratio", "update_ratio_max", True, _median),
+        ("throughput", "tokens_per_s", "throughput_min_ratio", False, capacity),
     ):
-        checks.append(
-            _ratio(
-                name, getattr(base, attr), _median([getattr(h, attr) for h in window]), criteria, key, upper
-            )
-        )
+        value = summary([getattr(h, attr) for h in window])
+        checks.append(_ratio(name, getattr(base, attr), value, criteria, key, upper))
     return checks
 
 

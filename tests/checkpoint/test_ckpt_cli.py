@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from supervisor.checkpoint import CheckpointStore
 from supervisor.cli.main import cli
+from supervisor.core.model import HealthMark
 from supervisor.storage import open_backend
 from tests.checkpoint.conftest import entry_key, save_plain
 from tests.s3support import fast_s3_settings, make_bucket
@@ -36,6 +37,18 @@ def test_list_json_infers_the_only_job(tmp_path: Path) -> None:
     assert [c["step"] for c in data["checkpoints"]] == [100, 200]
     assert data["latest"] == 200 and data["blocked_by"][0]["incident"] == "3"
     assert data["checkpoints"][1]["latest"] and data["checkpoints"][0]["health"] == "unverified"
+
+
+def test_list_shows_a_replaced_quarantined_save_as_history(tmp_path: Path) -> None:
+    root, store = _local(tmp_path)
+    store.mark(200, HealthMark.QUARANTINED, "checksum mismatch")
+    save_plain(store, 200)
+    code, out, _ = _run("checkpoints", "list", root, "--json")
+    row = json.loads(out)["checkpoints"][1]
+    assert code == 0 and row["health"] == "unverified"
+    assert [(r["health"], r["reason"]) for r in row["replaced"]] == [("quarantined", "checksum mismatch")]
+    code, out, _ = _run("checkpoints", "list", root)
+    assert code == 0 and "quarantined (checksum mismatch)" in out
 
 
 def test_list_from_job_yaml(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.checkpoint import CheckpointStore
-from supervisor.checkpoint.store import MANIFEST, step_dir
+from supervisor.checkpoint.store import MANIFEST, archived_name, step_dir
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
 from tests.checkpoint.conftest import save_plain
@@ -101,6 +101,45 @@ def test_resave_of_unverified_step_keeps_old_files_until_commit(store: Checkpoin
     new = save_plain(store, 20)
     assert {f.name for f in old.files}.isdisjoint({f.name for f in new.files})
     assert store.manifest(20) == new
+
+
+def test_resave_over_a_quarantined_step_keeps_it_as_history(store: CheckpointStore) -> None:
+    old = save_plain(store, 30)
+    store.mark(30, HealthMark.QUARANTINED, "checksum mismatch in model")
+    assert store.history(30) == []
+    new = save_plain(store, 30)  # the new timeline saves step 30 again
+    assert store.manifest(30) == new and new.health == HealthMark.UNVERIFIED
+    (kept,) = store.history(30)
+    assert kept.health == HealthMark.QUARANTINED and kept.history[-1].reason == "checksum mismatch in model"
+    assert [f.name for f in kept.files] == [f.name for f in old.files]
+    names = set(store.step_dirs()[30])
+    assert {f.name for f in old.files} <= names  # its files are still there
+    assert [n for n in names if n.startswith("MANIFEST.quarantined.")] == [archived_name(kept)]
+    assert store.steps() == [30] and [m.step for m in store.manifests()] == [30]
+
+
+def test_kept_history_survives_garbage_collection_and_goes_with_its_step(store: CheckpointStore) -> None:
+    from supervisor.checkpoint import collect_garbage
+    from supervisor.checkpoint.store import StoreSettings
+
+    old = save_plain(store, 40)
+    store.mark(40, HealthMark.QUARANTINED, "abandoned timeline")
+    save_plain(store, 40)
+    stale = CheckpointStore(store.backend, store.job, StoreSettings(stale_uncommitted_s=0))
+    assert collect_garbage(stale, keep=3).orphans_deleted == 0  # history is not a killed writer's leftovers
+    assert {f.name for f in old.files} <= set(store.step_dirs()[40]) and len(store.history(40)) == 1
+    store.mark(40, HealthMark.QUARANTINED, "bad")
+    save_plain(store, 50)
+    store.mark(50, HealthMark.VERIFIED, "ok")
+    store.mark(50, HealthMark.HEALTHY, "ok")
+    assert collect_garbage(stale, keep=1).deleted == [40]
+    assert 40 not in store.step_dirs()
+
+
+def test_resave_of_an_unjudged_step_keeps_no_history(store: CheckpointStore) -> None:
+    save_plain(store, 60)
+    save_plain(store, 60)
+    assert store.history(60) == []
 
 
 def test_corrupt_manifest_is_a_one_line_checkpoint_error_and_skipped_in_listings(

@@ -51,6 +51,17 @@ def test_small_level_change_with_calm_grads_is_a_benign_shift() -> None:
     assert 1.05 < shift.after / shift.before < 1.3
 
 
+def test_level_change_right_after_an_oversized_update_is_not_benign() -> None:
+    recs = synthetic_records(500, 4, seed=4)
+    for r in recs:
+        if r.step >= 300:
+            set_loss(r, r.loss * 1.08)  # below the loss threshold: no incident either way
+    for r in at(recs, 299):  # the update that produced the weights of step 300 was 30x its usual size
+        r.update_norm = (r.update_norm or 1.0) * 30
+    result = analyze_records(recs)
+    assert result.incidents == [] and result.benign_shifts == []
+
+
 def test_nonfinite_is_ready_at_once_and_numeric() -> None:
     recs = synthetic_records(300, 2, seed=5)
     for r in at(recs, 200):
@@ -168,6 +179,24 @@ def test_jump_then_slow_return_is_slow_recovery() -> None:
     assert d.phenotype is Phenotype.SLOW_RECOVERY
     assert d.top_cause is Cause.OPTIMIZER
     assert d.end_step is not None and d.end_step > 260
+
+
+def test_oversized_update_confirms_the_loss_jump_of_the_next_step() -> None:
+    # The update at step 249 is 30x its usual size; the loss computed on its result jumps at 250,
+    # where the gradients are only mildly raised (below the co-moving threshold on their own).
+    recs = synthetic_records(400, 2, seed=13)
+    for r in recs:
+        if 250 <= r.step < 300:
+            set_loss(r, r.loss * (1 + 0.45 * math.exp(-(r.step - 250) / 15)))
+    for r in at(recs, 249):
+        r.update_norm = (r.update_norm or 1.0) * 30
+    for r in at(recs, 250):
+        r.grad_norm = (r.grad_norm or 1.0) * 1.5
+    result = analyze_records(recs)
+    assert result.benign_shifts == []  # a level change right after an oversized update is not benign
+    (d,) = result.incidents
+    assert d.onset_step == 249 and d.first_anomaly is not None and d.first_anomaly.metric == "update_ratio"
+    assert d.top_cause is Cause.OPTIMIZER
 
 
 def test_recurring_spikes_are_one_periodic_incident() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from supervisor.core.model import Cause, CauseScore, Diagnosis, Phenotype
+from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype
 from supervisor.drills.check import Checker, RunOutcome
 from supervisor.drills.glue import trace_file
 from supervisor.drills.scenario import load_scenario
@@ -173,3 +173,44 @@ def test_an_attempted_action_counts_even_when_it_failed(tmp_path: Path) -> None:
     checks = {c.name: c for c in Checker(run, store).checks()}
     assert checks["tried:replay"].ok is True and checks["tried:replay"].detail.startswith("failed")
     assert checks["did:replay"].ok is False
+
+
+def test_an_observation_cut_off_by_the_end_of_training_verified_nothing(tmp_path: Path) -> None:
+    sc = _scenario(tmp_path, {"actions": ["observe"]})
+    job = sc.job_spec(tmp_path / "storage")
+    store = IncidentStore(tmp_path / "storage" / "incidents.sqlite")
+    iid = _incident(store, job.name, actions=(EventKind.ALERT_SENT,))
+    run = RunOutcome(sc, job, {"phase": "finished"}, 1.0, tmp_path / "out")
+    cut = store.begin(iid, EventKind.OBSERVATION, actor="supervisor", step=120, action_id="o2")
+    store.finish(cut.id, result={"passed": None, "note": "training ended before the window could run"})
+    assert {c.name: c for c in Checker(run, store).checks()}["did:observe"].ok is False
+    ran = store.begin(iid, EventKind.OBSERVATION, actor="supervisor", step=70, action_id="o1")
+    store.finish(ran.id, result={"passed": True, "window": [71, 120]})
+    assert {c.name: c for c in Checker(run, store).checks()}["did:observe"].ok is True
+
+
+def test_quarantined_needs_a_failed_verification_kept_through_a_resave(tmp_path: Path) -> None:
+    from supervisor.checkpoint import CheckpointStore, verify
+    from supervisor.storage import open_backend
+    from tests.checkpoint.conftest import save_plain
+
+    sc = _scenario(tmp_path, {"quarantined": [100], "incident": False})
+    job = sc.job_spec(tmp_path / "storage")
+    ckpts = CheckpointStore(open_backend(job.storage.path), job.name)
+    store = IncidentStore(tmp_path / "storage" / "incidents.sqlite")
+    run = RunOutcome(sc, job, {"phase": "finished"}, 1.0, tmp_path / "out")
+
+    def check() -> Any:
+        return {c.name: c for c in Checker(run, store).checks()}["quarantined:100"]
+
+    save_plain(ckpts, 100)
+    ckpts.mark(
+        100, HealthMark.QUARANTINED, "abandoned timeline"
+    )  # quarantined, but nothing was wrong with it
+    assert check().ok is False
+    save_plain(ckpts, 100)
+    name = next(f.name for f in ckpts.manifest(100).files if "model" in f.components)
+    ckpts.backend.put_bytes(ckpts.key(100, name), b"flipped")
+    assert not verify(ckpts, 100).ok  # quarantines it
+    save_plain(ckpts, 100)  # the re-run saves step 100 again
+    assert check().ok is True and "kept beside a re-save" in check().detail

@@ -1,7 +1,8 @@
 """Every fire drill, end to end: real tinylm training on a real local Ray under the default policy.
 
 One Ray session runs all scenarios (module fixture), then each drill is its own test so a
-failure names the drill and the expectations it missed. Slow: about ten minutes on 2 cores.
+failure names the drill and the expectations it missed. Slow: about 3.5 minutes on 2 cores
+(bench/README.md).
 """
 
 from __future__ import annotations

@@ -61,6 +61,22 @@ def test_rewind_ignores_records_of_the_abandoned_timeline_until_each_rank_resync
     assert step == 5 and all(r.loss == 1.0 for r in records)
 
 
+def test_reached_is_the_furthest_step_of_any_rank_on_the_current_timeline() -> None:
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock())
+    assert a.reached() is None
+    for s in range(1, 8):
+        a.add(0, rec(s, 0))
+    for s in range(1, 5):  # rank 1 died; its records for steps 5-7 were lost in its send buffer
+        a.add(1, rec(s, 1))
+    assert a.reached() == 7 and [s for s, _ in a.ready()] == [1, 2, 3, 4]
+    a.rewind(2)
+    assert a.reached() is None
+    a.add(0, rec(9, 0))  # in flight from the abandoned timeline
+    assert a.reached() is None
+    a.add(0, rec(3, 0))
+    assert a.reached() == 3
+
+
 def test_control_messages_are_heartbeats_not_steps() -> None:
     clock = Clock()
     a = StepAssembler(1, deadline_s=5.0, clock=clock)

@@ -50,6 +50,18 @@ def test_grad_norm_and_throughput_ratios() -> None:
     assert checks["update_ratio"].passed
 
 
+def test_throughput_is_judged_on_sustained_speed_not_on_steps_slowed_by_a_neighbour() -> None:
+    base = baseline([stats(i, 3.0, tps=1000.0 + i) for i in range(40)])
+    assert base is not None
+    # Half the window shares the host with another job: those steps run at 60%.
+    shared = [stats(i, 3.0, tps=600.0 if i % 2 else 1000.0 + i) for i in range(40)]
+    assert next(c for c in evaluate(base, shared, {}) if c.name == "throughput").passed
+    # A real regression slows every step.
+    slower = [stats(i, 3.0, tps=0.6 * (1000.0 + i)) for i in range(40)]
+    check = next(c for c in evaluate(base, slower, {}) if c.name == "throughput")
+    assert not check.passed and check.value is not None and abs(check.value - 0.6) < 0.01
+
+
 def test_nonfinite_step_in_window_fails() -> None:
     base = baseline([stats(i, 3.0) for i in range(20)])
     assert base is not None
