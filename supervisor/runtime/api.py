@@ -11,6 +11,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from supervisor.config.job import JobSpec
 from supervisor.errors import RuntimeBackendError
@@ -35,6 +36,9 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
         except (RayActorError, GetTimeoutError):
             ray.kill(existing, no_restart=True)
     settings = settings or RuntimeSettings.model_validate({})
+    # The supervisor lives where it was launched (the head node on a cluster, also through
+    # `ray://`): it needs no resources, and it must not share the fate of a worker node.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     return RemoteSupervisor.options(
         name=supervisor_name(job.name),
         namespace=NAMESPACE,
@@ -42,6 +46,7 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
         max_concurrency=64,
         max_restarts=3 if detached else 0,
         num_cpus=0,
+        scheduling_strategy=here,
     ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
 
 
