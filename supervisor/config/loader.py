@@ -17,17 +17,23 @@ from supervisor.errors import ConfigError, SupervisorError
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_yaml(path: str | Path, *, error: type[SupervisorError] = ConfigError) -> Any:
-    """Parse a YAML file; syntax errors name the line and column, unreadable files say why."""
+def read_bytes(path: str | Path, *, error: type[SupervisorError], expected: str) -> bytes:
+    """A file's bytes; a missing, unreadable or directory path is one line naming the file."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        return p.read_bytes()
     except FileNotFoundError:
         raise error("file not found", source=str(p)) from None
     except IsADirectoryError:
-        raise error("is a directory, expected a YAML file", source=str(p)) from None
+        raise error(f"is a directory, expected {expected}", source=str(p)) from None
     except OSError as exc:
         raise error(f"cannot read: {exc.strerror}", source=str(p)) from None
+
+
+def read_yaml(path: str | Path, *, error: type[SupervisorError] = ConfigError) -> Any:
+    """Parse a YAML file; syntax errors name the line and column, unreadable files say why."""
+    p = Path(path)
+    raw = read_bytes(p, error=error, expected="a YAML file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

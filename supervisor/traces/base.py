@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from supervisor.config.loader import read_bytes
 from supervisor.core.records import Record
 from supervisor.errors import TraceError
 
@@ -24,14 +25,7 @@ class TraceData:
 def read_text(path: str | Path) -> str:
     """The file's text (``.gz`` transparently); one-line TraceError when it cannot be read as text."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise TraceError("file not found", source=str(p)) from None
-    except IsADirectoryError:
-        raise TraceError("is a directory, expected a trace file", source=str(p)) from None
-    except OSError as exc:
-        raise TraceError(f"cannot read: {exc.strerror}", source=str(p)) from None
+    raw = read_bytes(p, error=TraceError, expected="a trace file")
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
