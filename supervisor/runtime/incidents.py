@@ -220,13 +220,17 @@ class IncidentFlow:
                 ctl.current_step,
             )
         else:
+            obs = ctl.incidents.last_done(active.incident_id, EventKind.OBSERVATION)
+            unverified = obs is not None and (obs.result or {}).get("passed") is None
             move(
                 ctl.incidents,
                 active.incident_id,
                 IncidentState.RESOLVED,
-                "every planned action done",
+                "every planned action done"
+                + (", but training ended before the observation window ran: the fix is unverified"
+                   if unverified else ""),
                 ctl.current_step,
-            )
+            )  # fmt: skip
             if ctl.checkpoints is not None:
                 ctl.checkpoints.unblock(active.incident_id)
         self._dismiss_after = False
