@@ -35,6 +35,10 @@ def configure(level: str = "info", json_output: bool | None = None) -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    # Libraries that narrate at INFO (e.g. botocore's "Found credentials in ...") only speak up
+    # when something is wrong; our own structured lines say what matters.
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     _configured = True
 
 

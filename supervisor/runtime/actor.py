@@ -28,6 +28,7 @@ class SupervisorActor:
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.log = get_logger("supervisor.runtime.actor", job=spec.name)
         self.error: str | None = None
+        self.node_id = ray.get_runtime_context().get_node_id()  # shown by `status`: where the supervisor runs
         self.ctl = Controller(spec, RuntimeSettings.model_validate(settings), attach=attach or restarted)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
@@ -53,6 +54,7 @@ class SupervisorActor:
 
     def status(self) -> dict[str, Any]:
         out = self.ctl.status()
+        out["supervisor_node"] = self.node_id
         if self.error:
             out["error"] = self.error
         return out

@@ -45,7 +45,12 @@ def test_node_lost_restarts_the_group_on_the_remaining_node(tmp_path: Path, clus
     assert group is not None and group.pg is not None
     nodes = set(ray.util.placement_group_table(group.pg)["bundles_to_node_id"].values())
     assert len(nodes) == 2, "the workers should span two nodes"
-    victim = next(n for n in cluster.list_all_nodes() if n.node_id in nodes and not n.is_head())
+    # A worker node, and not the one the supervisor landed on (on this one-machine simulation the
+    # driver's node, which the supervisor prefers, can be any of them).
+    supervisor_node = api.status(handle)["supervisor_node"]
+    victim = next(
+        n for n in cluster.list_all_nodes() if n.node_id in nodes - {supervisor_node} and not n.is_head()
+    )
     cluster.remove_node(victim)
     final = api.wait(handle, 400)
     assert final["phase"] == "finished" and final["step"] == 160, final
