@@ -75,15 +75,19 @@ def select_rollback_target(
 def select_restart_target(
     store: CheckpointStore, *, expected_world_size: int | None = None, verify_unverified: bool = True
 ) -> Manifest | None:
-    """Where a dead worker group restarts: the newest verified or healthy checkpoint, never an
-    unverified `latest`. Unverified ones are verified on the way (and quarantined if they fail)
-    unless ``verify_unverified`` is False. None when there is nothing to restart from."""
+    """Where a dead worker group restarts: the newest verified or healthy checkpoint that passes
+    re-verification now, never an unverified `latest`. Unverified ones are verified on the way
+    unless ``verify_unverified`` is False. A candidate that fails is quarantined and the next
+    older one is tried. None when there is nothing to restart from."""
     usable = (HealthMark.VERIFIED, HealthMark.HEALTHY)
+    candidates = usable + ((HealthMark.UNVERIFIED,) if verify_unverified else ())
     for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
-        if manifest.health == HealthMark.UNVERIFIED and verify_unverified:
-            result = verify(store, manifest.step, expected_world_size=expected_world_size, by="restart")
-            manifest = result.manifest or manifest
-        if manifest.health in usable:
+        if manifest.health not in candidates:
+            continue
+        # Re-verified right before use, as a rollback target is: a `verified` mark is a past fact.
+        result = verify(store, manifest.step, expected_world_size=expected_world_size, by="restart")
+        manifest = result.manifest or manifest
+        if result.ok and manifest.health in usable:
             store.log.info("restart target selected", step=manifest.step, health=manifest.health.value)
             return manifest
     return None

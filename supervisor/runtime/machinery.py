@@ -22,7 +22,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.group import WorkerGroup
 from supervisor.runtime.plans import move
 from supervisor.runtime.state import JobPhase
-from supervisor.runtime.stores import newest_verified
+from supervisor.runtime.stores import restart_step
 
 if TYPE_CHECKING:
     from supervisor.runtime.controller import Controller
@@ -54,7 +54,7 @@ class Machinery:
                 f"job {ctl.job.name!r} already has workers on this cluster: use `supervisor launch --attach "
                 f"{ctl.job.name}` or `supervisor stop {ctl.job.name}` first"
             )
-        resume = newest_verified(ctl.checkpoints, world_size=ctl.world_size)
+        resume = restart_step(ctl.checkpoints, ctl.world_size)
         if resume is not None:
             log.info("resuming_from_checkpoint", step=resume, why="newest verified checkpoint in storage")
             ctl.rewind(resume)
@@ -160,7 +160,7 @@ class Machinery:
         if self.group is not None:
             self.group.shutdown()
         # 3. Resume point: newest checkpoint that is verified *now*; never an unverified `latest`.
-        resume = newest_verified(ctl.checkpoints, world_size=ctl.world_size)
+        resume = restart_step(ctl.checkpoints, ctl.world_size)
         state.generation += 1
         state.group_restarts += 1
         state.frozen = False

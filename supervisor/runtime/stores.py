@@ -67,21 +67,11 @@ def pick_rollback_target(
     raise CheckpointError(f"no healthy or verified checkpoint at or before step {max_step}", source=store.uri)
 
 
-def newest_verified(store: Any, *, world_size: int) -> int | None:
-    """The newest checkpoint that is verified or healthy *and* passes re-verification now (or None).
+def restart_step(checkpoints: Any, world_size: int) -> int | None:
+    """The step a worker-group restart resumes from (``select_restart_target``), or None."""
+    from supervisor.checkpoint.lifecycle import select_restart_target
 
-    A worker-group restart resumes from here, never from an unverified ``latest``.
-    """
-    from supervisor.checkpoint import verify
-    from supervisor.core.model import HealthMark
-
-    if store is None:
+    if checkpoints is None:
         return None
-    good = (HealthMark.VERIFIED, HealthMark.HEALTHY)
-    for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
-        if (
-            manifest.health in good
-            and verify(store, manifest.step, expected_world_size=world_size, by="restart").ok
-        ):
-            return int(manifest.step)
-    return None
+    target = select_restart_target(checkpoints, expected_world_size=world_size, verify_unverified=False)
+    return None if target is None else int(target.step)
