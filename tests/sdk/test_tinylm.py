@@ -15,6 +15,7 @@ from supervisor.checkpoint import CheckpointStore
 from supervisor.config import load_job
 from supervisor.core.records import Record
 from supervisor.storage import open_backend
+from tests.sdk.conftest import train
 
 
 def test_model_is_causal_and_tied():
@@ -80,26 +81,14 @@ def test_init_resumes_from_ctx_resume_step(tmp_path, dataset):
         checkpoint_every=3,
         max_steps=5,
     )
-    losses = []
-    for batch in loader:
-        with probe.step(batch) as s:
-            out = lm_loss(model, batch)
-            s.backward(out)
-            s.optimizer_step()
-        losses.append(out.loss.item())
+    losses = train(model, loader, probe, 5)
     probe.close()
 
     model, opt, loader = build()
     t2 = sdk.MemoryTransport()
     ctx = SimpleNamespace(rank=0, world_size=1, transport=t2, checkpoint_store=store, resume_step=3, job=None)
     probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, ctx=ctx, max_steps=5)
-    again = []
-    for batch in loader:
-        with probe.step(batch) as s:
-            out = lm_loss(model, batch)
-            s.backward(out)
-            s.optimizer_step()
-        again.append(out.loss.item())
+    again = train(model, loader, probe, 5)
     probe.close()
     assert again == losses[3:]
     assert "resumed" in t2.records[0]["events"] and t2.records[0]["step"] == 4
