@@ -8,6 +8,7 @@ actor keeps answering ``status`` / ``wait`` while a step is in progress.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -133,6 +134,9 @@ class TrainWorker:
             if self._link is not None:
                 self._link.close()
             if dist.is_initialized():
+                # The user's model (DDP) holds the process group inside reference cycles; free it
+                # while the interpreter is whole rather than at actor exit, where gloo can abort.
+                gc.collect()
                 dist.destroy_process_group()
             self._done.set()
 
