@@ -30,7 +30,7 @@ def test_divergence_rolled_back_fixed_observed_and_finished(tmp_path: Path) -> N
                    faults=[{"kind": "oversized_update", "step": 130, "factor": 300.0}])  # fmt: skip
     handle = api.launch(job, FAST)
     final = api.wait(handle, 600)
-    assert final["phase"] == "finished" and final["exit_code"] == 0, final
+    assert final["phase"] == "finished" and final["exit_code"] == 0, f"{final}"
     assert final["step"] == 240
     store = open_incident_store(job)
     [incident] = [
@@ -67,7 +67,7 @@ def test_transient_bad_batch_is_quarantined_without_rollback(tmp_path: Path) -> 
                    faults=[{"kind": "garbage_batch", "step": 110, "rank": 1}])  # fmt: skip
     handle = api.launch(job, settings)
     final = api.wait(handle, 600)
-    assert final["phase"] == "finished" and final["exit_code"] == 0, final
+    assert final["phase"] == "finished" and final["exit_code"] == 0, f"{final}"
     store = open_incident_store(job)
     incidents = store.list_incidents(job=job.name)
     events = [e for i in incidents for e in store.timeline(i.id)]
@@ -101,7 +101,7 @@ def test_supervisor_killed_during_rollback_attach_finishes_without_second_rollba
     assert store.event(pending.id).status is EventStatus.PENDING
     handle = api.attach(job, settings)
     final = api.wait(handle, 600)
-    assert final["phase"] == "finished" and final["exit_code"] == 0, final
+    assert final["phase"] == "finished" and final["exit_code"] == 0, f"{final}"
     timeline = store.timeline(pending.incident_id)
     rollbacks = [e for e in timeline if e.kind is EventKind.ROLLED_BACK]
     assert [e.id for e in rollbacks] == [pending.id] and rollbacks[0].status is EventStatus.DONE

@@ -24,7 +24,7 @@ def test_clean_run_finishes_with_checkpoints_marked(tmp_path: Path) -> None:
     job = make_job(tmp_path, "clean", max_steps=60)
     handle = api.launch(job, FAST)
     final = api.wait(handle, 240)
-    assert final["phase"] == "finished" and final["exit_code"] == 0, final
+    assert final["phase"] == "finished" and final["exit_code"] == 0, f"{final}"
     assert final["step"] == 60 and final["incidents_total"] == 0
     store = open_checkpoint_store(job)
     marks = {m.step: m.health for m in store.manifests()}
@@ -42,7 +42,7 @@ def test_worker_sigkilled_resumes_from_newest_verified_checkpoint(tmp_path: Path
     assert group is not None
     os.kill(group.pids()[1], signal.SIGKILL)
     final = api.wait(handle, 300)
-    assert final["phase"] == "finished", final
+    assert final["phase"] == "finished", f"{final}"
     assert final["generation"] == 1 and final["group_restarts"] == 1 and final["step"] == 200
     incidents = open_incident_store(job)
     [restart] = [e for i in incidents.list_incidents(job=job.name) for e in incidents.timeline(i.id)
@@ -71,7 +71,7 @@ def test_hung_worker_is_detected_and_the_group_restarted(tmp_path: Path) -> None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert final["phase"] == "finished" and final["group_restarts"] == 1, final
+    assert final["phase"] == "finished" and final["group_restarts"] == 1, f"{final}"
     incidents = open_incident_store(job)
     reasons = [e.payload.get("reason", "") for i in incidents.list_incidents(job=job.name)
                for e in incidents.timeline(i.id) if e.kind is EventKind.WORKER_RESTARTED]  # fmt: skip

@@ -24,8 +24,9 @@ def cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     # One CPU per worker node and one worker per CPU: the 2 ranks must land on 2 different
-    # nodes (a multi-node job), and the third node is where the group can move to.
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # nodes (a multi-node job), and the third node is where the group can move to. The head has
+    # no CPU, so no rank lands on the one node the test cannot remove.
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(3):
         c.add_node(num_cpus=1)
     c.wait_for_nodes()
@@ -53,7 +54,7 @@ def test_node_lost_restarts_the_group_on_the_remaining_node(tmp_path: Path, clus
     )
     cluster.remove_node(victim)
     final = api.wait(handle, 400)
-    assert final["phase"] == "finished" and final["step"] == 160, final
+    assert final["phase"] == "finished" and final["step"] == 160, f"{final}"
     assert final["group_restarts"] >= 1
     incidents = open_incident_store(job)
     restarts = [e for i in incidents.list_incidents(job=job.name) for e in incidents.timeline(i.id)
