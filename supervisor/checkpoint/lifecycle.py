@@ -7,7 +7,7 @@ falls back to the next older one. ``diagnostic`` and ``quarantined`` ones are ne
 Retention keeps: the newest K healthy; every step an open incident references (its
 rollback target, its snapshots); the `latest` target and the block-time `latest`; and
 everything newer than the newest healthy one (not judged yet). Everything else is deleted,
-manifest first. A replaced quarantined save kept beside a re-save (``store.history``) goes
+manifest first. A replaced quarantined or diagnostic save kept beside a re-save (``store.history``) goes
 with its step, never before. Files no manifest lists (a killed writer's, a replaced
 unjudged save's) go once they are older than ``stale_uncommitted_s``: age, not step,
 because after a rollback a save in flight may well be at an older step than the newest
@@ -146,7 +146,7 @@ def _orphans(store: CheckpointStore, dirs: dict[int, list[str]], manifests: dict
     for step, names in dirs.items():
         listed: set[str] = set()
         if step in manifests:
-            # A kept (replaced, quarantined) save is history, not garbage: it and its files stay.
+            # A kept (replaced quarantined or diagnostic) save is history, not garbage: it and its files stay.
             for m in [manifests[step], *store.history(step)]:
                 listed |= {f.name for f in m.files}
             listed |= {n for n in names if is_manifest_name(n)}

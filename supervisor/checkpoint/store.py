@@ -9,10 +9,11 @@ Layout under the storage root (shared/DESIGN.md)::
 
 File names carry a per-save id, so re-saving a step never touches the files of the
 checkpoint already committed there: until the new manifest lands, the old one is whole.
-A re-save over a *quarantined* checkpoint (after a rollback or restart, the new timeline
-saves the same step again) first keeps the old manifest as
-``MANIFEST.quarantined.<save id>.json`` beside it: the quarantine, its reason and the files
-it names stay as the step's history (``history(step)``) and go only with the step itself.
+A re-save over a *quarantined* or *diagnostic* checkpoint (after a rollback or restart, the
+new timeline saves the same step again, possibly the very step an incident's snapshot was
+taken at) first keeps the old manifest as ``MANIFEST.<mark>.<save id>.json`` beside it: the
+mark, its reason and the files it names stay as the step's history (``history(step)``) and go
+only with the step itself. A *healthy* checkpoint is never replaced.
 One writer (rank 0) commits; manifest updates are read-modify-write by one supervisor.
 """
 
@@ -42,9 +43,9 @@ LATEST = "latest"
 BLOCK = "LATEST_BLOCK.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 _NO_LATEST = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
-_NO_REPLACE = (HealthMark.HEALTHY, HealthMark.DIAGNOSTIC)
+_NO_REPLACE = (HealthMark.HEALTHY,)
 #: Replaced manifests with these marks are kept as the step's history (evidence of an incident).
-_KEEP_REPLACED = (HealthMark.QUARANTINED,)
+_KEEP_REPLACED = (HealthMark.QUARANTINED, HealthMark.DIAGNOSTIC)
 _ARCHIVED = re.compile(r"^MANIFEST\.([a-z]+)\.([0-9a-f]+)\.json$")
 
 
@@ -262,7 +263,7 @@ class CheckpointStore:
         return out
 
     def history(self, step: int) -> list[Manifest]:
-        """Earlier saves of ``step`` that a re-save replaced (kept quarantined ones), oldest first."""
+        """Earlier saves of ``step`` that a re-save replaced (quarantined, diagnostic), oldest first."""
         prefix = join_key(self.root, step_dir(step))
         out = []
         for name in (o.key[len(prefix) + 1 :] for o in self.backend.list(prefix)):
@@ -274,6 +275,11 @@ class CheckpointStore:
             except (ObjectNotFound, CheckpointError) as exc:
                 self.log.warning("skipping unreadable kept manifest", step=step, name=name, error=repr(exc))
         return sorted(out, key=lambda m: m.created_at)
+
+    def saves(self, step: int) -> list[Manifest]:
+        """Every save of ``step`` still on record: the kept ones (``history``), then the live one."""
+        live = self.find(step)
+        return [*self.history(step), *([live] if live is not None else [])]
 
     @contextmanager
     def local_file(self, step: int, name: str) -> Iterator[Path]:

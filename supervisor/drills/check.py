@@ -238,8 +238,7 @@ class Checker:
         from supervisor.storage import open_backend
 
         store = CheckpointStore(open_backend(self.job.storage.path), self.job.name)
-        live = store.find(step)
-        saves = [*store.history(step), *([live] if live else [])]
+        saves = store.saves(step)
         failed = [
             m for m in saves if m.health is HealthMark.QUARANTINED and any(not v.ok for v in m.verifications)
         ]
@@ -249,7 +248,7 @@ class Checker:
                 f"quarantined:{step}", False, f"no save of step {step} failed verification ({marks})"
             )
         why = next(v for v in failed[0].verifications if not v.ok).problems[:1]
-        where = "live" if failed[0] is live else "kept beside a re-save"
+        where = "live" if failed[0] == store.find(step) else "kept beside a re-save"
         return Check(f"quarantined:{step}", True, f"{where}: {why[0] if why else 'verification failed'}")
 
     # -- the loss curve ------------------------------------------------------------------------

@@ -248,7 +248,8 @@ class Machinery:
 
         They must never be a resume point (they may hold the incident's state), and the new
         timeline re-saves the same steps, which the store only allows over a quarantined one.
-        Diagnostic snapshots stay as they are: they are the incident's evidence.
+        Diagnostic snapshots stay as they are: they are the incident's evidence, and a re-save at
+        a snapshot's step keeps the snapshot beside it as that step's history.
         """
         state, store = self.ctl.state, self.ctl.checkpoints
         for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):

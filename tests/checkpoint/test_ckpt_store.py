@@ -118,6 +118,19 @@ def test_resave_over_a_quarantined_step_keeps_it_as_history(store: CheckpointSto
     assert store.steps() == [30] and [m.step for m in store.manifests()] == [30]
 
 
+def test_resave_at_a_snapshot_step_keeps_the_snapshot_as_history(store: CheckpointStore) -> None:
+    # A rollback's new timeline reaches the step an incident's snapshot was taken at: the periodic
+    # save goes on (training must not die on it) and the evidence stays, files and all.
+    snap = save_plain(store, 140, mark=HealthMark.DIAGNOSTIC)
+    new = save_plain(store, 140)
+    assert store.manifest(140) == new and new.health == HealthMark.UNVERIFIED
+    assert [m.health for m in store.saves(140)] == [HealthMark.DIAGNOSTIC, HealthMark.UNVERIFIED]
+    (kept,) = store.history(140)
+    assert [f.name for f in kept.files] == [f.name for f in snap.files]
+    assert {f.name for f in snap.files} <= set(store.step_dirs()[140])
+    assert store.latest() == 140  # the new timeline's save advances latest; the snapshot never did
+
+
 def test_kept_history_survives_garbage_collection_and_goes_with_its_step(store: CheckpointStore) -> None:
     from supervisor.checkpoint import collect_garbage
     from supervisor.checkpoint.store import StoreSettings

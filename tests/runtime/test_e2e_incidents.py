@@ -54,7 +54,9 @@ def test_divergence_rolled_back_fixed_observed_and_finished(tmp_path: Path) -> N
     assert observation.result["passed"] and all(c["ok"] for c in observation.result["checks"].values())
     ckpts = open_checkpoint_store(job)
     snap = next(e for e in actions if e.kind is EventKind.SNAPSHOT)
-    assert ckpts.manifest(snap.result["acked_at_step"]).health is HealthMark.DIAGNOSTIC
+    # The snapshot is live at its step, or kept beside the new timeline's save of that step.
+    marks = [m.health for m in ckpts.saves(snap.result["acked_at_step"])]
+    assert HealthMark.DIAGNOSTIC in marks, marks
     assert ckpts.block_state() is None  # released when the incident resolved
     ray.kill(handle)
 
