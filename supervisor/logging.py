@@ -9,16 +9,18 @@ from typing import Any
 import structlog
 
 _configured = False
+_level = "info"
 
 
 def configure(level: str = "info", json_output: bool | None = None) -> None:
     """Configure structlog and stdlib logging. ``json_output=None`` means: JSON unless stderr is a TTY."""
-    global _configured
+    global _configured, _level
     if json_output is None:
         json_output = not sys.stderr.isatty()
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
+    _level = logging.getLevelName(numeric).lower()
     renderer: Any = (
         structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=True)
     )
@@ -40,6 +42,11 @@ def configure(level: str = "info", json_output: bool | None = None) -> None:
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     _configured = True
+
+
+def current_level() -> str:
+    """The level this process logs at (what ``--log-level`` set): actors started from here use it too."""
+    return _level
 
 
 def get_logger(name: str | None = None, **bound: Any) -> Any:

@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from supervisor.config.job import JobSpec
+from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.settings import RuntimeSettings
@@ -26,10 +27,12 @@ class SupervisorActor:
         spec = JobSpec.model_validate(job)
         # A restart by Ray (max_restarts) re-runs __init__ with the original arguments: attach then.
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        runtime_settings = RuntimeSettings.model_validate(settings)
+        configure_logging(runtime_settings.log_level)
         self.log = get_logger("supervisor.runtime.actor", job=spec.name)
         self.error: str | None = None
         self.node_id = ray.get_runtime_context().get_node_id()  # shown by `status`: where the supervisor runs
-        self.ctl = Controller(spec, RuntimeSettings.model_validate(settings), attach=attach or restarted)
+        self.ctl = Controller(spec, runtime_settings, attach=attach or restarted)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
         self.thread.start()

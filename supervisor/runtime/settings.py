@@ -6,7 +6,11 @@ the supervisor actor as a plain dict.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from supervisor.logging import current_level
 
 
 class RuntimeSettings(BaseModel):
@@ -43,3 +47,7 @@ class RuntimeSettings(BaseModel):
     )
     dist_timeout_s: float = Field(300.0, gt=0, description="torch.distributed collective timeout.")
     replay_timeout_s: float = Field(300.0, gt=0, description="A replay task running longer fails.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default_factory=current_level,  # type: ignore[arg-type]
+        description="Level of the supervisor's and workers' own log lines (default: the launching CLI's).",
+    )

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from supervisor.config.job import JobSpec
+from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
 from supervisor.runtime.channel import SupervisorLink
 from supervisor.runtime.context import WorkerContext
@@ -37,6 +38,7 @@ class TrainWorker:
         self.world_size = world_size
         self.generation = generation
         self.settings = RuntimeSettings.model_validate(settings)
+        configure_logging(self.settings.log_level)
         self.log = get_logger(
             "supervisor.runtime.worker", job=self.job.name, rank=rank, generation=generation
         )

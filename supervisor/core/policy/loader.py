@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from supervisor.config.loader import load_model
 from supervisor.core.policy.schema import Policy, with_valid_keys
 from supervisor.errors import PolicyError
 
-#: The repository's `policies/` folder (shipped policies live next to the package).
-SHIPPED_DIR = Path(__file__).resolve().parents[3] / "policies"
+#: Where the shipped policies are, first found wins: the source tree's `policies/` (a checkout
+#: or an editable install), then the copy a wheel installs (pyproject's data-files).
+SHIPPED_DIRS = (
+    Path(__file__).resolve().parents[3] / "policies",
+    Path(sys.prefix) / "share" / "spike-supervisor" / "policies",
+)
+
+
+def shipped_dir() -> Path | None:
+    return next((d for d in SHIPPED_DIRS if d.is_dir()), None)
 
 
 def shipped_policies() -> list[str]:
-    """Names of the policies shipped in policies/."""
-    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml")) if SHIPPED_DIR.is_dir() else []
+    """Names of the shipped policies (policies/ in the repository)."""
+    found = shipped_dir()
+    return sorted(p.stem for p in found.glob("*.yaml")) if found is not None else []
 
 
 def resolve_policy_path(name_or_path: str | Path) -> Path:
@@ -23,9 +33,9 @@ def resolve_policy_path(name_or_path: str | Path) -> Path:
     path = Path(text)
     if path.suffix in (".yaml", ".yml") or "/" in text or path.exists():
         return path
-    shipped = SHIPPED_DIR / f"{text}.yaml"
-    if shipped.is_file():
-        return shipped
+    found = shipped_dir()
+    if found is not None and (found / f"{text}.yaml").is_file():
+        return found / f"{text}.yaml"
     names = ", ".join(shipped_policies()) or "none found"
     raise PolicyError(f"no such policy file or shipped policy (shipped: {names})", source=text)
 
