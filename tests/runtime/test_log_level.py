@@ -30,7 +30,9 @@ def test_settings_carry_the_level_the_cli_configured() -> None:
     assert RuntimeSettings.model_validate({"log_level": "error"}).log_level == "error"
 
 
-def test_a_worker_logs_at_the_level_in_its_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_worker_logs_at_the_level_in_its_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     slog.configure("debug", json_output=True)  # the worker process's own default, before the actor starts
     settings = RuntimeSettings.model_validate({"log_level": "error"}).model_dump()
     worker = TrainWorker(make_job(tmp_path, "quiet").model_dump(mode="json"), 0, 1, 0, settings)
