@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -47,6 +50,17 @@ def train(model: Any, loader: Any, probe: Any, steps: int) -> list[float]:
         if len(losses) >= steps:
             break
     return losses
+
+
+@contextmanager
+def poisoned(module: torch.nn.Module, when: bool) -> Iterator[None]:
+    """Within the block, ``module``'s output is NaN when ``when`` holds (a non-finite step)."""
+    hook = module.register_forward_hook(lambda m, i, out: out * math.nan) if when else None
+    try:
+        yield
+    finally:
+        if hook is not None:
+            hook.remove()
 
 
 def records(probe: Any, transport: Any) -> list[dict[str, Any]]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 
 from examples.tinylm.data import build_dataset, collate
 from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
 from supervisor import sdk
 from supervisor.core.analysis import analyze_records
 from supervisor.core.records import Record
+from tests.sdk.conftest import poisoned
 
 CANARY = "CANARY-ZX81-QUOKKA"
 
@@ -25,14 +25,10 @@ def test_canary_text_appears_nowhere(tmp_path, capfd):
         model, opt, loader=loader, loss_fn=lm_loss, trace=trace, fingerprint_every=5, max_steps=30
     )
     for batch in loader:
-        hook = None
-        if probe.step_count == 25:  # a non-finite step, so that an incident (with its samples) exists
-            hook = model.blocks[0].mlp.register_forward_hook(lambda m, i, out: out * math.nan)
-        with probe.step(batch) as s:
+        # A non-finite step at 25, so that an incident (with its samples) exists.
+        with poisoned(model.blocks[0].mlp, probe.step_count == 25), probe.step(batch) as s:
             s.backward(lm_loss(model, batch))
             s.optimizer_step()
-        if hook is not None:
-            hook.remove()
     probe.close()
 
     text = trace.read_text()
