@@ -218,6 +218,24 @@ class CheckpointStore:
             return
         self.backend.put_bytes(join_key(self.root, LATEST), json.dumps({"step": manifest.step}).encode())
 
+    def retreat_latest(self, step: int) -> None:
+        """Training went back to checkpoint ``step`` (-1: to the start): `latest` must not name a
+        step of the abandoned timeline, so a newer pointer moves back to ``step`` (or goes). This
+        is not an advance: it happens while an incident holds the block, too."""
+        try:
+            current = self.latest()
+        except CheckpointError as exc:
+            self.log.warning("replacing unreadable latest pointer", error=exc.one_line())
+            current = step + 1
+        if current is None or current <= step:
+            return
+        key = join_key(self.root, LATEST)
+        if step < 0:
+            self.backend.delete([key])
+        else:
+            self.backend.put_bytes(key, json.dumps({"step": step}).encode())
+        self.log.info("latest moved back", from_step=current, to_step=step if step >= 0 else None)
+
     # -- reading ----------------------------------------------------------------------------------
 
     def step_dirs(self) -> dict[int, list[str]]:

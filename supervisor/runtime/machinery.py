@@ -244,7 +244,8 @@ class Machinery:
             state.checkpoints_healthy.append(step)
 
     def abandon_after(self, step: int) -> None:
-        """Checkpoints after a rollback target belong to the abandoned timeline: quarantine them.
+        """Checkpoints after a rollback target belong to the abandoned timeline: quarantine them,
+        and move `latest` back to the target.
 
         They must never be a resume point (they may hold the incident's state), and the new
         timeline re-saves the same steps, which the store only allows over a quarantined one.
@@ -264,6 +265,7 @@ class Machinery:
                     HealthMark.QUARANTINED,
                     f"abandoned timeline: training went back to step {step}",
                 )
+        store.retreat_latest(step)
 
     def _incident_near(self, step: int, window: int) -> bool:
         last = self.ctl.state.last_incident_step

@@ -65,6 +65,23 @@ def test_block_holds_latest_and_survives_a_new_store_instance(store: CheckpointS
     assert reopened.latest() == 500
 
 
+def test_latest_retreats_to_a_rollback_target_even_while_blocked(store: CheckpointStore) -> None:
+    for step in (100, 120, 140):
+        save_plain(store, step)
+    store.block("incident 1 open", incident=1)
+    store.retreat_latest(100)  # training went back to 100: 120 and 140 are the abandoned timeline
+    assert store.latest() == 100
+    store.retreat_latest(120)  # never forward
+    assert store.latest() == 100
+    save_plain(store, 120)  # the new timeline's save while blocked: latest stays put
+    assert store.latest() == 100
+    store.unblock(1)
+    save_plain(store, 160)
+    assert store.latest() == 160
+    store.retreat_latest(-1)  # a restart from scratch: no pointer at all
+    assert store.latest() is None and store.steps() == [100, 120, 140, 160]
+
+
 def test_diagnostic_snapshot_never_advances_latest(store: CheckpointStore) -> None:
     save_plain(store, 100)
     m = save_plain(store, 110, mark=HealthMark.DIAGNOSTIC)

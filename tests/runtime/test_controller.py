@@ -54,15 +54,17 @@ def test_nonfinite_incident_walks_through_the_plan(tmp_path: Path) -> None:
     job = make_job(tmp_path, "harness", max_steps=1000, policy=LEAN, resources={"num_workers": 1})
     ctl = Controller(job, FAST)
     model = torch.nn.Linear(4, 4)
-    save_training_state(ctl.checkpoints, 40, rank=0, world_size=1, model=model,
-                        optimizer=torch.optim.AdamW(model.parameters()))  # fmt: skip
+    for step in (40, 60):
+        save_training_state(ctl.checkpoints, step, rank=0, world_size=1, model=model,
+                            optimizer=torch.optim.AdamW(model.parameters()))  # fmt: skip
     rng = random.Random(0)
     ctl.ingest_batch(
-        0, [record(s, rng, events=["checkpoint_saved"] if s == 40 else []) for s in range(1, 81)]
+        0, [record(s, rng, events=["checkpoint_saved"] if s in (40, 60) else []) for s in range(1, 81)]
     )
     ctl.iterate()
     assert ctl.current_step == 80 and ctl.status()["incident"] is None
     assert ctl.checkpoints.manifest(40).health.value == "healthy"
+    assert ctl.checkpoints.latest() == 60
 
     # 1. A NaN: the incident opens and is ready at once; alert then freeze.
     ctl.ingest_batch(0, [record(81, rng, loss=math.nan)])
@@ -81,6 +83,9 @@ def test_nonfinite_incident_walks_through_the_plan(tmp_path: Path) -> None:
     ack(ctl, "rollback", 40)
     spin(ctl, lambda: any(e["kind"] == "apply" for e in ctl.directives.entries))
     assert ctl.current_step == 40 and ctl.assembler.watermark == 40
+    # Step 60 is the abandoned timeline now: quarantined, and `latest` no longer names it.
+    assert ctl.checkpoints.manifest(60).health.value == "quarantined"
+    assert ctl.checkpoints.latest() == 40
     ack(ctl, "apply", 40)
     # 3. Observe releases the freeze and needs 50 clean steps after the rollback point.
     spin(ctl, lambda: not ctl.state.frozen)
