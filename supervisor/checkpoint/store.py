@@ -216,7 +216,14 @@ class CheckpointStore:
             current = None
         if current is not None and current > manifest.step:
             return
-        self.backend.put_bytes(join_key(self.root, LATEST), json.dumps({"step": manifest.step}).encode())
+        self._write_latest(manifest.step)
+
+    def _write_latest(self, step: int | None) -> None:
+        key = join_key(self.root, LATEST)
+        if step is None:
+            self.backend.delete([key])
+        else:
+            self.backend.put_bytes(key, json.dumps({"step": step}).encode())
 
     def retreat_latest(self, step: int) -> None:
         """Training went back to checkpoint ``step`` (-1: to the start): `latest` must not name a
@@ -224,17 +231,14 @@ class CheckpointStore:
         is not an advance: it happens while an incident holds the block, too."""
         try:
             current = self.latest()
+            if current is None or current <= step:
+                return
         except CheckpointError as exc:
             self.log.warning("replacing unreadable latest pointer", error=exc.one_line())
-            current = step + 1
-        if current is None or current <= step:
-            return
-        key = join_key(self.root, LATEST)
-        if step < 0:
-            self.backend.delete([key])
-        else:
-            self.backend.put_bytes(key, json.dumps({"step": step}).encode())
-        self.log.info("latest moved back", from_step=current, to_step=step if step >= 0 else None)
+            current = None
+        target = step if step >= 0 else None
+        self._write_latest(target)
+        self.log.info("latest moved back", from_step=current, to_step=target)
 
     # -- reading ----------------------------------------------------------------------------------
 

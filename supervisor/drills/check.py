@@ -248,7 +248,8 @@ class Checker:
                 f"quarantined:{step}", False, f"no save of step {step} failed verification ({marks})"
             )
         why = next(v for v in failed[0].verifications if not v.ok).problems[:1]
-        where = "live" if failed[0] == store.find(step) else "kept beside a re-save"
+        # saves() ends with the live manifest; the kept ones are the re-saved step's history.
+        where = "live" if failed[0] is saves[-1] else "kept beside a re-save"
         return Check(f"quarantined:{step}", True, f"{where}: {why[0] if why else 'verification failed'}")
 
     # -- the loss curve ------------------------------------------------------------------------
