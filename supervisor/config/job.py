@@ -132,7 +132,15 @@ class JobSpec(Section):
     """A supervised training job."""
 
     name: str = Field(description="Job name: letters, digits, `_`, `-`, `.`; names its storage folder.")
-    entrypoint: str = Field(description="`package.module:function` or a path to a Python script.")
+    entrypoint: str = Field(
+        description="`package.module:function`, a path to a Python script defining `main(config, ctx)`, "
+        "or a command run once per rank in its own process (`python train.py --lr 3e-4`; torchrun-style)."
+    )
+    args: list[str] | None = Field(
+        None,
+        description="Command-line arguments: with `args:` (even `[]`) a `.py` entrypoint is run as a "
+        "torchrun-style command (`python <script> <args>`) instead of calling its `main(config, ctx)`.",
+    )
     config: dict[str, Any] = Field(
         default_factory=dict, description="Passed to the entrypoint as its config."
     )
@@ -162,14 +170,23 @@ class JobSpec(Section):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, v: str) -> str:
-        if _ENTRY_FUNC.match(v) or v.endswith(".py"):
+        if _ENTRY_FUNC.match(v) or v.endswith(".py") or len(v.split()) > 1:
             return v
-        raise ValueError(f"must be `module:function` or a `.py` script path (got {v!r})")
+        raise ValueError(
+            f"must be `module:function`, a `.py` script path or a command like `python train.py` (got {v!r})"
+        )
+
+    @property
+    def is_command(self) -> bool:
+        """Run as its own process per rank (torchrun-style) rather than called inside the worker actor."""
+        return self.args is not None or len(self.entrypoint.split()) > 1
 
     @model_validator(mode="after")
     def _window(self) -> JobSpec:
         if self.telemetry.min_history > self.telemetry.window:
             raise ValueError("telemetry.min_history must be <= telemetry.window")
+        if self.args is not None and _ENTRY_FUNC.match(self.entrypoint):
+            raise ValueError("args: only with a script or command entrypoint, not `module:function`")
         return self
 
 
