@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, summarize
 from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident
+from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.model import BenignShift, Diagnosis
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
@@ -70,6 +71,7 @@ class StreamingAnalyzer:
         self.watch = ShiftWatch(self.settings)
         self.last_step: int | None = None
         self.last_resume: int | None = None
+        self.known = Interventions()
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -79,22 +81,26 @@ class StreamingAnalyzer:
             return []
         updates: list[IncidentUpdate] = []
         if self.last_step is not None and step <= self.last_step:
-            updates += self.notify_rollback(step - 1)  # a replay nobody announced: same as a rollback
+            updates += self._rewind(step - 1)  # a replay nobody announced: same as a rollback
         summary = summarize(step, records)
         if "resumed" in summary.events:
             self.last_resume = step
+        mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
-            updates += self._on_gap(self.detector.score(summary))
-        sig = self.detector.score(summary)
-        self.detector.advance(summary)
-        self.recent.append(sig)
+            updates += self._on_gap(self.detector.score(summary, mult))
+        sig = self.detector.score(summary, mult)
+        self.detector.advance(summary, mult)
         self.last_step = step
+        if self.known.skipped(step):
+            return updates  # the supervisor set this batch aside: neither evidence nor baseline
+        self.recent.append(sig)
         if self.open is not None:
             updates += self._continue(self.open, sig)
         else:
             updates += self._maybe_open(sig)
         if self.open is None:
-            self.detector.learn(summary)
+            self.detector.learn(summary, mult)
+        self._reanchor_on_events(summary.events, step)
         return updates
 
     def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
@@ -206,8 +212,8 @@ class StreamingAnalyzer:
         before = [r for r in self.recent if r.step < first.step]
         if before and before[-1].summary.loss_scale is not None:
             facts.loss_scale_drop = (before[-1].summary.loss_scale, before[-1].summary.loss_scale)
-        if before and before[-1].summary.lr is not None:
-            facts.lr_before = (before[-1].step, before[-1].summary.lr)
+        if before and before[-1].lr_norm is not None:
+            facts.lr_before = (before[-1].step, before[-1].lr_norm)
         for r in self.recent:  # the steps between onset and detection belong to the incident too
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
@@ -265,9 +271,73 @@ class StreamingAnalyzer:
         diag = inc.diagnosis(self.settings)
         return self._emitted.get(inc.key) != _fingerprint(diag)
 
-    # -- control -------------------------------------------------------------------------
-    def notify_rollback(self, to_step: int) -> list[IncidentUpdate]:
-        """Training went back to ``to_step``: forget later steps so their replay is not counted twice."""
+    # -- the supervisor's own interventions (docs/detection.md) -----------------------------
+    def notify_rollback(self, to_step: int, *, from_step: int | None = None, reason: str = "") -> list[IncidentUpdate]:
+        """Training went back to checkpoint ``to_step``; returns the updates (an open incident closes).
+
+        Steps after ``to_step`` are taken back from every baseline, so the re-run steps are compared
+        with the healthy history before the target, never with the abandoned timeline; overrides
+        noted at or after ``to_step`` are dropped (the workers restore the target's own).
+        """
+        self.known.add(Intervention("rollback", to_step, from_step=from_step or self.last_step, reason=reason))
+        return self._rewind(to_step)
+
+    def note_overrides(
+        self,
+        step: int,
+        *,
+        lr_scale: float | None = None,
+        warmup_steps: int | None = None,
+        grad_clip: float | None = None,
+        data: bool = False,
+        reason: str = "",
+    ) -> None:
+        """The supervisor applied overrides after step ``step`` (the last completed step), as the
+        SDK's ``ApplyOverrides`` does: from ``step + 1`` on the LR is scaled by ``lr_scale`` and
+        re-warmed linearly over ``warmup_steps``; ``grad_clip`` changed the clip; ``data``: batches
+        or samples were excluded or skipped. The detector divides its own LR factor out of the LR
+        and update ratio, and re-anchors the baselines the change moves (update ratio on a new
+        clip, tokens on other data)."""
+        iv = Intervention(
+            "override", step, lr_scale=lr_scale, warmup_steps=warmup_steps, grad_clip=grad_clip,
+            data=data, reason=reason,
+        )  # fmt: skip
+        self.known.add(iv)
+        metrics = (("update",) if grad_clip is not None else ()) + (("tokens",) if data else ())
+        if metrics:
+            self.detector.reanchor(step, metrics)
+
+    def note_skipped(self, first: int, last: int | None = None, *, reason: str = "") -> None:
+        """Steps ``first``..``last`` train on batches the supervisor set aside (skipped or excluded):
+        any records of them neither open an incident nor enter a baseline."""
+        self.known.add(Intervention("skip", first, last=last if last is not None else first, reason=reason))
+
+    def lr_multiplier(self, step: int) -> float:
+        """The supervisor's own LR factor at ``step`` (1.0 when it changed nothing)."""
+        return self.known.lr_multiplier(step)
+
+    @property
+    def interventions(self) -> list[Intervention]:
+        return list(self.known.log)
+
+    def _reanchor_on_events(self, events: set[str], step: int) -> None:
+        """Offline traces of supervised runs carry the overrides as events: re-anchor on them too,
+        unless the supervisor already said so through ``note_overrides``."""
+        told = any(x.kind == "override" and step - 2 <= x.step <= step for x in self.known.log)
+        if told or not events:
+            return
+        metrics: tuple[str, ...] = ()
+        if "lr_override" in events:
+            metrics += ("update", "lr")
+        if "grad_clip_override" in events:
+            metrics += ("update",)
+        if "data_override" in events:
+            metrics += ("tokens",)
+        if metrics:
+            self.detector.reanchor(step, tuple(dict.fromkeys(metrics)))
+
+    def _rewind(self, to_step: int) -> list[IncidentUpdate]:
+        """Forget steps after ``to_step`` so their replay is not counted twice."""
         updates: list[IncidentUpdate] = []
         if self.open is not None:
             updates += self._close(self.open)
@@ -288,8 +358,9 @@ class StreamingAnalyzer:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume without empty windows (the short lookback buffer is not kept)."""
         return {
-            "version": 1,
+            "version": 2,
             "detector": self.detector.state_dict(),
+            "interventions": self.known.state_dict(),
             "incidents": [inc.state_dict() for inc in self.incidents],
             "open": self.open.key if self.open is not None else None,
             "benign": [b.to_json() for b in self.benign],
@@ -305,6 +376,7 @@ class StreamingAnalyzer:
         self.benign = [BenignShift(**b) for b in state.get("benign", [])]
         self.last_step = state.get("last_step")
         self.last_resume = state.get("last_resume")
+        self.known.load_state_dict(state.get("interventions", []))
         self.recent.clear()
         self.watch.cancel()
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}

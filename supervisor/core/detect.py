@@ -15,6 +15,7 @@ Two kinds of comparison, both linear in the number of ranks:
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +123,8 @@ class Signals:
     rank_z: float | None  # worst rank's excess over the others, in units of the typical cross-rank spread
     rank_tail_z: float | None  # the same excess against its own history (the per-step maximum has a tail)
     source_z: dict[str, float]
-    lr_ratio: float | None  # this step's lr / the previous step's
+    lr_ratio: float | None  # this step's lr / the previous step's, the supervisor's own scaling divided out
+    lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
 
     @property
     def step(self) -> int:
@@ -140,6 +142,13 @@ class Signals:
         return math.expm1(self.loss_excess) if math.isfinite(self.loss_excess) else math.inf
 
 
+def _unscaled(x: float | None, mult: float) -> float | None:
+    """``x`` with the supervisor's own LR factor divided out; None where the factor is zero (no update)."""
+    if x is None or mult == 1.0:
+        return x
+    return x / mult if mult > 0 else None
+
+
 class Detector:
     """Holds the rolling statistics; turns a ``StepSummary`` into ``Signals``."""
 
@@ -154,15 +163,20 @@ class Detector:
         self.sources: dict[str, LevelTracker] = {}
         self.spread = RollingWindow(s.window)
         self.worst = RollingWindow(s.window)
+        self.rank_steps: deque[int] = deque(maxlen=LevelTracker.REWIND)  # steps of spread/worst pushes
         self.last_lr: float | None = None
         self.last_step: int | None = None
         self.intervals = RollingWindow(16)
 
     # -- reading -------------------------------------------------------------------------
-    def score(self, s: StepSummary) -> Signals:
+    def score(self, s: StepSummary, lr_mult: float = 1.0) -> Signals:
+        """``lr_mult``: the supervisor's own LR scaling at this step (a re-warm, ``lr_scale``); it is
+        divided out of the LR and the update ratio (which is proportional to the LR), so an intended
+        change never reads as a jump and the update ratio stays comparable with its baseline."""
         log_main = safe_log(s.loss_main)
         log_rep = safe_log(s.loss)
-        lg, lu, lt = safe_log(s.grad_norm), safe_log(s.update_ratio), safe_log(s.tokens)
+        lr, upd = _unscaled(s.lr, lr_mult), _unscaled(s.update_ratio, lr_mult)
+        lg, lu, lt = safe_log(s.grad_norm), safe_log(upd), safe_log(s.tokens)
         rank_z = rank_tail_z = None
         rank_new = True
         if s.rank_spread is not None and s.worst_rank is not None:
@@ -199,7 +213,8 @@ class Detector:
             rank_z=rank_z,
             rank_tail_z=rank_tail_z,
             source_z=src_z,
-            lr_ratio=(s.lr / self.last_lr) if s.lr is not None and self.last_lr else None,
+            lr_ratio=(lr / self.last_lr) if lr is not None and self.last_lr else None,
+            lr_norm=lr,
         )
 
     def is_gap(self, step: int) -> bool:
@@ -210,22 +225,23 @@ class Detector:
         return step - self.last_step > self.settings.gap_factor * max(usual, 1.0)
 
     # -- writing -------------------------------------------------------------------------
-    def advance(self, s: StepSummary) -> None:
+    def advance(self, s: StepSummary, lr_mult: float = 1.0) -> None:
         """Book-keeping done for every step, learned or not: the step clock and the LR reference."""
         if self.last_step is not None and s.step > self.last_step:
             self.intervals.push(float(s.step - self.last_step))
         self.last_step = s.step
-        if s.lr is not None:
-            self.last_lr = s.lr
+        lr = _unscaled(s.lr, lr_mult)
+        if lr is not None:
+            self.last_lr = lr
 
-    def learn(self, s: StepSummary) -> None:
-        """Add a normal step to the windows."""
+    def learn(self, s: StepSummary, lr_mult: float = 1.0) -> None:
+        """Add a normal step to the windows (``lr_mult`` as in ``score``)."""
         step = s.step
         for tracker, value in (
             (self.loss, s.loss_main),
             (self.reported, s.loss),
             (self.grad, s.grad_norm),
-            (self.update, s.update_ratio),
+            (self.update, _unscaled(s.update_ratio, lr_mult)),
             (self.tokens, s.tokens),
         ):
             lv = safe_log(value)
@@ -234,6 +250,7 @@ class Detector:
         if s.rank_spread is not None:
             self.spread.push(s.rank_spread)
             self.worst.push(s.worst_dev)
+            self.rank_steps.append(step)
         for name, (_tok, loss) in s.sources.items():
             lv = safe_log(loss)
             if lv is None:
@@ -258,6 +275,16 @@ class Detector:
         base.update({f"source:{k}": v for k, v in self.sources.items()})
         return base
 
+    def reanchor(self, step: int, metrics: tuple[str, ...]) -> None:
+        """An intended change (a new clip, an LR override, other data) moves these metrics' levels:
+        each re-forms from the steps after ``step`` while its noise scale is kept."""
+        trackers = self._trackers()
+        for name in metrics:
+            if name in trackers:
+                trackers[name].reanchor(step)
+        if "lr" in metrics:
+            self.last_lr = None  # the LR before the change is no reference for the one after
+
     def reset(self) -> None:
         """Forget all history (a gap in the log: what came before is not this run's recent past)."""
         for tr in self._trackers().values():
@@ -265,11 +292,16 @@ class Detector:
         self.sources.clear()
         self.spread.clear()
         self.worst.clear()
+        self.rank_steps.clear()
         self.last_lr = None
 
     def forget_after(self, step: int) -> None:
         for tr in self._trackers().values():
             tr.forget_after(step)
+        while self.rank_steps and self.rank_steps[-1] > step and len(self.spread) and len(self.worst):
+            self.rank_steps.pop()
+            self.spread.pop_newest()
+            self.worst.pop_newest()
         self.last_step = step
         self.last_lr = None  # the LR of a later step is no reference for the replayed one
 
@@ -278,6 +310,7 @@ class Detector:
             "trackers": {k: v.state_dict() for k, v in self._trackers().items()},
             "spread": self.spread.values(),
             "worst": self.worst.values(),
+            "rank_steps": list(self.rank_steps),
             "intervals": self.intervals.values(),
             "last_lr": self.last_lr,
             "last_step": self.last_step,
@@ -296,6 +329,7 @@ class Detector:
             tr.load_state_dict(st)
         self.spread = RollingWindow(s.window, state.get("spread", []))
         self.worst = RollingWindow(s.window, state.get("worst", []))
+        self.rank_steps = deque((int(x) for x in state.get("rank_steps", [])), maxlen=LevelTracker.REWIND)
         self.intervals = RollingWindow(16, state.get("intervals", []))
         self.last_lr = state.get("last_lr")
         self.last_step = state.get("last_step")

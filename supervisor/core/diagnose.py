@@ -215,8 +215,8 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         and (f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])))
     ):
         f.lr_jump = (s.step, sig.lr_ratio)
-    if s.lr is not None and f.lr_before is not None and f.lr_before[1] > 0:
-        rise = s.lr / f.lr_before[1]
+    if sig.lr_norm is not None and f.lr_before is not None and f.lr_before[1] > 0:
+        rise = sig.lr_norm / f.lr_before[1]
         if rise >= 1.5 and (f.lr_rise is None or rise > f.lr_rise[1]):
             f.lr_rise = (s.step, rise)
     if (

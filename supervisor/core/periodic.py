@@ -18,7 +18,9 @@ def attach_periodic(
     incidents: list[Incident], new: Incident, st: DetectorSettings
 ) -> tuple[Incident, Incident | None]:
     """Returns (the incident the new occurrence belongs to, an incident merged away or None)."""
-    live = [i for i in incidents if i.merged_into is None]
+    # Only earlier onsets: after a rollback the abandoned timeline's incidents lie ahead of a
+    # re-run step, and a fault that recurs at its old step is a recurrence, not a period.
+    live = [i for i in incidents if i.merged_into is None and i.onset_step < new.onset_step]
     if not live:
         return new, None
     onset, tol = new.onset_step, st.period_tolerance

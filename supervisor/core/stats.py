@@ -128,13 +128,15 @@ class LevelTracker:
 
     REWIND = 512
 
-    __slots__ = ("floor", "_level", "_resid", "_hist")
+    __slots__ = ("floor", "_level", "_resid", "_hist", "_settle", "_anchor")
 
     def __init__(self, window: int, level_size: int, floor: float) -> None:
         self.floor = floor
         self._level = RollingWindow(level_size)
         self._resid = RollingWindow(window)
         self._hist: deque[tuple[int, float, bool]] = deque(maxlen=max(level_size, self.REWIND))
+        self._settle = 0  # values the level still needs after a re-anchor before it is trusted
+        self._anchor: int | None = None  # the step after which the level was re-anchored
 
     @property
     def history(self) -> int:
@@ -150,17 +152,33 @@ class LevelTracker:
 
     def excess(self, x: float) -> float:
         """How far ``x`` is above the level, in the metric's units (NaN when there is no level yet)."""
-        return x - self._level.median() if len(self._level) else math.nan
+        return x - self._level.median() if len(self._level) and not self._settle else math.nan
 
     def unprecedented(self, x: float, margin: float) -> bool:
         """``x``'s residual exceeds ``margin`` x the largest residual in the window (heavy-tail guard)."""
-        if not len(self._level) or not len(self._resid):
-            return True
+        if not len(self._level) or not len(self._resid) or self._settle:
+            return not self._settle
         return x - self._level.median() > margin * max(self._resid.max(), 0.0)
+
+    @property
+    def settling(self) -> bool:
+        """Re-anchored and the new level is not formed yet: no z, no excess, no tail verdict."""
+        return self._settle > 0
+
+    def reanchor(self, step: int) -> None:
+        """An intended change moved this metric: drop the level, keep the noise scale.
+
+        The level re-forms from the next ``max(3, level_size // 4)`` values; until then ``z`` and
+        ``excess`` are NaN (no alarm from this metric) and no residual is learned, so the jump
+        itself never widens the noise scale.
+        """
+        self._level.clear()
+        self._settle = max(3, self._level.size // 4)
+        self._anchor = step
 
     def z(self, x: float) -> float:
         """Robust z of ``x``; NaN without history, so a comparison against a threshold is False."""
-        if not len(self._level):
+        if not len(self._level) or self._settle:
             return math.nan
         resid_med = self._resid.median() if len(self._resid) else 0.0
         return (x - self._level.median() - resid_med) / self.scale()
@@ -168,10 +186,12 @@ class LevelTracker:
     def push(self, x: float, step: int) -> None:
         if not math.isfinite(x):
             return
-        has_resid = bool(len(self._level))
+        has_resid = bool(len(self._level)) and not self._settle
         if has_resid:
             self._resid.push(x - self._level.median())
         self._level.push(x)
+        if self._settle:
+            self._settle -= 1
         self._hist.append((step, x, has_resid))
 
     def forget_after(self, step: int) -> int:
@@ -185,10 +205,16 @@ class LevelTracker:
             if has_resid and len(self._resid):
                 self._resid.pop_newest()
             n += 1
+        if self._anchor is not None and self._anchor >= step:
+            self._anchor, self._settle = None, 0  # rewound to before the re-anchor: the old level holds
+            n = max(n, 1)
         if n:
+            kept = [x for s, x, _ in self._hist if self._anchor is None or s > self._anchor]
             self._level.clear()
-            for _, x, _ in list(self._hist)[-self._level.size :]:
+            for x in kept[-self._level.size :]:
                 self._level.push(x)
+            if self._anchor is not None:
+                self._settle = max(0, max(3, self._level.size // 4) - len(kept))
         return n
 
     def reset(self) -> None:
@@ -196,9 +222,18 @@ class LevelTracker:
         self._level.clear()
         self._resid.clear()
         self._hist.clear()
+        self._settle = 0
+        self._anchor = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"resid": self._resid.values(), "hist": [list(h) for h in self._hist], "floor": self.floor}
+        return {
+            "resid": self._resid.values(),
+            "hist": [list(h) for h in self._hist],
+            "floor": self.floor,
+            "settle": self._settle,
+            "anchor": self._anchor,
+            "level": self._level.values(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reset()
@@ -207,8 +242,14 @@ class LevelTracker:
             self._resid.push(float(v))
         for step, x, has_resid in state["hist"]:
             self._hist.append((int(step), float(x), bool(has_resid)))
-        for _, x, _ in list(self._hist)[-self._level.size :]:
-            self._level.push(x)
+        if "level" in state:  # exact after a re-anchor, whose level is shorter than the history
+            for x in state["level"]:
+                self._level.push(float(x))
+        else:
+            for _, x, _ in list(self._hist)[-self._level.size :]:
+                self._level.push(x)
+        self._settle = int(state.get("settle", 0))
+        self._anchor = state.get("anchor")
 
 
 def median(values: list[float]) -> float:

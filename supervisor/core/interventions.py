@@ -1,0 +1,99 @@
+"""What the supervisor itself did to the run, so the detector never mistakes it for a fault.
+
+The supervisor changes a run on purpose: it rolls back, scales the LR, re-warms it over a
+number of steps, changes the clip, excludes or skips batches. Each of these moves a metric
+the detector watches (a re-warm ramps the LR and with it the update ratio; a new clip moves
+the update norm). ``Interventions`` keeps these known changes, in timeline order, and answers
+the two questions the detector asks of every step:
+
+* ``lr_multiplier(step)``: by how much the supervisor scaled this step's LR. The detector
+  divides it out of the logged LR and update ratio, so an intended ramp is never an LR jump
+  and the update ratio stays comparable with its healthy baseline.
+* ``skipped(step)``: the supervisor told the workers not to train on this step's batch; the
+  step neither opens an incident nor enters a baseline.
+
+The multiplier mirrors the SDK's steering (``supervisor.sdk.steering.Steering.lr_multiplier``):
+``lr_scale * min(1, (step - from_step) / warmup_steps)``, where the latest ``lr_scale`` and the
+latest warmup each replace the one before. A rollback to step T takes back every override
+applied after T: the workers restore the overrides saved with checkpoint T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+InterventionKind = Literal["rollback", "override", "skip"]
+
+#: Interventions kept (oldest dropped first): a runaway loop must not grow the saved state.
+MAX_KEPT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Intervention:
+    """One change the supervisor made, effective for steps after ``step``.
+
+    ``step`` is the last step completed when it took effect (for a rollback: the target).
+    """
+
+    kind: InterventionKind
+    step: int
+    lr_scale: float | None = None
+    warmup_steps: int | None = None
+    grad_clip: float | None = None
+    data: bool = False  # exclusions or skipped batches changed what data the run sees
+    last: int | None = None  # "skip": the last step of the skipped range (``step`` is the first)
+    from_step: int | None = None  # "rollback": the step training was at
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, False, "")}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Intervention:
+        return cls(**d)
+
+
+class Interventions:
+    """The supervisor's own changes to the run, as the detector needs them."""
+
+    def __init__(self) -> None:
+        self.log: list[Intervention] = []
+
+    def add(self, iv: Intervention) -> None:
+        if iv.kind == "rollback":
+            # Overrides applied at or after the target are gone: the workers restore the overrides
+            # saved with the target checkpoint, and a plan re-applies its fix after the rollback.
+            self.log = [x for x in self.log if x.kind != "override" or x.step < iv.step]
+        self.log.append(iv)
+        if len(self.log) > MAX_KEPT:
+            del self.log[: len(self.log) - MAX_KEPT]
+
+    def lr_multiplier(self, step: int) -> float:
+        scale, warm = 1.0, None
+        for x in self.log:
+            if x.kind != "override" or x.step >= step:
+                continue
+            if x.lr_scale is not None:
+                scale = x.lr_scale
+            if x.warmup_steps is not None:
+                warm = (x.step, x.warmup_steps)
+        if warm is not None and warm[1] > 0:
+            scale *= min(1.0, (step - warm[0]) / warm[1])
+        return scale
+
+    def ramping(self, step: int) -> bool:
+        """A re-warm is still raising this step's LR."""
+        for x in reversed(self.log):
+            if x.kind == "override" and x.warmup_steps and x.step < step:
+                return step - x.step < x.warmup_steps
+        return False
+
+    def skipped(self, step: int) -> bool:
+        return any(x.kind == "skip" and x.step <= step <= (x.last or x.step) for x in self.log)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [x.to_json() for x in self.log]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self.log = [Intervention.from_json(d) for d in state]
