@@ -138,11 +138,25 @@ class CheckpointStore:
         Returns the file's entry for the manifest. The checksum is taken from the bytes as
         stored (read back while the fsync / upload runs), streamed in chunks.
         """
+        return self.write_named(
+            step, f"{stem}-{uuid.uuid4().hex[:8]}{suffix}", write, rank=rank, components=components
+        )
+
+    def write_named(
+        self,
+        step: int,
+        name: str,
+        write: Callable[[BinaryIO], None],
+        *,
+        rank: int | None = None,
+        components: Iterable[str] = (),
+    ) -> FileEntry:
+        """Write checkpoint ``step``'s file ``name`` (a path relative to the step directory; the
+        caller makes it unique per save, as a DCP ``dcp-<save id>/`` directory does)."""
         components = list(components)
         unknown = [c for c in components if c not in COMPONENTS]
         if unknown:
             raise CheckpointError(f"unknown components {unknown}; known: {', '.join(COMPONENTS)}")
-        name = f"{stem}-{uuid.uuid4().hex[:8]}{suffix}"
         algorithm, chunk = self.settings.checksum, self.settings.chunk_bytes
         size, checksum = self.backend.write_file(
             self.key(step, name), write, lambda reader: hash_reader(reader, algorithm, chunk)
@@ -225,6 +239,11 @@ class CheckpointStore:
         else:
             self.backend.put_bytes(key, json.dumps({"step": step}).encode())
 
+    def advance_latest(self, step: int) -> None:
+        """Move `latest` forward to checkpoint ``step`` (an incident's block was released, or the run
+        ended): only forward, never while blocked, never to a diagnostic or quarantined one."""
+        self._maybe_advance_latest(self.manifest(step))
+
     def retreat_latest(self, step: int) -> None:
         """Training went back to checkpoint ``step`` (-1: to the start): `latest` must not name a
         step of the abandoned timeline, so a newer pointer moves back to ``step`` (or goes). This
@@ -248,8 +267,8 @@ class CheckpointStore:
         for obj in self.backend.list(self.root):
             parts = obj.key[len(self.root) + 1 :].split("/")
             m = _STEP_DIR.match(parts[0])
-            if m and len(parts) == 2:
-                out.setdefault(int(m.group(1)), []).append(parts[1])
+            if m and len(parts) >= 2:
+                out.setdefault(int(m.group(1)), []).append("/".join(parts[1:]))
         return out
 
     def steps(self) -> list[int]:
