@@ -10,8 +10,22 @@
             s.optimizer_step()
     probe.close()
 
-With ``ctx`` (from the runtime) records go to the supervisor and directives come back; with
-no ``ctx`` the same probe writes a JSONL trace (``trace=`` or ``$SUPERVISOR_TRACE``).
+A loop that keeps its own ``clip_grad_norm_``, ``optimizer.step()`` and scheduler reports
+each step instead (the probe hooks the optimizer for LR / clip overrides and measures around it):
+
+    probe = sdk.watch(model, optimizer, scheduler=scheduler)
+    for batch in dataloader:
+        if not probe.proceed():                # step boundary: directives, checkpoints, stop
+            break
+        loss = model(**batch).loss; loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step(); scheduler.step(); optimizer.zero_grad()
+        probe.record(loss, grad_norm=gn, tokens=n_tokens)
+    probe.close()
+
+With ``ctx`` (from the runtime), or in a process the supervisor started from a command
+entrypoint (``$SUPERVISOR_SOCKET``), records go to the supervisor and directives come back;
+otherwise the same probe writes a JSONL trace (``trace=`` or ``$SUPERVISOR_TRACE``).
 """
 
 from __future__ import annotations
@@ -22,7 +36,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
-from supervisor.sdk.context import dist_info, job_settings, trace_path
+from supervisor.sdk.context import dist_info, job_settings, resolve_ctx, trace_path
 from supervisor.sdk.directives import (
     ApplyOverrides,
     Continue,
@@ -42,7 +56,7 @@ from supervisor.sdk.transport import BatchingTransport, MemoryTransport, Offline
 __all__ = [
     "ApplyOverrides", "BatchingTransport", "Continue", "Directive", "Exclusions", "Freeze", "MemoryTransport",
     "OfflineTransport", "Probe", "ProbeSettings", "RollbackInPlace", "Snapshot", "StepLoss", "Stop",
-    "SupervisedLoader", "Transport", "init", "token_losses",
+    "SupervisedLoader", "Transport", "init", "token_losses", "watch",
 ]  # fmt: skip
 
 
@@ -59,14 +73,17 @@ def init(
     checkpoint: Any = None,
     trace: str | Path | None = None,
     canary_batch: Any = None,
+    restore: bool = True,
     **settings: Any,
 ) -> Probe:
     """Build the probe for this rank. ``settings`` are ``ProbeSettings`` fields (they override the job's).
 
     ``ctx`` is the runtime's worker context (rank, world size, transport, checkpoint store,
-    resume step, job spec); without one the probe runs offline and writes ``trace``.
+    resume step, job spec); without one it is read from the environment of a process the
+    supervisor started, else the probe runs offline and writes ``trace``.
     With ``ctx.resume_step`` set, the state of that checkpoint is loaded before returning.
     """
+    ctx = resolve_ctx(ctx)
     rank, world_size = dist_info(ctx)
     cfg = ProbeSettings(**{**job_settings(ctx), **settings})
     transport = (
@@ -80,6 +97,37 @@ def init(
         canary_batch=canary_batch, checkpoint=checkpoint, rank=rank, world_size=world_size, settings=cfg,
     )  # fmt: skip
     resume = getattr(ctx, "resume_step", None)
+    if restore and resume is not None:
+        probe.steering.restore(int(resume))
+    return probe
+
+
+def watch(
+    model: nn.Module,
+    optimizer: Optimizer,
+    *,
+    scheduler: Any = None,
+    scaler: Any = None,
+    ctx: Any = None,
+    transport: Transport | None = None,
+    checkpoint: Any = None,
+    trace: str | Path | None = None,
+    **settings: Any,
+) -> Probe:
+    """A probe for a loop that keeps its own optimizer step; report each step with ``probe.record``.
+
+    The probe hooks ``optimizer`` (step pre/post hooks) for the supervisor's LR and clip
+    overrides and the grad norm; ``probe.proceed()`` is the step boundary (freeze, snapshot,
+    in-place rollback of model / optimizer / scheduler, periodic checkpoint, stop). Exclusions
+    by sample ID and batch skips need the ``SupervisedLoader``: without it such a directive is
+    refused (acknowledged as failed), never silently ignored.
+    """
+    probe = init(
+        model, optimizer, scheduler=scheduler, scaler=scaler, ctx=ctx, transport=transport,
+        checkpoint=checkpoint, trace=trace, restore=False, **settings,
+    )  # fmt: skip
+    probe.watch_optimizer()
+    resume = getattr(resolve_ctx(ctx), "resume_step", None)
     if resume is not None:
         probe.steering.restore(int(resume))
     return probe

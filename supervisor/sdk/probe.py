@@ -39,7 +39,7 @@ from supervisor.sdk.metrics import (
 from supervisor.sdk.nonfinite import localize_nonfinite, unwrap
 from supervisor.sdk.settings import ProbeSettings
 from supervisor.sdk.steering import Steering
-from supervisor.sdk.step import Pending, StepScope, loss_fields
+from supervisor.sdk.step import Pending, StepScope, UserStep, loss_fields
 from supervisor.sdk.transport import Transport
 
 LossFn = Callable[[nn.Module, Any], StepLoss]
@@ -81,9 +81,13 @@ class Probe:
         self.steering = Steering(self, ControlChannel(rank, world_size))
         if loader is not None and hasattr(loader, "boundary"):
             loader.boundary = self.boundary
+        self.user_step: UserStep | None = None
+        """Set by ``watch_optimizer``: the user's loop owns the optimizer step (``sdk.watch``)."""
 
     # -- the user loop -------------------------------------------------------------------------
     def step(self, batch: Any) -> StepScope:
+        if self.user_step is not None:
+            raise SupervisorError("this probe watches the user's own optimizer step: call probe.record(...)")
         if self.should_stop:
             raise SupervisorError("training was stopped (Stop directive or max_steps): end the loop")
         return StepScope(self, batch)
@@ -107,6 +111,32 @@ class Probe:
     def close(self) -> None:
         self.flush()
         self.transport.close()
+
+    # -- a loop that owns its optimizer step (sdk.watch) ----------------------------------------
+    def watch_optimizer(self) -> None:
+        """Hook the optimizer: the step's LR / clip overrides and its grad norm, around the user's
+        own ``optimizer.step()``; the step is then reported with ``record``."""
+        if self.user_step is None:
+            self.user_step = UserStep(self)
+
+    def record(
+        self,
+        loss: Any = None,
+        *,
+        loss_sum: Any = None,
+        tokens: Any = None,
+        grad_norm: Any = None,
+        batch: Any = None,
+    ) -> None:
+        """Report the optimizer step that just ran in the user's loop (one device->host sync).
+
+        ``loss``: the step's mean loss (token-weighted when ``tokens`` is given), or ``loss_sum``
+        and ``tokens``; ``grad_norm``: what the user's ``clip_grad_norm_`` returned (else the
+        norm the probe measured just before ``optimizer.step()``, after any clipping).
+        """
+        if self.user_step is None:
+            raise SupervisorError("probe.record() needs sdk.watch(...) (the probe owns this loop's step)")
+        self.user_step.record(loss, loss_sum, tokens, grad_norm, batch)
 
     def localize_nonfinite(self, run: Callable[[nn.Module], torch.Tensor]) -> str | None:
         """Replay ``run(module) -> loss`` with checks armed; names where NaN/Inf first appeared."""
@@ -232,6 +262,9 @@ class Probe:
 
     def flush(self) -> None:
         """Emit the pending record now (one extra sync; used at boundaries that act, and at close)."""
+        if self.user_step is not None:
+            self.user_step.flush()
+            return
         if self.pending is None:
             return
         pack = Pack()

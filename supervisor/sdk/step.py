@@ -151,3 +151,131 @@ def loss_fields(
         rec["seq_len_max"] = int(max(lengths))
         rec["seq_len_mean"] = sum(lengths) / len(lengths)
     return rec
+
+
+class UserStep:
+    """A step the user's loop owns: ``clip_grad_norm_``, ``optimizer.step()`` and the scheduler are theirs.
+
+    Optimizer step hooks do what ``s.optimizer_step()`` does around the user's call: the
+    steering's LR multiplier (scaled before, restored after, so the scheduler never sees it),
+    the steering's grad-clip override, and a grad norm measured just before the step (used
+    when the user does not pass the one their clip returned). ``record`` then measures the
+    update of that step (sampled ‖Δθ‖, ‖θ‖), packs it with the loss and sends the record.
+    """
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.optimizer = probe.optimizer
+        self.grad_norm: torch.Tensor | None = None
+        self.lr: float | None = None
+        self.stepped = 0
+        self._saved: list[float] = []
+        self._last = time.monotonic()
+        self._handles = [
+            self.optimizer.register_step_pre_hook(self._pre),
+            self.optimizer.register_step_post_hook(self._post),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        from supervisor.sdk.metrics import grad_norm
+
+        p = self.probe
+        step = p.step_count + 1
+        self.grad_norm = grad_norm(p.params, p.steering.grad_clip)  # clips only under an override
+        mult = p.steering.lr_multiplier(step)
+        self._saved = [g["lr"] for g in opt.param_groups]
+        if mult != 1.0:
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * mult
+        self.lr = float(opt.param_groups[0]["lr"])
+        self.stepped += 1
+
+    def _post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        for g, lr in zip(opt.param_groups, self._saved, strict=False):
+            g["lr"] = lr
+
+    def record(self, loss: Any, loss_sum: Any, tokens: Any, grad_norm: Any, batch: Any) -> None:
+        from supervisor.sdk.metrics import fingerprint, fingerprint_parts
+
+        p = self.probe
+        if loss_sum is None and loss is None:
+            raise SupervisorError("probe.record() needs the step's loss (or loss_sum and tokens)")
+        pack = Pack()
+        if loss_sum is None:
+            loss_sum = _detached(loss) * (_detached(tokens) if tokens is not None else 1.0)
+        pack.add("loss_sum", _detached(loss_sum))
+        if tokens is not None:
+            pack.add("tokens", _detached(tokens))
+        gn = grad_norm if grad_norm is not None else self.grad_norm
+        if gn is not None:
+            pack.add("grad_norm", _detached(gn))
+        if p.settings.norms:
+            param_sq, update_sq = p.sampler.measure()
+            if p.sharded:
+                both = torch.stack(
+                    [param_sq, update_sq if update_sq is not None else torch.zeros_like(param_sq)]
+                )
+                torch.distributed.all_reduce(both)
+                param_sq, update_sq = both[0], (both[1] if update_sq is not None else None)
+            pack.add("param_sq", param_sq)
+            pack.add("update_sq", update_sq)
+        step = p.step_count + 1
+        every = p.settings.fingerprint_every
+        if every and step % every == 0:
+            pack.add("fingerprint", fingerprint_parts(p.params))
+        vals = pack.fetch()  # the one device->host sync of this step
+        rec: dict[str, Any] = {"step": step, "rank": p.rank, "world_size": p.world_size, "time": time.time()}
+        n = vals["tokens"][0] if "tokens" in vals else None
+        rec["loss"] = vals["loss_sum"][0] / n if n else vals["loss_sum"][0]
+        if n is not None:
+            rec["loss_sum"], rec["tokens"] = vals["loss_sum"][0], int(n)
+        if "grad_norm" in vals:
+            rec["grad_norm"] = vals["grad_norm"][0]
+        lr = self.lr if self.stepped else float(self.optimizer.param_groups[0]["lr"])
+        rec["lr"] = lr
+        if "param_sq" in vals:
+            rec["param_norm"] = math.sqrt(vals["param_sq"][0])
+        if "update_sq" in vals:
+            rec["update_norm"] = math.sqrt(vals["update_sq"][0])
+        if "fingerprint" in vals and not p.sharded:
+            rec["param_checksum"] = fingerprint(vals["fingerprint"])
+        rec["nonfinite"] = not all(math.isfinite(rec.get(k, 0.0)) for k in ("loss", "grad_norm"))
+        if not self.stepped:
+            rec.setdefault("events", []).append("optimizer_step_not_seen")
+        now = time.monotonic()
+        rec["step_time"], self._last = now - self._last, now
+        if n and rec["step_time"] > 0:
+            rec["tokens_per_s"] = n / rec["step_time"]
+        if isinstance(batch, dict) and batch.get("sample_ids"):
+            rec["samples"] = list(batch["sample_ids"][: p.settings.max_samples])
+        self.stepped = 0
+        self.flush()
+        # Held until the boundary after this step: events of that boundary (checkpoint saved,
+        # directive acknowledged) belong to this step's record, as in the probe-owned step.
+        p.pending = Pending(rec, 0.0, 0.0, None, p.next_events)
+        p.next_events = []
+        p.step_count = step
+
+    def flush(self) -> None:
+        """Send the held record as it is (its metrics were all measured in ``record``)."""
+        p = self.probe
+        pending, p.pending = p.pending, None
+        if pending is None:
+            return
+        rec = pending.record
+        events = rec.get("events", []) + pending.events
+        if events:
+            rec["events"] = events
+        p.transport.send([rec])
+
+
+def _detached(x: Any) -> torch.Tensor:
+    return (
+        x.detach().reshape(()).double()
+        if isinstance(x, torch.Tensor)
+        else torch.tensor(float(x), dtype=torch.float64)
+    )
