@@ -1,7 +1,8 @@
 """`supervisor launch`, `supervisor status`, `supervisor stop`: the supervisor on Ray.
 
 Exit codes of `launch` (foreground): 0 the job finished healthy, 1 it was escalated, failed
-or stopped, 2 bad input (an unreadable job.yaml, no Ray to connect to).
+or stopped, 2 bad input (an unreadable job.yaml), 3 Ray or the supervisor failed (no Ray to
+connect to, the supervisor actor died).
 """
 
 from __future__ import annotations

@@ -1,32 +1,66 @@
 """The `supervisor` command. Each subcommand lives in its own module; this file wires them.
 
-Every expected failure is a ``SupervisorError``: printed as one line
-(``error: <file>: <field>: <what>``) with exit code 2 and no traceback.
+Exit codes (every command, docs/operations.md): 0 done, 1 the job failed or escalated / a
+check found what it looks for, 2 bad input, 3 the supervisor, Ray or storage failed.
+Every expected failure is a ``SupervisorError`` printed as one line
+(``error: <file>: <field>: <what>``) with its exit code; a Ray or storage-client exception
+that escapes a command is one line with exit code 3. Anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, NoReturn
 
 import click
 
 from supervisor import logging as slog
-from supervisor.errors import SupervisorError
+from supervisor.errors import EXIT_BROKEN, SupervisorError
+
+# Exceptions of these libraries mean the backend failed, not the input (e.g. Ray's
+# ActorDiedError when the supervisor actor dies under `launch`).
+_BACKEND_MODULES = ("ray", "botocore", "boto3", "grpc")
+
+
+def _backend_failure(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in _BACKEND_MODULES
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """Print ``exc`` as one line and exit with its code (see the module docstring)."""
+    if isinstance(exc, SupervisorError):
+        click.echo(f"error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    detail = " ".join(str(exc).split())[:300] or "(no detail)"
+    click.echo(f"error: Ray or storage failed: {type(exc).__name__}: {detail}", err=True)
+    sys.exit(EXIT_BROKEN)
 
 
 class SupervisorGroup(click.Group):
-    """A click group that turns SupervisorError into one line and exit code 2."""
+    """A click group that turns expected failures into one line and their exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SupervisorError as exc:
-            click.echo(f"error: {exc.one_line()}", err=True)
-            ctx.exit(2)
+            fail(exc)
+        except Exception as exc:
+            if not _backend_failure(exc):
+                raise
+            fail(exc)
+
+
+def _version() -> str:
+    try:
+        return version("spike-supervisor")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
 
 
 @click.group(cls=SupervisorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", "-V", prog_name="supervisor", message="%(prog)s %(version)s")
 @click.option(
     "--log-level",
     default="info",
@@ -40,7 +74,11 @@ class SupervisorGroup(click.Group):
     help="Force JSON log lines (default: JSON unless stderr is a terminal).",
 )
 def cli(log_level: str, log_json: bool | None) -> None:
-    """spike-supervisor: watch PyTorch training on Ray, diagnose loss spikes, roll back safely."""
+    """spike-supervisor: watch PyTorch training on Ray, diagnose loss spikes, roll back safely.
+
+    Exit codes: 0 done, 1 the job failed or escalated (or a check matched), 2 bad input,
+    3 the supervisor, Ray or storage failed.
+    """
     slog.configure(log_level, log_json)
 
 
@@ -72,8 +110,7 @@ def main() -> None:
     try:
         cli.main(prog_name="supervisor", standalone_mode=True)
     except SupervisorError as exc:  # raised outside invoke (e.g. while parsing)
-        click.echo(f"error: {exc.one_line()}", err=True)
-        sys.exit(2)
+        fail(exc)
 
 
 if __name__ == "__main__":
