@@ -42,7 +42,10 @@ def diag(
 
 
 def state(**kw: Any) -> JobState:
+    """A job at step 345 that clips at 1.0 and runs LR 3e-3, with three healthy checkpoints."""
     kw.setdefault("step", 345)
+    kw.setdefault("grad_clip", 1.0)
+    kw.setdefault("lr", 3e-3)
     kw.setdefault("checkpoints", ((100, "healthy"), (200, "healthy"), (300, "healthy")))
     return JobState(**kw)
 

@@ -25,7 +25,7 @@ def expected_rule(phenotype: str, cause: str) -> str:
     if cause == "resume_state":
         return "after_resume"
     if phenotype == "divergence":
-        return "divergence"
+        return "divergence"  # no named evidence in these diagnoses: the phenotype decides
     if cause == "distributed":
         return "rank_local"
     return phenotype  # periodic, transient, slow_recovery rules are named after the phenotype
@@ -52,7 +52,7 @@ def test_phenotype_by_cause(
 @pytest.mark.parametrize(
     ("attrs", "rule"),
     [
-        ({"nonfinite": True, "nonfinite_at": "blocks.3.attn"}, "nonfinite"),
+        ({"nonfinite": True, "nonfinite_at": "blocks.3.attn"}, "optimizer_state"),
         ({"after_resume": True}, "after_resume"),
         ({"rank_local": True, "first_rank": 3}, "rank_local"),
         ({"after_resume": True, "nonfinite": True}, "after_resume"),
@@ -63,7 +63,10 @@ def test_attributes_pick_their_rule(
 ) -> None:
     p = plan(diag("transient", ("data",), **attrs), state(), default_policy)
     assert p.rule == rule
-    assert p.action_names == yaml_actions(default_yaml, rule)
+    expected = yaml_actions(default_yaml, rule)
+    if attrs.get("nonfinite") and "apply" not in expected:  # a NaN state always gets a fix after the rollback
+        expected.insert(expected.index("rollback") + 1, "apply")
+    assert p.action_names == expected
 
 
 def test_divergence_plan_parameters(default_policy: Policy) -> None:
@@ -73,8 +76,9 @@ def test_divergence_plan_parameters(default_policy: Policy) -> None:
     assert rollback.params["margin_steps"] == 100 and rollback.params["max_target_step"] == 240
     assert rollback.params["target_step"] == 200 and rollback.params["require_verified"] is True
     assert "target step 200" in rollback.reason and "margin 100" in rollback.reason
-    assert apply.params == {"warmup_steps": 200}
+    assert apply.params == {"warmup_steps": 100}  # first attempt: lr_scale_on_retry does not apply yet
     assert observe.params["steps"] == 100 and observe.params["baseline_until_step"] == 340
+    assert observe.params["cover_until_step"] == 360  # onset + observation.onset_margin_steps
     assert observe.on_failure == "escalate" and p.action_names[-1] == "resume"
 
 
@@ -91,7 +95,7 @@ def test_rank_local_replays_on_another_rank(default_policy: Policy) -> None:
     p = plan(diag("transient", ("distributed",), rank_local=True, first_rank=2), state(), default_policy)
     replay = p.action("replay")
     assert replay is not None and replay.params["other_rank"] is True and replay.params["suspect_rank"] == 2
-    assert replay.on_failure == "escalate"
+    assert replay.on_failure == "continue"  # not reproduced / not replayable: exclude anyway, never stop
 
 
 def test_after_resume_checks_completeness(default_policy: Policy) -> None:

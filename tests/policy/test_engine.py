@@ -22,9 +22,15 @@ def test_escalates_when_attempts_are_exhausted(default_policy: Policy) -> None:
 
 
 def test_rule_limit_is_named_in_the_reason(default_policy: Policy) -> None:
-    d = diag("transient", ("distributed",), rank_local=True)
-    p = plan(d, state(attempts={"rank_local": 1}, steps_since_last_incident=10), default_policy)
-    assert p.escalate_reason == "Deciding to escalate: attempts 1 reached rule 'rank_local' max_attempts=1"
+    d = diag("periodic", ("data",))
+    p = plan(d, state(attempts={"periodic": 2}, steps_since_last_incident=10), default_policy)
+    assert (
+        p.escalate_reason
+        == "Deciding to escalate: attempts 2 reached rule 'periodic' defaults.max_attempts=2"
+    )
+    d = diag("transient", ("distributed",), rank_local=True, first_rank=1)
+    p = plan(d, state(attempts={"rank_local": 20}, steps_since_last_incident=10), default_policy)
+    assert p.escalate_reason == "Deciding to escalate: attempts 20 reached rule 'rank_local' max_attempts=20"
 
 
 def test_attempts_of_another_rule_do_not_count(default_policy: Policy) -> None:

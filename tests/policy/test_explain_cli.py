@@ -61,7 +61,8 @@ def test_explain_divergence_prints_the_procedure(trace: Path) -> None:
     res = CliRunner().invoke(cli, ["policy", "explain", "default", "--trace", str(trace)])
     assert res.exit_code == 0, res.output
     out = res.stdout
-    assert "incident 1: divergence" in out and "rule 'divergence' matched" in out
+    assert "incident 1: divergence" in out and "rule 'optimizer_state' matched" in out
+    assert "evidence: " in out and "_jump (" in out  # the plan follows the LR/update jump, not the curve
     steps = [line.split()[1] for line in out.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
     assert steps[:8] == [
         "alert",
@@ -87,7 +88,8 @@ def test_explain_json(trace: Path) -> None:
     assert first["diagnosis"]["phenotype"] == "divergence"
     assert ONSET - 5 <= first["diagnosis"]["onset_step"] <= ONSET + 30
     plan = first["plan"]
-    assert plan["rule"] == "divergence" and plan["escalate_reason"] is None
+    assert plan["rule"] == "optimizer_state" and plan["escalate_reason"] is None
+    assert {"lr_jump", "update_jump"} & set(plan["evidence"]) and plan["recovery"] == "in_place"
     rollback = next(a for a in plan["actions"] if a["name"] == "rollback")
     assert rollback["params"]["margin_steps"] == 100
     assert rollback["params"]["target_step"] <= first["diagnosis"]["onset_step"] - 100

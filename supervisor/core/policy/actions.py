@@ -99,10 +99,35 @@ class ApplyParams(ActionParams):
     """Change the training recipe from the resume point on."""
 
     lr_scale: float | None = Field(
-        None, gt=0, le=1, description="Multiply the learning rate (< 1 lowers it)."
+        None,
+        gt=0,
+        lt=1,
+        description="Multiply the LR the job runs now (its schedule times any override in force) by this.",
+    )
+    lr_scale_on_retry: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=(
+            "On a later attempt of the same incident (it came back after a recovery), also multiply "
+            "the LR in force by this: the same recipe is not tried twice."
+        ),
     )
     warmup_steps: int | None = Field(None, ge=0, description="Re-warm the LR over this many steps.")
-    grad_clip: float | None = Field(None, gt=0, description="Clip the global grad norm to this value.")
+    grad_clip: float | None = Field(
+        None,
+        gt=0,
+        description="Clip the global grad norm at this value (dropped when the job already clips at or below it).",
+    )
+    grad_clip_scale: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description=(
+            "Clip at this share of the clip in force (e.g. 0.5: half); a job that does not clip is "
+            "clipped at this share of its median grad norm before the onset."
+        ),
+    )
     precision: Literal["fp32", "bf16", "fp16"] | None = Field(None, description="Switch compute precision.")
     exclude: Exclude | None = Field(None, description="Data to quarantine.")
     skip_batches: int | None = Field(None, ge=1, description="Skip this many batches after the resume point.")
@@ -112,6 +137,8 @@ class ApplyParams(ActionParams):
         if all(getattr(self, f) is None for f in type(self).model_fields):
             names = ", ".join(type(self).model_fields)
             raise ValueError(f"apply needs at least one of {names}")
+        if self.grad_clip is not None and self.grad_clip_scale is not None:
+            raise ValueError("set grad_clip (absolute) or grad_clip_scale (relative), not both")
         return self
 
 
@@ -121,7 +148,15 @@ class PassCriteria(ActionParams):
     loss_within_mads: float = Field(3.0, gt=0, description="Loss stays within N MADs of the baseline median.")
     grad_norm_ratio_max: float = Field(2.0, gt=1, description="Grad norm median ≤ N × baseline median.")
     update_ratio_max: float = Field(2.0, gt=1, description="Update ratio median ≤ N × baseline median.")
-    throughput_min_ratio: float = Field(0.8, gt=0, le=1, description="Tokens/s ≥ N × baseline.")
+    throughput: bool | None = Field(
+        None, description="Judge throughput at all (default: the policy's observation.throughput)."
+    )
+    throughput_min_ratio: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Sustained tokens/s >= N x the run's own baseline (default: observation.throughput_min_ratio).",
+    )
 
 
 class ObserveParams(ActionParams):
@@ -129,7 +164,12 @@ class ObserveParams(ActionParams):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    steps: int = Field(100, ge=50, le=200, description="Length of the observation window.")
+    steps: int = Field(
+        100,
+        ge=50,
+        le=200,
+        description="Minimum length of the window; it also runs past the onset (observation.onset_margin_steps).",
+    )
     pass_: PassCriteria = Field(default_factory=PassCriteria, alias="pass")  # type: ignore[arg-type]
 
 

@@ -2,9 +2,14 @@
 
     1. pick the first rule whose match fits (or the policy's fallback);
     2. a metric artifact gets an alert and nothing else;
-    3. escalate when the observation window failed too often or attempts ran out;
-    4. enforce the invariants on the rule's actions, then resolve each one's parameters
-       (escalating when no checkpoint qualifies as a rollback target).
+    3. escalate when the observation window failed too often, the rule's attempts ran out,
+       this incident recurred too often (``recurrence.max_attempts``), or its rank is a
+       repeat offender (``rank_offenders``);
+    4. enforce the invariants on the rule's actions (a suspect state is rolled back and
+       fixed, whatever the phenotype), adapt them to what the job can do (no replay hooks,
+       an observe-level job), then resolve each one's parameters against the job's current
+       values (escalating when no checkpoint qualifies as a rollback target; dropping a fix
+       that would change nothing).
 
 Every choice carries a sentence naming the rule and the setting behind it.
 """
@@ -14,13 +19,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from supervisor.core.model import Cause, Diagnosis
+from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.invariants import (
     Step,
     block_before_rollback,
+    fix_after_rollback,
     metric_artifact_only,
+    release_after_freeze,
     rollback_before_continuing,
 )
-from supervisor.core.policy.plan import JobState, Plan, PlannedAction
+from supervisor.core.policy.plan import JobState, Plan, PlannedAction, Recovery
 from supervisor.core.policy.resolve import NoRollbackTarget, resolve
 from supervisor.core.policy.schema import ActionSpec, Policy, Rule
 
@@ -44,12 +52,17 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     rule, because, passed = select_rule(policy, diagnosis)
     name = rule.name if rule else FALLBACK
     specs = rule.actions if rule else policy.fallback
+    found = findings(diagnosis)
+    if found:
+        because += "; evidence: " + "; ".join(f"{k} ({v})" for k, v in found.items())
     base = Plan(
         policy=policy.name,
         rule=rule.name if rule else None,
         matched_because=because,
         actions=(),
         passed_over=tuple(passed),
+        evidence=tuple(found),
+        supervision=state.supervision,
     )
     steps = [Step(s) for s in specs]
     if diagnosis.top_cause is Cause.METRIC_ARTIFACT:
@@ -58,17 +71,45 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
 
     attempts, notes = _attempts_so_far(rule, state, policy)
     base = replace(base, attempt=attempts + 1)
-    if why := _exhausted(rule, attempts, state, policy):
+    if why := _exhausted(rule, attempts, diagnosis, state, policy):
         return _escalation(base, why, diagnosis, state, notes)
 
-    steps, more = rollback_before_continuing(steps, diagnosis, state)
+    for fix_up in (rollback_before_continuing, fix_after_rollback):
+        steps, more = fix_up(steps, diagnosis, state)
+        notes += more
+    steps, more = adapt_to_job(steps, state)
     notes += more
-    steps, more = block_before_rollback(steps)
-    notes += more
+    for order in (block_before_rollback, release_after_freeze):
+        steps, more = order(steps)
+        notes += more
     try:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
         return _escalation(base, f"Deciding to escalate: {exc}", diagnosis, state, notes)
+
+
+#: Actions that need the SDK at the step boundary (DESIGN.md "How deeply a job is supervised").
+STEER_ONLY = ("freeze", "snapshot", "replay")
+
+
+def adapt_to_job(steps: list[Step], state: JobState) -> tuple[list[Step], list[str]]:
+    """Drop what this job cannot carry out, saying what happens instead (never a silent no-op)."""
+    out, notes = [], []
+    for s in steps:
+        name = s.spec.action
+        if name == "replay" and state.can_replay is False:
+            notes.append(
+                "replay dropped: the job has no replay_hooks; the suspect data is excluded without replay"
+            )
+            continue
+        if name in STEER_ONLY and state.supervision == "observe":
+            notes.append(
+                f"{name} dropped: an observe-level job has no step-boundary control; "
+                "recovery restarts the group from a verified checkpoint through the framework's resume path"
+            )
+            continue
+        out.append(s)
+    return out, notes
 
 
 def _limits(rule: Rule | None, policy: Policy) -> tuple[int, int]:
@@ -93,7 +134,7 @@ def _attempts_so_far(rule: Rule | None, state: JobState, policy: Policy) -> tupl
     return n, []
 
 
-def _exhausted(rule: Rule | None, attempts: int, state: JobState, policy: Policy) -> str | None:
+def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, policy: Policy) -> str | None:
     name = rule.name if rule else FALLBACK
     max_attempts, _ = _limits(rule, policy)
     limit = policy.defaults.max_observation_failures
@@ -102,12 +143,37 @@ def _exhausted(rule: Rule | None, attempts: int, state: JobState, policy: Policy
             f"Deciding to escalate: the observation window failed {state.observation_failures} time(s), "
             f"reaching defaults.max_observation_failures={limit}"
         )
+    rec = policy.recurrence
+    if state.incident_attempt >= rec.max_attempts:
+        return (
+            f"Deciding to escalate: this incident came back after {state.incident_attempt} recovery "
+            f"attempt(s), reaching recurrence.max_attempts={rec.max_attempts}"
+        )
+    if why := repeat_offender(d, state, policy):
+        return why
     if attempts >= max_attempts:
         setting = (
             "max_attempts" if rule is not None and rule.max_attempts is not None else "defaults.max_attempts"
         )
         return f"Deciding to escalate: attempts {attempts} reached rule {name!r} {setting}={max_attempts}"
     return None
+
+
+def repeat_offender(d: Diagnosis, state: JobState, policy: Policy) -> str | None:
+    """Escalation reason when this rank-local incident makes its rank a hardware suspect."""
+    if not d.rank_local or d.first_rank is None:
+        return None
+    lim = policy.rank_offenders
+    earlier = [
+        s for s, r in state.rank_incidents if r == d.first_rank and 0 <= d.onset_step - s <= lim.window_steps
+    ]
+    if len(earlier) + 1 < lim.count:
+        return None
+    return (
+        f"Deciding to escalate: rank {d.first_rank} deviated first in {len(earlier) + 1} incidents within "
+        f"{lim.window_steps} steps (onsets {', '.join(map(str, [*earlier, d.onset_step]))}), reaching "
+        f"rank_offenders.count={lim.count}: hardware suspect"
+    )
 
 
 def _escalation(base: Plan, why: str, d: Diagnosis, state: JobState, notes: list[str]) -> Plan:
@@ -129,17 +195,27 @@ def _finish(
     base: Plan, steps: list[Step], notes: list[str], name: str, d: Diagnosis, state: JobState, policy: Policy
 ) -> Plan:
     default = policy.defaults.on_failure
-    actions = tuple(_planned(s, i, name, d, state, default) for i, s in enumerate(steps, 1))
+    planned = [_planned(s, i, name, d, state, default, policy) for i, s in enumerate(steps, 1)]
+    notes = list(notes)
+    for a in planned:
+        if a.name == "apply" and not a.params:
+            notes.append(f"apply dropped: it would change nothing ({a.reason.split(': ', 1)[-1]})")
+    actions = tuple(a for a in planned if a.name != "apply" or a.params)
     esc = next((a for a in actions if a.name == "escalate"), None)
     reason = None
     if esc is not None:
         msg = esc.params.get("message")
         reason = f"Deciding to escalate: rule {name!r} says so" + (f": {msg}" if msg else "")
-    return replace(base, actions=actions, escalate_reason=reason, notes=tuple(notes))
+    recovery: Recovery = "none"
+    if any(a.name == "rollback" for a in actions):
+        recovery = "restart" if state.supervision == "observe" else "in_place"
+    return replace(base, actions=actions, escalate_reason=reason, notes=tuple(notes), recovery=recovery)
 
 
-def _planned(step: Step, i: int, rule: str, d: Diagnosis, state: JobState, default: str) -> PlannedAction:
+def _planned(
+    step: Step, i: int, rule: str, d: Diagnosis, state: JobState, default: str, policy: Policy | None = None
+) -> PlannedAction:
     spec = step.spec
-    params, detail = resolve(spec.action, spec.params, d, state)
+    params, detail = resolve(spec.action, spec.params, d, state, policy.observation if policy else None)
     origin = f"inserted by the engine ({step.inserted})" if step.inserted else f"rule {rule!r} action {i}"
     return PlannedAction(spec.action, params, f"{origin}: {detail}", spec.on_failure or default)

@@ -1,9 +1,11 @@
 """Safety rules the engine enforces whatever a policy says (shared/DESIGN.md, "Policies").
 
 1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
-2. A state that may hold non-finite weights or optimizer moments is never "fixed" by
-   lowering the LR and continuing: a rollback precedes the first action that lets training
-   go on (the engine escalates when no checkpoint qualifies).
+2. A state that may hold non-finite weights or optimizer moments, or that took an LR jump
+   or an update-ratio jump, is never "fixed" by lowering the LR and continuing: a rollback
+   to before the onset precedes the first action that lets training go on (the engine
+   escalates when no checkpoint qualifies), and a fix follows the rollback (a re-warm when
+   the rule names none): the evidence decides this, not the phenotype read at one instant.
 3. `block_latest` precedes any rollback.
 4. A rollback target is always verified and never `diagnostic` (see resolve._rollback).
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype
-from supervisor.core.policy.actions import CONTINUES
+from supervisor.core.policy.actions import CONTINUES, TERMINAL
+from supervisor.core.policy.evidence import state_suspect
 from supervisor.core.policy.plan import JobState
 from supervisor.core.policy.schema import ActionSpec
 
@@ -55,25 +58,61 @@ def maybe_nonfinite(d: Diagnosis, state: JobState) -> str | None:
     return None
 
 
+def state_suspect_reason(d: Diagnosis, state: JobState) -> str | None:
+    """Why the weights or optimizer moments cannot be trusted (non-finite, LR or update jump), or None."""
+    if why := maybe_nonfinite(d, state):
+        return why
+    found = state_suspect(d)
+    if not found:
+        return None
+    name, sentence = next(iter(found.items()))
+    return f"{name.replace('_', ' ')} ({sentence})"
+
+
+#: The fix the engine adds after a rollback when the rule names none: re-warm the LR, so the
+#: steps that blew up are re-run at a lower LR and the schedule is back on plan afterwards.
+DEFAULT_FIX = {"apply": {"warmup_steps": 100}}
+
+
+def fix_after_rollback(steps: list[Step], d: Diagnosis, state: JobState) -> tuple[list[Step], list[str]]:
+    """Invariant 2, second half: a state-suspect incident gets a fix after its rollback."""
+    names = [s.spec.action for s in steps]
+    if "rollback" not in names or state_suspect_reason(d, state) is None:
+        return steps, []
+    first = names.index("rollback")
+    if "apply" in names[first:]:
+        return steps, []
+    go = next((i for i, n in enumerate(names) if i > first and n in CONTINUES), len(names))
+    if go == len(names) and any(n in ("escalate", "stop") for n in names):
+        return steps, []  # the rule hands over to a person: no fix to add
+    out = list(steps)
+    why = "a rollback alone re-runs the same recipe: re-warm the LR through the steps that blew up"
+    out.insert(go, Step(ActionSpec.model_validate(DEFAULT_FIX), why))
+    return out, [f"apply inserted after the rollback: {why}"]
+
+
 def rollback_before_continuing(
     steps: list[Step], d: Diagnosis, state: JobState
 ) -> tuple[list[Step], list[str]]:
-    """Invariant 2: no apply/observe/resume on a possibly non-finite state before a rollback."""
-    why = maybe_nonfinite(d, state)
+    """Invariant 2: no apply/observe/resume on a suspect state (non-finite, LR/update jump) before a rollback."""
+    why = state_suspect_reason(d, state)
     names = [s.spec.action for s in steps]
     first_go = next((i for i, n in enumerate(names) if n in CONTINUES), None)
+    if first_go is None and not TERMINAL.intersection(names):
+        first_go = len(names)  # an alert-only plan lets training go on too
     if why is None or first_go is None or "rollback" in names[:first_go]:
         return steps, []
     out = list(steps)
     later = next((s for s in out[first_go:] if s.spec.action == "rollback"), None)
     reason = f"{why}: lowering the LR and continuing is never a fix; roll back first"
+    where = repr(names[first_go]) if first_go < len(names) else "training goes on"
     if later is not None:
         out.remove(later)
-        rollback = Step(later.spec, f"moved before {names[first_go]!r}: {reason}")
+        rollback = Step(later.spec, f"moved before {where}: {reason}")
     else:
         rollback = Step(ActionSpec.model_validate("rollback"), reason)
     out.insert(first_go, rollback)
-    notes = [f"rollback {'moved' if later else 'inserted'} before {names[first_go]!r}: {reason}"]
+    notes = [f"rollback {'moved' if later else 'inserted'} before {where}: {reason}"]
     if "freeze" not in names[:first_go]:
         out.insert(first_go, Step(ActionSpec.model_validate("freeze"), "stop updates before rollback"))
         notes.append("freeze inserted before the rollback")
@@ -94,3 +133,15 @@ def block_before_rollback(steps: list[Step]) -> tuple[list[Step], list[str]]:
     out.insert(first, Step(ActionSpec.model_validate("block_latest"), reason))
     moved = "block_latest" in names
     return out, [f"block_latest {'moved' if moved else 'inserted'} before rollback"]
+
+
+def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
+    """A plan that froze training and does not hand over ends by releasing it (observe or resume)."""
+    names = [s.spec.action for s in steps]
+    if "freeze" not in names or TERMINAL.intersection(names):
+        return steps, []
+    last = len(names) - 1 - names[::-1].index("freeze")
+    if any(n in ("observe", "resume") for n in names[last:]):
+        return steps, []
+    why = "the plan froze training and hands nothing over: release it at the end"
+    return [*steps, Step(ActionSpec.model_validate("resume"), why)], [f"resume appended: {why}"]

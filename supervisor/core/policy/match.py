@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype, Severity
+from supervisor.core.policy.evidence import Finding, findings
 
 Attribute = Literal["nonfinite", "rank_local", "after_resume", "source_local"]
 
@@ -90,6 +91,13 @@ class Match(_Section):
         description="One of these is among the ranked causes with score >= min_cause_score.",
     )
     min_cause_score: float = Field(0.0, ge=0, description="Score a cause in `causes` needs to count.")
+    evidence: list[Finding] = Field(
+        default_factory=list,
+        description="At least one of these findings is in the diagnosis' evidence (see policy.evidence).",
+    )
+    not_evidence: list[Finding] = Field(
+        default_factory=list, description="None of these findings is present."
+    )
     severity_at_least: Severity | None = Field(None, description="Severity is at least this.")
     metrics: list[MetricCondition] = Field(
         default_factory=list, description="Numeric conditions, all must hold."
@@ -115,6 +123,12 @@ class Match(_Section):
             return f"no cause in {_names(self.causes)} with score >= {self.min_cause_score:g}"
         if self.severity_at_least is not None and d.severity.rank < self.severity_at_least.rank:
             return f"severity {d.severity.value} below {self.severity_at_least.value}"
+        if self.evidence or self.not_evidence:
+            found = findings(d)
+            if self.evidence and not found.keys() & set(self.evidence):
+                return f"no evidence of {', '.join(self.evidence)}"
+            if present_ev := [f for f in self.not_evidence if f in found]:
+                return f"excluded evidence {', '.join(present_ev)} present"
         for cond in self.metrics:
             if why := cond.miss(d):
                 return why
@@ -137,6 +151,10 @@ class Match(_Section):
             parts.append(f"a cause in {_names(self.causes)} scoring >= {self.min_cause_score:g}")
         if self.severity_at_least is not None:
             parts.append(f"severity >= {self.severity_at_least.value}")
+        if self.evidence:
+            parts.append(f"evidence of {' or '.join(self.evidence)}")
+        if self.not_evidence:
+            parts.append(f"no evidence of {', '.join(self.not_evidence)}")
         parts.extend(f"{c.metric} {c.op} {c.value:g}" for c in self.metrics)
         return " and ".join(parts) or "any incident"
 

@@ -1,8 +1,11 @@
 """What the engine reads (``JobState``) and what it returns (``Plan``): plain frozen values.
 
-The runtime builds a ``JobState`` from the incident store and the checkpoint store, asks the
-engine for a ``Plan``, records ``Plan.to_json()`` in the incident timeline, and only then
-executes the actions in order.
+The runtime builds a ``JobState`` from the incident store, the checkpoint store and the
+latest records, asks the engine for a ``Plan``, records ``Plan.to_json()`` in the incident
+timeline, and only then executes the actions in order. Each ``PlannedAction`` carries its
+resolved arguments typed (``action.args``, see ``policy.args``) and as JSON (``params``).
+A ``Plan`` may be a pydantic field (``plan: Plan``): it validates from a Plan or from its
+JSON (older recorded plans included) and serializes to its JSON.
 """
 
 from __future__ import annotations
@@ -10,9 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 from supervisor.core.model import HealthMark
+from supervisor.core.policy.args import Args, parse_args
+
+Supervision = Literal["steer", "observe"]
+"""How deeply the job is supervised (DESIGN.md): `steer` (the SDK owns the step boundary) or
+`observe` (records only; recovery restarts the group through the framework's resume path)."""
+Recovery = Literal["none", "in_place", "restart"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +47,14 @@ class JobState:
     drives the cooldown (None: no earlier incident). ``checkpoints`` is None when unknown
     (the runtime picks the target at execution time) and empty when there are none.
     ``state_maybe_nonfinite`` says weights or optimizer moments may hold NaN/Inf.
+
+    What the job runs now, so fixes are relative to it (None: not known): ``lr`` the LR of
+    the last healthy step, ``lr_scale`` the supervisor's LR override in force (1.0: none),
+    ``grad_clip`` the max grad norm in force (the job's own or an override; None: unknown,
+    0: no clipping), ``grad_norm`` the median grad norm before the onset.
+    ``incident_attempt`` counts recovery attempts of *this* incident (a reopened incident
+    brings its earlier attempts); ``rank_incidents`` lists (onset step, rank) of earlier
+    rank-local incidents; ``can_replay`` is False when the job has no replay hooks.
     """
 
     step: int
@@ -43,9 +63,18 @@ class JobState:
     steps_since_last_incident: int | None = None
     checkpoints: Sequence[CheckpointRef | tuple[int, HealthMark | str]] | None = None
     state_maybe_nonfinite: bool = False
+    lr: float | None = None
+    lr_scale: float = 1.0
+    grad_clip: float | None = None
+    grad_norm: float | None = None
+    supervision: Supervision = "steer"
+    incident_attempt: int = 0
+    rank_incidents: Sequence[tuple[int, int]] = ()
+    can_replay: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attempts", MappingProxyType(dict(self.attempts)))
+        object.__setattr__(self, "rank_incidents", tuple((int(s), int(r)) for s, r in self.rank_incidents))
         if self.checkpoints is not None:
             object.__setattr__(self, "checkpoints", _refs(self.checkpoints))
 
@@ -64,6 +93,14 @@ class JobState:
             if self.checkpoint_refs is None
             else [c.to_json() for c in self.checkpoint_refs],
             "state_maybe_nonfinite": self.state_maybe_nonfinite,
+            "lr": self.lr,
+            "lr_scale": self.lr_scale,
+            "grad_clip": self.grad_clip,
+            "grad_norm": self.grad_norm,
+            "supervision": self.supervision,
+            "incident_attempt": self.incident_attempt,
+            "rank_incidents": [list(x) for x in self.rank_incidents],
+            "can_replay": self.can_replay,
         }
 
 
@@ -72,14 +109,23 @@ def _refs(items: Iterable[CheckpointRef | tuple[int, HealthMark | str]]) -> tupl
     return tuple(sorted(refs, key=lambda c: c.step))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PlannedAction:
-    """One step of a plan, with parameters resolved against the incident (no symbolic values left)."""
+    """One step of a plan, with parameters resolved against the incident (no symbolic values left).
+
+    ``args`` is the typed view of ``params`` (validated once, when the action is made).
+    """
 
     name: str
     params: Mapping[str, Any]
     reason: str
     on_failure: str = "escalate"
+    args: Args = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        args = parse_args(self.name, self.params)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "params", MappingProxyType(args.to_json()))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,7 +147,13 @@ class PlannedAction:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The engine's decision for one incident. ``escalate_reason`` is set when the plan escalates."""
+    """The engine's decision for one incident. ``escalate_reason`` is set when the plan escalates.
+
+    ``evidence`` names the findings the plan followed (``lr_jump``, ``update_jump``,
+    ``nonfinite`` ...); ``supervision`` and ``recovery`` say how the job is supervised and how
+    a rollback is carried out (``in_place`` by the SDK, or ``restart`` of the group through
+    the framework's resume path).
+    """
 
     policy: str
     rule: str | None
@@ -112,6 +164,9 @@ class Plan:
     attempt: int = 1
     passed_over: tuple[tuple[str, str], ...] = ()
     """(rule, why it did not match) for every rule tried before the one that matched."""
+    evidence: tuple[str, ...] = ()
+    supervision: Supervision = "steer"
+    recovery: Recovery = "none"
 
     @property
     def action_names(self) -> list[str]:
@@ -134,6 +189,9 @@ class Plan:
             "actions": [a.to_json() for a in self.actions],
             "notes": list(self.notes),
             "passed_over": [{"rule": r, "why": why} for r, why in self.passed_over],
+            "evidence": list(self.evidence),
+            "supervision": self.supervision,
+            "recovery": self.recovery,
         }
 
     @classmethod
@@ -148,6 +206,27 @@ class Plan:
             notes=tuple(d.get("notes", [])),
             attempt=int(d.get("attempt", 1)),
             passed_over=tuple((p["rule"], p["why"]) for p in d.get("passed_over", [])),
+            evidence=tuple(d.get("evidence", [])),
+            supervision=d.get("supervision", "steer"),
+            recovery=d.get(
+                "recovery",
+                "in_place" if any(a.get("name") == "rollback" for a in d.get("actions", [])) else "none",
+            ),
+        )
+
+    @classmethod
+    def coerce(cls, value: Plan | Mapping[str, Any]) -> Plan:
+        """A Plan from a Plan or its recorded JSON (what ``ActivePlan.plan`` held before it was typed)."""
+        return value if isinstance(value, Plan) else cls.from_json(value)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        """As a pydantic field: validate from a Plan or its JSON, serialize to its JSON."""
+        return core_schema.no_info_plain_validator_function(
+            cls.coerce,
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda p: p.to_json()),
         )
 
 

@@ -1,8 +1,11 @@
 """Turn an action's policy parameters into concrete ones for one incident, with the reason.
 
 Symbolic values (`suspects`, `suspect`, `incident`) are replaced by what the diagnosis
-names; the rollback target is chosen from the known checkpoints. Resolution raises
-``NoRollbackTarget`` when no checkpoint may be restored: the engine then escalates.
+names; the rollback target is chosen from the known checkpoints; fixes are made relative to
+what the job runs now (``JobState.lr_scale``, ``grad_clip``, ``grad_norm``), and a fix that
+would change nothing is dropped with the reason (an ``apply`` left empty is dropped by the
+engine). Resolution raises ``NoRollbackTarget`` when no checkpoint may be restored: the
+engine then escalates.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from supervisor.core.policy.actions import (
     StopParams,
 )
 from supervisor.core.policy.plan import JobState
+from supervisor.core.policy.settings import Observation
 
 Resolved = tuple[dict[str, Any], str]
 
@@ -33,8 +37,12 @@ class NoRollbackTarget(Exception):
     """No checkpoint qualifies as a rollback target; the message says why."""
 
 
-def resolve(name: str, params: ActionParams, d: Diagnosis, state: JobState) -> Resolved:
+def resolve(
+    name: str, params: ActionParams, d: Diagnosis, state: JobState, observation: Observation | None = None
+) -> Resolved:
     """(concrete params, detail sentence) of one action."""
+    if name == "observe":
+        return _observe(params, d, state, observation or Observation.model_validate({}))
     fn = _RESOLVERS.get(name)
     if fn is None:
         return params.model_dump(by_alias=True), ACTIONS[name].summary
@@ -96,32 +104,102 @@ def _exclude(e: Exclude, d: Diagnosis) -> tuple[dict[str, Any], list[str]]:
 
 def _apply(p: Any, d: Diagnosis, state: JobState) -> Resolved:
     assert isinstance(p, ApplyParams)
-    params = p.model_dump(exclude_none=True, exclude={"exclude"})
-    words = []
-    if p.lr_scale is not None:
-        words.append(f"LR x{p.lr_scale:g}")
+    params: dict[str, Any] = {}
+    words: list[str] = []
+    factor = p.lr_scale
+    if p.lr_scale_on_retry is not None and state.incident_attempt > 0:
+        factor = (factor or 1.0) * p.lr_scale_on_retry
+        words.append(
+            f"attempt {state.incident_attempt + 1} of this incident: lr_scale_on_retry={p.lr_scale_on_retry:g}"
+        )
+    if factor is not None:
+        params["lr_scale"], text = _lr_scale(factor, state)
+        words.append(text)
     if p.warmup_steps is not None:
-        words.append(f"re-warm over {p.warmup_steps} steps")
-    if p.grad_clip is not None:
-        words.append(f"clip grad norm at {p.grad_clip:g}")
+        params["warmup_steps"] = p.warmup_steps
+        words.append(f"re-warm the LR over {p.warmup_steps} steps")
+    clip, text = _grad_clip(p, state)
+    if clip is not None:
+        params["grad_clip"] = clip
+    if text:
+        words.append(text)
     if p.precision is not None:
+        params["precision"] = p.precision
         words.append(f"precision {p.precision}")
     if p.exclude is not None:
         params["exclude"], excluded = _exclude(p.exclude, d)
         words.append("quarantine " + ", ".join(excluded))
     if p.skip_batches is not None:
+        params["skip_batches"] = p.skip_batches
         words.append(f"skip {p.skip_batches} batches after the resume point")
     return params, "; ".join(words)
 
 
-def _observe(p: Any, d: Diagnosis, state: JobState) -> Resolved:
+def _lr_scale(factor: float, state: JobState) -> tuple[float, str]:
+    """The absolute LR multiplier to send: the policy's factor times the override in force."""
+    total = round(state.lr_scale * factor, 12)
+    text = f"LR x{factor:g}"
+    if state.lr_scale != 1.0:
+        text += f" of the x{state.lr_scale:g} override in force (x{total:g} of the schedule)"
+    if state.lr is not None:
+        text += f": {_g(state.lr)} -> {_g(state.lr * factor)}"
+    return total, text
+
+
+def _grad_clip(p: ApplyParams, state: JobState) -> tuple[float | None, str]:
+    """(absolute clip to send or None, words): relative to the clip in force; never a no-op."""
+    current = state.grad_clip
+    clipping = current is not None and current > 0
+    if p.grad_clip is not None:
+        if clipping and current is not None and p.grad_clip >= current:
+            return None, (
+                f"grad_clip {p.grad_clip:g} dropped: the job already clips at {current:g} (it would change nothing)"
+            )
+        was = f" (was {current:g})" if clipping and current is not None else ""
+        return p.grad_clip, f"clip grad norm at {p.grad_clip:g}{was}"
+    if p.grad_clip_scale is None:
+        return None, ""
+    if clipping and current is not None:
+        value = current * p.grad_clip_scale
+        return (
+            value,
+            f"clip grad norm at {_g(value)} ({p.grad_clip_scale:g} x the clip in force, {current:g})",
+        )
+    if state.grad_norm is not None and state.grad_norm > 0:
+        value = state.grad_norm
+        off = "the job does not clip" if current == 0 else "the job's clip is not known"
+        return value, f"clip grad norm at {_g(value)}, its median before the onset ({off})"
+    return None, "grad_clip_scale dropped: neither the job's clip nor its grad norm is known"
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e5 else f"{x:.3e}"
+
+
+def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation) -> Resolved:
     assert isinstance(p, ObserveParams)
     c = p.pass_
-    params = p.model_dump(by_alias=True) | {"baseline_until_step": d.onset_step}
+    throughput = obs.throughput if c.throughput is None else c.throughput
+    ratio = obs.throughput_min_ratio if c.throughput_min_ratio is None else c.throughput_min_ratio
+    cover = d.onset_step + obs.onset_margin_steps
+    params = {
+        "steps": p.steps,
+        "pass": {
+            "loss_within_mads": c.loss_within_mads,
+            "grad_norm_ratio_max": c.grad_norm_ratio_max,
+            "update_ratio_max": c.update_ratio_max,
+            "throughput": throughput,
+            "throughput_min_ratio": ratio,
+        },
+        "baseline_until_step": d.onset_step,
+        "cover_until_step": cover,
+    }
+    tput = f"sustained throughput >= {ratio:g}x this run's own" if throughput else "throughput not judged"
     detail = (
-        f"watch {p.steps} steps against the baseline before step {d.onset_step}: loss within "
-        f"{c.loss_within_mads:g} MADs, grad norm <= {c.grad_norm_ratio_max:g}x, update ratio <= "
-        f"{c.update_ratio_max:g}x, throughput >= {c.throughput_min_ratio:g}x"
+        f"watch at least {p.steps} steps and until step {cover} (onset {d.onset_step} + "
+        f"observation.onset_margin_steps={obs.onset_margin_steps}) against the baseline before step "
+        f"{d.onset_step}: loss within {c.loss_within_mads:g} MADs, grad norm <= {c.grad_norm_ratio_max:g}x, "
+        f"update ratio <= {c.update_ratio_max:g}x, {tput}"
     )
     return params, detail
 
@@ -150,7 +228,6 @@ def _message(p: Any, d: Diagnosis, state: JobState) -> Resolved:
 _RESOLVERS: dict[str, Callable[[Any, Diagnosis, JobState], Resolved]] = {
     "rollback": _rollback,
     "apply": _apply,
-    "observe": _observe,
     "replay": _replay,
     "snapshot": _snapshot,
     "alert": _message,

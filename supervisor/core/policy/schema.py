@@ -24,6 +24,7 @@ from pydantic import (
 from supervisor.config.loader import format_validation_error
 from supervisor.core.policy.actions import ACTIONS, TERMINAL, ActionParams, OnFailure, action_names
 from supervisor.core.policy.match import Match
+from supervisor.core.policy.settings import Observation, RankOffenders, Recurrence, Restarts
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
@@ -175,6 +176,10 @@ class Policy(_Section):
     name: str = Field(description="Policy name (shown in plans and incident records).")
     description: str = Field("", description="What this policy is for.")
     defaults: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
+    restarts: Restarts = Field(default_factory=Restarts)  # type: ignore[arg-type]
+    observation: Observation = Field(default_factory=Observation)  # type: ignore[arg-type]
+    recurrence: Recurrence = Field(default_factory=Recurrence)  # type: ignore[arg-type]
+    rank_offenders: RankOffenders = Field(default_factory=RankOffenders)  # type: ignore[arg-type]
     rules: list[Rule] = Field(min_length=1, description="Ordered; the first matching rule wins.")
     fallback: list[ActionSpec] = Field(
         default_factory=lambda: [ActionSpec.model_validate("alert"), ActionSpec.model_validate("escalate")],

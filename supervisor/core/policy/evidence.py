@@ -1,0 +1,75 @@
+"""What the diagnosis found, as named findings a rule can match and the engine can enforce.
+
+The phenotype is a reading of the curve at one instant (a divergence three steps after
+detection reads `slow_recovery` a few steps earlier); the ranked causes and their evidence
+are measured facts that do not flip with timing. A plan follows the facts:
+
+- ``lr_jump``: the learning rate changed abruptly, or rose far above its level before the onset;
+- ``update_jump``: the update ratio ‖Δθ‖/‖θ‖ jumped (one oversized step);
+- ``nonfinite``: NaN/Inf in the loss, gradients, weights or optimizer moments;
+- ``rank_local``, ``source_local``, ``after_resume``: where the fault is confined;
+- ``checksum``: ranks' parameter fingerprints disagree.
+
+The detector states evidence as sentences (supervisor.core.causes); the patterns below read
+the ones it writes, and tests/policy/test_evidence.py runs the real detector on traces with
+each fault so a rewording cannot silently break the link.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from supervisor.core.model import Cause, Diagnosis
+
+Finding = Literal[
+    "lr_jump", "update_jump", "nonfinite", "rank_local", "source_local", "after_resume", "checksum"
+]
+FINDINGS: tuple[str, ...] = Finding.__args__  # type: ignore[attr-defined]
+
+#: Findings that mean the optimizer state or its last updates are suspect: they always get a
+#: rollback to before the onset plus a fix, whatever the phenotype reads.
+STATE_SUSPECT = ("lr_jump", "update_jump", "nonfinite")
+
+_PATTERNS: dict[str, re.Pattern[str]] = {
+    "lr_jump": re.compile(r"^learning rate ", re.IGNORECASE),
+    "update_jump": re.compile(r"^update ratio \S+x its level", re.IGNORECASE),
+    "nonfinite": re.compile(r"^non-finite values first at step", re.IGNORECASE),
+    "checksum": re.compile(r"^param fingerprints of ranks", re.IGNORECASE),
+}
+_WHERE = {
+    "lr_jump": (Cause.OPTIMIZER,),
+    "update_jump": (Cause.OPTIMIZER, Cause.RESUME_STATE),
+    "nonfinite": (Cause.NUMERIC,),
+    "checksum": (Cause.DISTRIBUTED,),
+}
+
+
+def findings(d: Diagnosis) -> dict[str, str]:
+    """Finding name -> the evidence sentence (or attribute) behind it, in a stable order."""
+    found: dict[str, str] = {}
+    for name, pattern in _PATTERNS.items():
+        for cs in d.causes:
+            if cs.cause not in _WHERE[name]:
+                continue
+            hit = next((e for e in cs.evidence if pattern.search(e)), None)
+            if hit is not None:
+                found.setdefault(name, hit)
+    if d.nonfinite:
+        found.setdefault(
+            "nonfinite", f"NaN/Inf seen{f' first at {d.nonfinite_at}' if d.nonfinite_at else ''}"
+        )
+    if d.rank_local:
+        found["rank_local"] = (
+            f"rank {d.first_rank} deviated first" if d.first_rank is not None else "one rank"
+        )
+    if d.source_local:
+        found["source_local"] = f"confined to source {d.source_local}"
+    if d.after_resume:
+        found["after_resume"] = "began within a few steps of a checkpoint restore"
+    return {k: found[k] for k in FINDINGS if k in found}
+
+
+def state_suspect(d: Diagnosis) -> dict[str, str]:
+    """The findings that require a rollback before the onset plus a fix."""
+    return {k: v for k, v in findings(d).items() if k in STATE_SUSPECT}

@@ -1,0 +1,101 @@
+"""Policy-wide settings beside the rules: restarts, observation windows, recurrences, rank offenders.
+
+Each section is a frozen pydantic model with a description per field (they appear in
+`supervisor schema policy` and docs/policies.md). The runtime reads them from the loaded
+``Policy`` (``policy.restarts.max_restarts`` ...); the engine reads the ones that shape a
+plan. Every field has a default, so a policy that leaves a section out keeps working.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Restarts(_Section):
+    """How the runtime restarts a worker group that died, hung or lost its node."""
+
+    max_restarts: int = Field(
+        3, ge=0, le=100, description="Group restarts within `window_steps` before the job is failed."
+    )
+    window_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Restarts older than this many steps of progress no longer count (null: whole run).",
+    )
+    backoff_s: float = Field(2.0, ge=0, le=600, description="Wait before the first restart, in seconds.")
+    backoff_factor: float = Field(
+        2.0, ge=1, le=10, description="Each further restart waits this times longer."
+    )
+    backoff_max_s: float = Field(60.0, ge=0, le=3600, description="Upper bound of the wait, in seconds.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Restarts:
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s:g}) is below backoff_s ({self.backoff_s:g})"
+            )
+        return self
+
+    def backoff(self, restart: int) -> float:
+        """Seconds to wait before restart number ``restart`` (1 = the first)."""
+        return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, restart - 1))
+
+
+class Observation(_Section):
+    """What every `observe` action inherits unless its own `pass:` says otherwise."""
+
+    onset_margin_steps: int = Field(
+        20,
+        ge=0,
+        le=10_000,
+        description=(
+            "The window runs at least until the incident's original onset step plus this margin, "
+            "so a fault that comes back at its own step is seen inside the window."
+        ),
+    )
+    throughput: bool = Field(
+        True, description="Whether throughput is a pass criterion at all (false: never judged)."
+    )
+    throughput_min_ratio: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description=(
+            "Pass when the window's sustained tokens/s (90th percentile) is at least this share of the "
+            "same run's sustained tokens/s before the onset; a noisy neighbour slows only some steps."
+        ),
+    )
+
+
+class Recurrence(_Section):
+    """When a new incident is the old one coming back, and how often that may happen."""
+
+    reopen_within_steps: int = Field(
+        300,
+        ge=0,
+        description=(
+            "A new incident whose onset is within this many steps of a resolved incident's onset (or of "
+            "the end of its observation window) reopens that incident (same id, next attempt); 0: never."
+        ),
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=20, description="Recovery attempts of one incident, reopens included, before escalating."
+    )
+
+
+class RankOffenders(_Section):
+    """When rank-local incidents on one rank stop being transients and make it a hardware suspect."""
+
+    count: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Rank-local incidents on the same rank (this one included) that escalate.",
+    )
+    window_steps: int = Field(
+        2000, ge=1, description="Only incidents whose onsets lie within this many steps count."
+    )
