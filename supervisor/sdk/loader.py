@@ -1,33 +1,61 @@
 """The supervised data pipeline: batches with stable sample IDs, exclusions, a resumable cursor.
 
-The order is a pure function of (seed, epoch): each epoch is a seeded permutation of the
-dataset, and each *global* batch takes the next ``batch_size * world_size`` non-excluded
-samples from it; rank ``r`` gets slice ``r``. So every rank computes the same global
-schedule without talking to the others, and a restored cursor replays exactly the same
-order minus exclusions. The cursor (epoch, position, batch index), the exclusion set and the
-pending skip count are the loader's ``state_dict`` — the ``data_state`` of a checkpoint.
+    loader = SupervisedLoader(dataset, batch_size=8, seed=0, num_workers=2, pin_memory=True)
+    for batch in loader: ...                       # the probe's step boundary runs inside
+    state = loader.state_dict()                    # torchdata StatefulDataLoader's protocol
+    loader.load_state_dict(state)                  # the same batches again, minus exclusions
 
-Sample IDs and sources come from the dataset's ``sample_id(i)`` / ``source(i)`` when it has
-them (e.g. ``examples.tinylm.data.TextDataset``), otherwise ``"<index>"`` and ``"default"``:
-IDs are dataset-level names, never sample text.
+``dataset`` is either
+
+* **map-style** (``__len__`` + ``__getitem__``): epoch ``e`` is the seeded permutation
+  ``Permutation(len, seed, e)`` computed per index (``supervisor.sdk.data.order``), so start-up
+  and memory do not grow with the dataset. Each *global* batch takes the next
+  ``batch_size * world_size`` non-excluded samples; rank ``r`` gets slice ``r``. Every rank
+  computes the same schedule without talking to the others. IDs and sources come from the
+  dataset's ``sample_id(i)`` / ``source(i)`` when it has them, else ``"<index>"`` / ``"default"``.
+* **iterable / streaming** (an ``IterableDataset``, a Hugging Face streaming dataset,
+  ``WebDatasetShards([...])``, or any ``Shards``): shards are split over ranks and loader
+  workers, IDs are the items' keys or ``<shard>:<offset>``, exclusions are applied by ID in the
+  workers as samples stream past (``supervisor.sdk.data.stream``; needs the ``streaming`` extra).
+
+``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers`` and
+``multiprocessing_context`` mean what they mean for ``torch.utils.data.DataLoader``.
+Exclusions, skips and a restored cursor take effect at the next batch: prefetched batches are
+dropped and loading resumes from the cursor of the last batch the loop consumed.
+
+Batches: a mapping gets ``sample_ids``, ``sources`` and ``batch_index``; any other shape
+(tuple, list, dataclass, tensor) is yielded as ``collate_fn`` made it, and the probe asks
+``batch_meta(batch)`` for its IDs — they are never dropped.
 """
 
 from __future__ import annotations
 
-import random
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import default_collate
+from torch.utils.data import IterableDataset, default_collate
 
 from supervisor.sdk.context import dist_info
+from supervisor.sdk.data.exclusions import ExclusionSet
+from supervisor.sdk.data.ids import BatchMeta, attach
+from supervisor.sdk.data.mapstyle import MapPipeline
+from supervisor.sdk.data.schedule import Cursor, Schedule
+from supervisor.sdk.data.shards import as_shards
+from supervisor.sdk.data.stream import StreamPipeline, StreamSource
 from supervisor.sdk.directives import Exclusions
 
 Boundary = Callable[[], None]
 
 
+def is_map_style(dataset: Any) -> bool:
+    if isinstance(dataset, IterableDataset):
+        return False
+    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+
+
 class SupervisedLoader:
-    """Iterate to get batch dicts: the collated items plus ``sample_ids``, ``sources``, ``batch_index``."""
+    """Iterate to get batches with their sample IDs; ``state_dict`` / ``load_state_dict`` resume them."""
 
     def __init__(
         self,
@@ -39,25 +67,56 @@ class SupervisedLoader:
         world_size: int | None = None,
         shuffle: bool = True,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None,
+        multiprocessing_context: Any = None,
+        id_key: str | None = None,
+        id_fn: Callable[[Any], str] | None = None,
+        source_fn: Callable[[Any], str] | None = None,
     ) -> None:
+        """``id_key`` / ``id_fn`` / ``source_fn`` name a stream item's ID and source (streams only)."""
         if rank is None or world_size is None:
             rank, world_size = dist_info()
-        if len(dataset) < batch_size * world_size:
-            raise ValueError(
-                f"dataset has {len(dataset)} samples, fewer than one global batch ({batch_size}x{world_size})"
-            )
         self.dataset = dataset
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.shuffle = shuffle
         self.collate_fn = collate_fn or default_collate
-        self.epoch, self.pos, self.batch = 0, 0, 0
-        self.skip_pending = 0
-        self.excluded_samples: set[str] = set()
-        self.excluded_sources: set[str] = set()
-        self.excluded_batches: list[tuple[int, int]] = []
+        self.excluded = ExclusionSet()
         self.boundary: Boundary | None = None
         """Called before each batch is drawn (the probe's step boundary); may raise StopIteration."""
-        self._perm: tuple[int, list[int]] | None = None
+        self._recent: list[tuple[Any, BatchMeta]] = []
+        self._dirty = False
+        self._checked = False
+        workers = {
+            "num_workers": num_workers, "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
+            "multiprocessing_context": multiprocessing_context,
+        }  # fmt: skip
+        self.streaming = not is_map_style(dataset)
+        self._map: MapPipeline | None = None
+        self._stream: StreamPipeline | None = None
+        if self.streaming:
+            source = StreamSource(
+                as_shards(dataset), rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+                exclusions=self.excluded, id_key=id_key, id_fn=id_fn, source_fn=source_fn,
+            )  # fmt: skip
+            self._stream = StreamPipeline(source, batch_size, self.collate_fn, **workers)
+        else:
+            if len(dataset) < batch_size * world_size:
+                raise ValueError(
+                    f"dataset has {len(dataset)} samples, fewer than one global batch ({batch_size}x{world_size})"
+                )
+            schedule = Schedule(
+                len(dataset), batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+                sample_id=self.sample_id, source=self.source, exclusions=self.excluded,
+            )  # fmt: skip
+            if persistent_workers is None:
+                persistent_workers = num_workers > 0
+            kw = {k: v for k, v in workers.items() if v is not None}
+            self._map = MapPipeline(
+                dataset, schedule, self.collate_fn, persistent_workers=persistent_workers, **kw
+            )
 
     # -- metadata ------------------------------------------------------------------------------
     def sample_id(self, i: int) -> str:
@@ -68,100 +127,106 @@ class SupervisedLoader:
         f = getattr(self.dataset, "source", None)
         return str(f(i)) if f is not None else "default"
 
+    def batch_meta(self, batch: Any) -> BatchMeta | None:
+        """IDs, sources and index of a batch this loader yielded recently (any batch shape)."""
+        for b, meta in reversed(self._recent):
+            if b is batch:
+                return meta
+        return None
+
     # -- orders --------------------------------------------------------------------------------
     def exclude(self, ex: Exclusions) -> None:
-        self.excluded_samples.update(ex.samples)
-        self.excluded_sources.update(ex.sources)
-        self.excluded_batches.extend(ex.batch_ranges)
+        if self.excluded.add(ex):
+            self._dirty = True
 
     def skip(self, n: int) -> None:
         """Consume the next ``n`` batches without yielding them."""
-        self.skip_pending += max(0, int(n))
+        if int(n) > 0:
+            self._restart()
+            if self._map is not None:
+                self._map.schedule.cursor.skip_pending += int(n)
+                self._map.consumed.skip_pending += int(n)
+            elif self._stream is not None:
+                self._stream.skip_pending += int(n)
+
+    @property
+    def skip_pending(self) -> int:
+        if self._map is not None:
+            return self._map.consumed.skip_pending
+        return self._stream.skip_pending if self._stream is not None else 0
+
+    def _restart(self) -> None:
+        if self._map is not None:
+            self._map.restart()
+        elif self._stream is not None:
+            self._stream.restart()
+        self._dirty = False
 
     # -- iteration -----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> Any:
         if self.boundary is not None:
             self.boundary()
         return self.next_batch()
 
-    def next_batch(self) -> dict[str, Any]:
+    def next_batch(self) -> Any:
+        if self._dirty:
+            self._restart()
+        batch, meta = self._map.next() if self._map is not None else self._next_stream()
+        batch = attach(batch, meta)
+        self._recent = [*self._recent[-3:], (batch, meta)]
+        return batch
+
+    def _next_stream(self) -> tuple[Any, BatchMeta]:
+        assert self._stream is not None
         while True:
-            index, picked = self.batch, self._draw_global()
-            self.batch += 1
-            if self.skip_pending > 0:
-                self.skip_pending -= 1
+            batch, meta = self._stream.next_raw()
+            if self._stream.skip_pending > 0:
+                self._stream.skip_pending -= 1
                 continue
-            if any(a <= index <= b for a, b in self.excluded_batches):
-                continue
-            mine = picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            batch = self.collate_fn([self.dataset[i] for i in mine])
-            if isinstance(batch, dict):
-                batch.update(
-                    sample_ids=[self.sample_id(i) for i in mine],
-                    sources=[self.source(i) for i in mine],
-                    batch_index=index,
-                )
-            return batch
+            if not self.excluded.batch_excluded(meta.batch_index):
+                return batch, meta
 
-    def _order(self) -> list[int]:
-        if self._perm is None or self._perm[0] != self.epoch:
-            order = list(range(len(self.dataset)))
-            if self.shuffle:
-                random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
-            self._perm = (self.epoch, order)
-        return self._perm[1]
-
-    def _allowed(self, i: int) -> bool:
-        if self.excluded_sources and self.source(i) in self.excluded_sources:
-            return False
-        return not (self.excluded_samples and self.sample_id(i) in self.excluded_samples)
-
-    def _draw_global(self) -> list[int]:
-        need, picked = self.batch_size * self.world_size, list[int]()
-        scanned = 0  # since the last accepted sample
-        while len(picked) < need:
-            order = self._order()
-            if self.pos >= len(order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                continue
-            i = order[self.pos]
-            self.pos += 1
-            if self._allowed(i):
-                picked.append(i)
-                scanned = 0
-            elif (scanned := scanned + 1) > len(order):
-                raise ValueError("every sample is excluded: the loader cannot form a batch")
-        return picked
-
-    # -- state ---------------------------------------------------------------------------------
+    # -- state (torchdata StatefulDataLoader's protocol) ----------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "cursor": {"epoch": self.epoch, "pos": self.pos, "batch": self.batch},
-            "skip_pending": self.skip_pending,
-            "exclusions": self.exclusions().to_dict(),
-        }
+        out: dict[str, Any] = {"seed": self.seed, "skip_pending": self.skip_pending}
+        if self._map is not None:
+            out["cursor"] = self._map.consumed.public()
+        elif self._stream is not None:
+            out["cursor"] = {"batch": self._stream.batch}
+            out["stream"] = self._stream.stream_state()
+        out["exclusions"] = self.exclusions().to_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = int(state.get("seed", self.seed))
         cur = state["cursor"]
-        self.epoch, self.pos, self.batch = int(cur["epoch"]), int(cur["pos"]), int(cur["batch"])
-        self.skip_pending = int(state.get("skip_pending", 0))
-        ex = Exclusions.from_dict(state.get("exclusions"))
-        self.excluded_samples, self.excluded_sources = set(ex.samples), set(ex.sources)
-        self.excluded_batches = list(ex.batch_ranges)
+        self.excluded.load(state.get("exclusions"))
+        skip = int(state.get("skip_pending", 0))
+        if self._map is not None:
+            self._map.schedule.seed = self.seed
+            self._map.set_cursor(Cursor(int(cur["epoch"]), int(cur["pos"]), int(cur["batch"]), skip))
+        elif self._stream is not None:
+            self._stream.restart(state.get("stream"), keep=False)
+            self._stream.batch, self._stream.skip_pending = int(cur["batch"]), skip
+        self._dirty = False
 
     def fixed_batch(self, n: int | None = None) -> Any:
-        """The first ``n`` samples of the dataset, the same on every rank (a canary batch)."""
-        items = [self.dataset[i] for i in range(min(n or self.batch_size, len(self.dataset)))]
+        """The first ``n`` samples of the dataset (of its first shard for a stream), the same on every rank."""
+        n = n or self.batch_size
+        if self._stream is not None:
+            items = list(itertools.islice(self._stream.source.shards.open(0), n))
+        else:
+            items = [self.dataset[i] for i in range(min(n, len(self.dataset)))]
         return self.collate_fn(items)
 
     def exclusions(self) -> Exclusions:
-        return Exclusions(
-            tuple(sorted(self.excluded_samples)),
-            tuple(sorted(self.excluded_sources)),
-            tuple(self.excluded_batches),
-        )
+        return self.excluded.to_exclusions()
+
+    def close(self) -> None:
+        """Stop worker processes (also done when the loader is garbage-collected)."""
+        for pipe in (self._map, self._stream):
+            if pipe is not None:
+                pipe.close()
