@@ -4,6 +4,11 @@ The actor is detached and named (``worker:<job>:<rank>``) so that it belongs to 
 not to the supervisor that created it: a supervisor that dies leaves training running, and a
 restarted supervisor finds the workers by name. Training runs in a thread of the actor so the
 actor keeps answering ``status`` / ``wait`` while a step is in progress.
+
+A command entrypoint (``python train.py``, torchrun-style) is not run in the actor: the
+training thread starts it as the rank's own process (:mod:`supervisor.runtime.process`),
+relays its records and directives through a local socket, keeps its output in storage, and
+reports its exit like a training function's return or exception.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class TrainWorker:
         self._done = threading.Event()
         self._outcome: dict[str, Any] = {"state": "idle"}
         self._link: SupervisorLink | None = None
+        self._proc: Any = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -61,13 +67,24 @@ class TrainWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    def placement(self) -> tuple[str, list[str]]:
+        """(node id, GPU ids Ray assigned): what peers need to compute torchrun's local ranks."""
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
+
+    def terminate(self, grace_s: float = 10.0) -> dict[str, Any]:
+        """Stop a command entrypoint's process: SIGTERM, ``grace_s`` to exit, then SIGKILL."""
+        if self._proc is not None:
+            self._proc.terminate(grace_s)
+            self._done.wait(grace_s + 5.0)
+        return self.status()
+
     def start(self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int = 0) -> None:
         """Begin training in a background thread; returns at once."""
         if self._thread is not None:
             return
         self._outcome = {"state": "running", "resume_step": resume_step, "started": time.time()}
         self._thread = threading.Thread(
-            target=self._train,
+            target=self._run_command if self.job.is_command else self._train,
             args=(master_addr, master_port, resume_step, after_seq),
             name="train",
             daemon=True,
@@ -141,6 +158,69 @@ class TrainWorker:
                 gc.collect()
                 dist.destroy_process_group()
             self._done.set()
+
+    # -- a command entrypoint: the rank's own process ------------------------------------------
+    def _run_command(
+        self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int
+    ) -> None:
+        from supervisor.runtime.process import RankProcess, child_env, command_line, describe_exit
+        from supervisor.runtime.process_link import LinkServer
+        from supervisor.runtime.process_logs import LogKeeper
+
+        server = keeper = None
+        try:
+            self._link = SupervisorLink(
+                self.job.name, self.rank, buffer_records=self.settings.buffer_records,
+                poll_interval_s=self.settings.poll_interval_s, after_seq=after_seq,
+            )  # fmt: skip
+            topo = self._topology(master_addr, master_port)
+            server = LinkServer(self._link)
+            env = child_env(self.job, topo, socket_path=server.path, resume_step=resume_step,
+                            generation=self.generation, max_restarts=self.settings.max_group_restarts)  # fmt: skip
+            store = _open_store(self.job)
+            keeper = LogKeeper(store.backend, self.job.name, self.generation, self.rank)
+            self._proc = RankProcess(command_line(self.job), env, cwd=os.getcwd())
+            reader = keeper.follow(self._proc.start())  # this thread now lives as long as the process
+            self._outcome.update(pid=self._proc.pid, argv=self._proc.argv)
+            self.log.info(
+                "process_started", pid=self._proc.pid, argv=self._proc.argv, local_rank=topo.local_rank
+            )
+            code = self._proc.wait()
+            reader.join(10.0)
+            keeper.close()
+            if code == 0:
+                self._outcome.update(state="finished", exit_code=0, ended=time.time())
+                self.log.info("training_finished", exit_code=0)
+            else:
+                self._outcome.update(state="failed", exit_code=code, error=f"training process {describe_exit(code)}",
+                                     traceback=keeper.tail())  # fmt: skip
+                self.log.error("training_failed", exit_code=code)
+        except BaseException as exc:  # reported to the supervisor, which decides what to do
+            self._outcome.update(
+                state="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:]
+            )
+            self.log.error("training_failed", error=repr(exc))
+        finally:
+            if self._proc is not None and self._proc.proc is not None and self._proc.proc.poll() is None:
+                self._proc.terminate(1.0)
+            if self._link is not None:
+                self._link.close()
+            if server is not None:
+                server.close()
+            self._done.set()
+
+    def _topology(self, master_addr: str, master_port: int) -> Any:
+        """This rank's torchrun topology, from every rank's (node, GPUs) asked of the peers."""
+        from supervisor.runtime.group import worker_actor_name
+        from supervisor.runtime.names import NAMESPACE
+        from supervisor.runtime.process import Topology
+
+        peers = [
+            ray.get_actor(worker_actor_name(self.job.name, self.generation, r), namespace=NAMESPACE)
+            for r in range(self.world_size)
+        ]
+        where: list[tuple[str, list[str]]] = ray.get([p.placement.remote() for p in peers], timeout=60)
+        return Topology.from_peers(self.rank, [(n, list(g)) for n, g in where], master_addr, master_port)
 
 
 def _open_store(job: JobSpec) -> Any:
