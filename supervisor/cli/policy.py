@@ -61,8 +61,31 @@ def list_() -> None:
     default=None,
     help="Assume a checkpoint every N steps (default: the trace's checkpoint_saved events, else 100).",
 )
+@click.option(
+    "--grad-clip",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="The job's grad clip (0: none), when its records do not log attrs.grad_clip.",
+)
+@click.option(
+    "--supervision",
+    type=click.Choice(["steer", "observe"]),
+    default="steer",
+    show_default=True,
+    help="How deeply the job is supervised: steer (SDK step boundary) or observe (records only).",
+)
+@click.option("--no-replay-hooks", is_flag=True, help="The job has no replay_hooks (replay is not possible).")
 @json_option
-def explain(file: str, trace_path: Path, fmt: str, checkpoint_every: int | None, as_json: bool) -> None:
+def explain(
+    file: str,
+    trace_path: Path,
+    fmt: str,
+    checkpoint_every: int | None,
+    grad_clip: float | None,
+    supervision: str,
+    no_replay_hooks: bool,
+    as_json: bool,
+) -> None:
     """Run detection on TRACE and print, per incident, the matched rule and the planned actions."""
     from supervisor.core.analysis import analyze_records
     from supervisor.traces import read_trace
@@ -75,7 +98,15 @@ def explain(file: str, trace_path: Path, fmt: str, checkpoint_every: int | None,
     if not checkpoint_every and not checkpoints:
         checkpoints = checkpoints_from_records(trace.records, result.incidents, 100)
         source = "every 100 steps (assumed: the trace has no checkpoint_saved events)"
-    explained = dry_run(pol, result.incidents, checkpoints)
+    explained = dry_run(
+        pol,
+        result.incidents,
+        checkpoints,
+        trace.records,
+        grad_clip=grad_clip,
+        supervision="observe" if supervision == "observe" else "steer",
+        can_replay=False if no_replay_hooks else None,
+    )
     if as_json:
         print_json(
             {
@@ -119,6 +150,12 @@ def _print_incident(e: ExplainedIncident) -> None:
     )
     click.echo(f"  attributes: {', '.join(d.attributes) or 'none'}; causes: {causes}")
     click.echo(f"  {p.matched_because} (attempt {p.attempt})")
+    s = e.state
+    known = ", ".join(
+        f"{k} {v:.3g}" if v is not None else f"{k} unknown"
+        for k, v in (("lr", s.lr), ("grad clip", s.grad_clip), ("median grad norm", s.grad_norm))
+    )
+    click.echo(f"  job runs: {known}; supervision {p.supervision}, recovery {p.recovery.replace('_', '-')}")
     if p.passed_over:  # the reasons are in --json ("passed_over")
         click.echo(f"  passed over: {', '.join(rule for rule, _ in p.passed_over)}")
     for i, a in enumerate(p.actions, 1):

@@ -3,18 +3,24 @@
 Differences from the live supervisor (so a reader knows what the dry run cannot show):
 checkpoints come from the trace's `checkpoint_saved` events (or an assumed interval) and
 are taken as healthy unless they fall inside an incident; every plan is assumed to run
-and succeed (attempts are counted, observation windows never fail); nothing is executed.
+and succeed (attempts are counted, observation windows never fail, an incident near a
+resolved one reopens it); nothing is executed. The job's current values (LR, grad clip,
+grad norm) come from the trace's records before each onset: `lr`, `grad_norm`, and
+`attrs.grad_clip` when the job logs it (or `--grad-clip`).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.core.model import Diagnosis, HealthMark
 from supervisor.core.policy.engine import plan
-from supervisor.core.policy.plan import CheckpointRef, JobState, Plan
+from supervisor.core.policy.plan import CheckpointRef, JobState, Plan, Supervision
+from supervisor.core.policy.recurrence import Resolved, reopens
 from supervisor.core.policy.schema import Policy
 from supervisor.core.records import Record
 
@@ -54,25 +60,85 @@ def checkpoints_from_records(
     return tuple(CheckpointRef(s, mark(s)) for s in sorted(steps))
 
 
+@dataclass(frozen=True, slots=True)
+class JobValues:
+    """What the job ran just before an onset, read from its records."""
+
+    lr: float | None = None
+    grad_clip: float | None = None
+    grad_norm: float | None = None
+
+
+def job_values(records: Sequence[Record], before_step: int, grad_clip: float | None = None) -> JobValues:
+    """LR of the last step before ``before_step``, the clip it logged, the median grad norm of 100 steps."""
+    pre = [r for r in records if r.step < before_step]
+    lrs = [r.lr for r in pre if r.lr is not None and math.isfinite(r.lr)]
+    norms = [r.grad_norm for r in pre[-400:] if r.grad_norm is not None and math.isfinite(r.grad_norm)]
+    clips = [float(c) for r in pre if isinstance(c := r.attrs.get("grad_clip"), int | float)]
+    return JobValues(
+        lr=lrs[-1] if lrs else None,
+        grad_clip=grad_clip if grad_clip is not None else (clips[-1] if clips else None),
+        grad_norm=statistics.median(norms[-100:]) if norms else None,
+    )
+
+
 def dry_run(
-    policy: Policy, incidents: Sequence[Diagnosis], checkpoints: Sequence[CheckpointRef]
+    policy: Policy,
+    incidents: Sequence[Diagnosis],
+    checkpoints: Sequence[CheckpointRef],
+    records: Sequence[Record] = (),
+    *,
+    grad_clip: float | None = None,
+    supervision: Supervision = "steer",
+    can_replay: bool | None = None,
 ) -> list[ExplainedIncident]:
     """Plan each incident with the state the live supervisor would have had at its detection."""
     attempts: dict[str, int] = {}
     last_end: int | None = None
+    resolved: list[Resolved] = []
+    rank_incidents: list[tuple[int, int]] = []
+    recs = sorted(records, key=lambda r: r.step)
     out = []
     for i, d in enumerate(sorted(incidents, key=lambda x: x.onset_step), 1):
         step = d.detected_step if d.detected_step is not None else d.peak_step
+        again = reopens(resolved, d.onset_step, policy.recurrence)
+        values = job_values(recs, d.onset_step, grad_clip)
         state = JobState(
             step=step,
             attempts=attempts,
             steps_since_last_incident=None if last_end is None else max(0, d.onset_step - last_end),
             checkpoints=tuple(c for c in checkpoints if c.step <= step),
             state_maybe_nonfinite=d.nonfinite,
+            lr=values.lr,
+            grad_clip=values.grad_clip,
+            grad_norm=values.grad_norm,
+            supervision=supervision,
+            incident_attempt=again[0].attempts if again else 0,
+            rank_incidents=tuple(rank_incidents),
+            can_replay=can_replay,
         )
         p = plan(d, state, policy)
+        if again is not None:
+            p = replace(p, notes=(*p.notes, again[1]))
+            resolved.remove(again[0])
         out.append(ExplainedIncident(i, d, state, p))
         if p.rule is not None and not p.escalates:
             attempts = {**attempts, p.rule: p.attempt}
+        if d.rank_local and d.first_rank is not None:
+            rank_incidents.append((d.onset_step, d.first_rank))
         last_end = d.end_step if d.end_step is not None else d.peak_step
+        if not p.escalates:
+            observe = p.action("observe")
+            end = None
+            if observe is not None and observe.params.get("cover_until_step") is not None:
+                end = max(int(observe.params["cover_until_step"]), step + int(observe.params["steps"]))
+            first = again[0] if again else None
+            resolved.append(
+                Resolved(
+                    first.incident_id if first else i,
+                    first.onset_step if first else d.onset_step,
+                    end,
+                    (first.attempts + 1) if first else 1,
+                )
+            )
     return out

@@ -173,7 +173,7 @@ def _grad_clip(p: ApplyParams, state: JobState) -> tuple[float | None, str]:
 
 
 def _g(x: float) -> str:
-    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e5 else f"{x:.3e}"
+    return f"{x:.3g}"
 
 
 def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation) -> Resolved:
