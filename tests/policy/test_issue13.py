@@ -17,7 +17,7 @@ from supervisor.core.model import Cause, CauseScore, Diagnosis, Phenotype
 from supervisor.core.policy import Plan, Policy, load_policy, plan
 from supervisor.core.policy.args import ApplyArgs, ObserveArgs, RollbackArgs
 from supervisor.core.policy.evidence import findings
-from supervisor.core.policy.recurrence import Resolved, replan_reason, reopens
+from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.errors import PolicyError
 
 from .conftest import diag, one_rule, state, write_policy
