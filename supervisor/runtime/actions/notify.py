@@ -1,45 +1,48 @@
-"""alert: a log line always, and the incident summary POSTed to the job's webhook, retried."""
+"""alert: a log line always, and the incident summary POSTed to the job's webhook, retried.
+
+The payload's format (Slack-compatible or generic JSON) and the auth headers are described in
+``supervisor.observability.alerts``. What is recorded in the incident's timeline (the memo) is
+the payload and a redacted webhook address: never the URL's path (a Slack webhook URL is a
+credential) nor a header value; both are read again when the alert is sent.
+"""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from typing import Any
-
-from tenacity import retry, stop_after_attempt, wait_exponential_jitter
 
 from supervisor.incidents import EventKind
 from supervisor.logging import get_logger
+from supervisor.observability import alerts
 from supervisor.runtime.actions.base import Outcome, Runtime
 
 log = get_logger("supervisor.runtime.alert")
 
 
-@retry(stop=stop_after_attempt(4), wait=wait_exponential_jitter(exp_base=2, max=8.0), reraise=True)
-def post_json(url: str, body: dict[str, Any], timeout_s: float = 10.0) -> int:
-    """POST ``body`` as JSON; retried with exponential backoff and jitter; returns the HTTP status."""
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(body, default=str).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - URL comes from job.yaml
-        return int(resp.status)
+def send(url: str, body: dict[str, Any]) -> int:
+    """The webhook POST as the supervisor's I/O pool runs it: URL and headers resolved from the
+    environment here, in the supervisor's process."""
+    return alerts.post(alerts.resolve_url(url), body, alerts.headers_from_env())
 
 
 class AlertAction:
     event = EventKind.ALERT_SENT
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
-        summary = {
+        doc = {
             "job": rt.job.name,
             "incident": rt.incident_id,
             "step": rt.current_step,
             "message": params.get("message"),
             "diagnosis": rt.diagnosis.to_json(),
         }
-        return {"summary": summary, "webhook": rt.job.alert.webhook_url, "task": f"alert:{action_id}"}
+        url = rt.job.alert.webhook_url
+        fmt = getattr(rt.job.alert, "format", "json")
+        return {
+            "payload": alerts.payload(doc, fmt),
+            "format": fmt,
+            "webhook": alerts.redacted(url) if url else None,
+            "task": f"alert:{action_id}",
+        }
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
         d = rt.diagnosis
@@ -48,8 +51,9 @@ class AlertAction:
             onset=d.onset_step, first_rank=d.first_rank, causes=[c.cause.value for c in d.causes[:3]],
             message=params.get("message"),
         )  # fmt: skip
-        if memo["webhook"]:
-            rt.submit(memo["task"], post_json, memo["webhook"], memo["summary"])
+        url = rt.job.alert.webhook_url
+        if memo["webhook"] and url:
+            rt.submit(memo["task"], send, url, memo["payload"])
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if not memo["webhook"]:
@@ -59,5 +63,5 @@ class AlertAction:
             return None
         ok, value = res
         if ok:
-            return Outcome.done(channels=["log", "webhook"], http_status=value)
-        return Outcome.fail(f"webhook POST failed after retries: {value!r}", channels=["log"])
+            return Outcome.done(channels=["log", "webhook"], format=memo["format"], http_status=value)
+        return Outcome.fail(f"webhook POST failed: {alerts.describe_failure(value)}", channels=["log"])
