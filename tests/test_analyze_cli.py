@@ -73,3 +73,36 @@ def test_format_can_be_forced(tmp_path: Path) -> None:
     assert json.loads(res.output)["incidents"] == []
     res = CliRunner().invoke(cli, ["analyze", "--json", "--format", "megatron", str(log)])
     assert res.exit_code == 2
+
+
+def test_fail_on_exit_codes(tmp_path: Path) -> None:
+    trace = _trace(tmp_path)  # one rank-local bad batch: an incident of medium or more
+    found = CliRunner().invoke(cli, ["analyze", "--json", "--fail-on", "medium", str(trace)])
+    assert found.exit_code == 1, found.output
+    assert json.loads(found.output)["incidents"]  # the report is printed before the exit
+    above = CliRunner().invoke(cli, ["analyze", "--fail-on", "critical", str(trace)])
+    assert above.exit_code == 0, above.output
+    bad = CliRunner().invoke(cli, ["analyze", "--fail-on", "low", str(tmp_path / "absent.jsonl")])
+    assert bad.exit_code == 2
+
+
+def test_rank_files_and_a_directory_are_one_run(tmp_path: Path) -> None:
+    recs = json.loads("[" + ",".join(_trace(tmp_path).read_text().splitlines()[:-1]) + "]")
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in (0, 1):
+        (run / f"rank{rank}.jsonl").write_text("\n".join(json.dumps(r) for r in recs if r["rank"] == rank))
+    files = CliRunner().invoke(cli, ["analyze", "--json", str(run / "rank0.jsonl"), str(run / "rank1.jsonl")])
+    folder = CliRunner().invoke(cli, ["analyze", "--json", str(run)])
+    assert files.exit_code == folder.exit_code == 0, files.output + folder.output
+    a, b = json.loads(files.output), json.loads(folder.output)
+    assert a == b and a["incidents"][0]["first_rank"] == 1
+
+
+def test_map_option_names_the_loss_column(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,objective\n" + "".join(f"0,{i},{2.0 + (i % 3) * 0.01}\n" for i in range(80)))
+    res = CliRunner().invoke(cli, ["analyze", "--json", "--map", "loss=objective", str(path)])
+    assert res.exit_code == 0, res.output
+    bad = CliRunner().invoke(cli, ["analyze", "--map", "loss", str(path)])
+    assert bad.exit_code == 2 and "FIELD=NAME" in bad.output

@@ -1,7 +1,9 @@
-"""`supervisor analyze TRACE`: offline detection and diagnosis of a trace or a training log.
+"""`supervisor analyze TRACE...`: offline detection and diagnosis of a trace or a training log.
 
-Read (any format in ``supervisor.traces.FORMATS``), analyze with the same streaming engine the
-supervisor runs online, print (a table per incident, or the JSON contract), plot if asked.
+Read (any format in ``supervisor.traces.ALL_FORMATS``; one file, a run directory, or several
+files of one run such as one per rank), analyze with the same streaming engine the supervisor
+runs online, print (a table per incident, or the JSON contract), plot if asked. ``--fail-on``
+turns a finding into exit code 1 (for CI and scripts).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from rich.table import Table
 from supervisor.cli.output import console, json_option, print_json
 from supervisor.core.analysis import AnalysisResult, analyze_records
 from supervisor.core.detect import DetectorSettings
-from supervisor.core.model import Diagnosis
+from supervisor.core.model import Diagnosis, Severity
 from supervisor.core.records import Record
-from supervisor.traces import FORMATS, read_trace
+from supervisor.traces import ALL_FORMATS, FieldMap, read_run
+
+EXIT_FOUND = 1
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
 @json_option
 @click.option(
     "--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG plot here."
@@ -31,8 +35,21 @@ from supervisor.traces import FORMATS, read_trace
     "fmt",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", *FORMATS]),
+    type=click.Choice(["auto", *ALL_FORMATS]),
     help="Trace format.",
+)
+@click.option(
+    "--map",
+    "maps",
+    multiple=True,
+    metavar="FIELD=NAME",
+    help="Read a trace field from this TensorBoard tag / W&B or Lightning column (repeatable), e.g. loss=train/my_loss.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice([s.value for s in Severity]),
+    default=None,
+    help="Exit 1 when an incident of this severity or higher is found (0 otherwise; 2 bad input).",
 )
 @click.option(
     "--min-history",
@@ -40,9 +57,21 @@ from supervisor.traces import FORMATS, read_trace
     default=None,
     help="Steps of history before an alarm (default 50, lowered automatically for short log excerpts).",
 )
-def analyze(trace: Path, as_json: bool, plot_path: Path | None, fmt: str, min_history: int | None) -> None:
-    """Find and diagnose loss spikes in TRACE (JSONL/CSV trace, Megatron, nanoGPT/llm.c, HF trainer_state.json)."""
-    data = read_trace(trace, fmt)
+def analyze(
+    traces: tuple[Path, ...],
+    as_json: bool,
+    plot_path: Path | None,
+    fmt: str,
+    min_history: int | None,
+    maps: tuple[str, ...],
+    fail_on: str | None,
+) -> None:
+    """Find and diagnose loss spikes in TRACES: one run, as a file, a directory, or one file per rank.
+
+    Formats: JSONL/CSV traces, Megatron, nanoGPT/llm.c, modded-nanogpt, HF trainer_state.json,
+    TensorBoard event files, W&B history exports (CSV/JSON), Lightning CSVLogger metrics.csv.
+    """
+    data = read_run(list(traces), fmt, FieldMap.parse(maps))
     settings, note = settings_for(data.records, min_history)
     result = analyze_records(data.records, settings)
     result.skipped_lines = data.skipped_lines
@@ -50,8 +79,12 @@ def analyze(trace: Path, as_json: bool, plot_path: Path | None, fmt: str, min_hi
         plot(data.records, result, plot_path)
     if as_json:
         print_json(result.to_json())
-        return
-    render(result, data.format, len(data.records), [*data.notes, *([note] if note else [])])
+    else:
+        render(result, data.format, len(data.records), [*data.notes, *([note] if note else [])])
+    if fail_on is not None:
+        bar = Severity(fail_on).rank
+        if any(d.severity.rank >= bar for d in result.incidents):
+            raise SystemExit(EXIT_FOUND)
 
 
 def settings_for(records: list[Record], min_history: int | None) -> tuple[DetectorSettings, str | None]:

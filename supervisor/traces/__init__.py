@@ -2,9 +2,12 @@
 
     data = read_trace("run.jsonl")                 # format="auto" sniffs the content
     data = read_trace("chronicles.md", "megatron")  # or force one of FORMATS
+    data = read_run(["rank0.jsonl", "rank1.jsonl"]) # one run split over files, or a directory
+    data = read_trace("runs/exp1")                  # a TensorBoard run directory
 
 A file that cannot be read, or has no parsable line at all, raises ``TraceError``. Lines that
-match nothing are skipped and counted (``TraceData.skipped_lines``).
+match nothing are skipped and counted (``TraceData.skipped_lines``). Readers of named metrics
+(TensorBoard, W&B, Lightning) take a ``FieldMap`` (``--map FIELD=NAME``).
 """
 
 from __future__ import annotations
@@ -16,33 +19,53 @@ from supervisor.errors import TraceError
 from supervisor.traces.base import TraceData, read_text
 from supervisor.traces.hf_trainer import looks_like_hf_trainer, parse_hf_trainer
 from supervisor.traces.jsonl import looks_like_jsonl, parse_jsonl
+from supervisor.traces.loggers import looks_like_lightning, looks_like_wandb, parse_lightning, parse_wandb
 from supervisor.traces.megatron import looks_like_megatron, parse_megatron
+from supervisor.traces.metrics import FieldMap
+from supervisor.traces.modded_nanogpt import looks_like_modded_nanogpt, parse_modded_nanogpt
 from supervisor.traces.nanogpt import looks_like_nanogpt, parse_nanogpt
+from supervisor.traces.runs import merge_files
 from supervisor.traces.tabular import looks_like_csv, parse_csv
+from supervisor.traces.tensorboard import is_event_file, read_tensorboard
 
-#: Parser registry: format name -> text -> TraceData. ``--format`` choices come from here.
-FORMATS: dict[str, Callable[[str], TraceData]] = {
-    "jsonl": parse_jsonl,
-    "csv": parse_csv,
-    "megatron": parse_megatron,
-    "nanogpt": parse_nanogpt,
-    "hf_trainer": parse_hf_trainer,
+#: Parser registry: format name -> (text, field map) -> TraceData. ``--format`` choices are these
+#: plus the file-based ``tensorboard``.
+FORMATS: dict[str, Callable[[str, FieldMap], TraceData]] = {
+    "jsonl": lambda text, fmap: parse_jsonl(text),
+    "csv": lambda text, fmap: parse_csv(text),
+    "megatron": lambda text, fmap: parse_megatron(text),
+    "nanogpt": lambda text, fmap: parse_nanogpt(text),
+    "modded_nanogpt": lambda text, fmap: parse_modded_nanogpt(text),
+    "hf_trainer": lambda text, fmap: parse_hf_trainer(text),
+    "wandb": parse_wandb,
+    "lightning": parse_lightning,
 }
+ALL_FORMATS = (*FORMATS, "tensorboard")
 
 _LINE_SNIFFERS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("jsonl", looks_like_jsonl),
     ("megatron", looks_like_megatron),
+    ("modded_nanogpt", looks_like_modded_nanogpt),
     ("nanogpt", looks_like_nanogpt),
 )
 
-__all__ = ["FORMATS", "TraceData", "detect_format", "parse_text", "read_trace"]
+#: Files a directory of one run may hold (anything else in it is ignored).
+_TRACE_SUFFIXES = (".jsonl", ".json", ".csv", ".log", ".txt", ".md", ".out")
+
+__all__ = [
+    "ALL_FORMATS", "FORMATS", "FieldMap", "TraceData", "detect_format", "parse_text", "read_run", "read_trace",
+]  # fmt: skip
 
 
 def detect_format(text: str, name: str = "") -> str | None:
     """The format whose lines are most common in the first 2,000 non-blank lines (None: no idea)."""
     if looks_like_hf_trainer(text) or name.endswith("trainer_state.json"):
         return "hf_trainer"
+    if looks_like_wandb(text):
+        return "wandb"
     lines = [line for line in text.splitlines()[:5000] if line.strip()][:2000]
+    if lines and looks_like_lightning(lines[0]):
+        return "lightning"
     if lines and looks_like_csv(lines[0]):
         return "csv"
     counts = {fmt: sum(1 for line in lines if sniff(line)) for fmt, sniff in _LINE_SNIFFERS}
@@ -50,23 +73,74 @@ def detect_format(text: str, name: str = "") -> str | None:
     return best if counts[best] else None
 
 
-def parse_text(text: str, format: str = "auto", source: str = "<text>") -> TraceData:
+def parse_text(
+    text: str, format: str = "auto", source: str = "<text>", fmap: FieldMap | None = None
+) -> TraceData:
     if format == "auto":
         detected = detect_format(text, source)
         if detected is None:
-            raise TraceError(f"no parsable line (tried {', '.join(FORMATS)})", source=source)
+            raise TraceError(f"no parsable line (tried {', '.join(ALL_FORMATS)})", source=source)
         format = detected
     parser = FORMATS.get(format)
     if parser is None:
-        raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(FORMATS)}", source=source)
-    data = parser(text)
+        raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(ALL_FORMATS)}", source=source)
+    data = parser(text, fmap or FieldMap())
     if not data.records:
-        raise TraceError(f"no parsable line as {format} ({data.skipped_lines} lines skipped)", source=source)
+        why = f"; {data.notes[-1]}" if data.notes else ""
+        raise TraceError(
+            f"no parsable line as {format} ({data.skipped_lines} lines skipped){why}", source=source
+        )
     return data
 
 
-def read_trace(path: str | Path, format: str = "auto") -> TraceData:
-    """Read a trace or training log; ``format`` is ``auto`` or one of ``FORMATS``."""
-    if format != "auto" and format not in FORMATS:
-        raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(FORMATS)}", source=str(path))
-    return parse_text(read_text(path), format, str(path))
+def read_trace(path: str | Path, format: str = "auto", fmap: FieldMap | None = None) -> TraceData:
+    """Read a trace or training log (a file, or a directory of one run); ``format`` is ``auto`` or
+    one of ``ALL_FORMATS``."""
+    return read_run([Path(path)], format, fmap)
+
+
+def read_run(paths: list[Path], format: str = "auto", fmap: FieldMap | None = None) -> TraceData:
+    """One run from files and directories: TensorBoard event files, or trace/log files (one per rank,
+    or one run in pieces) merged step by step. Files of a directory that do not parse are noted."""
+    source = ", ".join(map(str, paths))
+    if format != "auto" and format not in ALL_FORMATS:
+        raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(ALL_FORMATS)}", source=source)
+    paths = [Path(p) for p in paths]
+    for p in paths:
+        if not p.exists():
+            raise TraceError("file not found", source=str(p))
+    tb = [p for p in paths if is_event_file(p) or (p.is_dir() and next(p.rglob("*tfevents*"), None))]
+    if format == "tensorboard" or (format == "auto" and tb and len(tb) == len(paths)):
+        return read_tensorboard(paths, fmap)
+    files: list[tuple[Path, bool]] = []  # (file, named explicitly)
+    for p in paths:
+        if p.is_dir():
+            inside = sorted(f for f in p.iterdir() if f.is_file() and _trace_like(f.name))
+            if not inside:
+                raise TraceError(
+                    f"no trace or log files in the directory ({', '.join(_TRACE_SUFFIXES)})", source=str(p)
+                )
+            files += [(f, False) for f in inside]
+        else:
+            files.append((p, True))
+    if len(files) == 1:
+        return parse_text(read_text(files[0][0]), format, str(files[0][0]), fmap)
+    parsed: list[tuple[Path, TraceData]] = []
+    notes: list[str] = []
+    for f, explicit in files:
+        try:
+            parsed.append((f, parse_text(read_text(f), format, str(f), fmap)))
+        except TraceError as exc:
+            if explicit:
+                raise
+            notes.append(f"{f.name}: not read ({exc.message})")
+    if not parsed:
+        raise TraceError("no file of the directory holds a parsable trace", source=source)
+    data = merge_files(parsed)
+    data.notes[:0] = notes
+    return data
+
+
+def _trace_like(name: str) -> bool:
+    base = name[:-3] if name.endswith(".gz") else name
+    return not name.startswith(".") and base.lower().endswith(_TRACE_SUFFIXES)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.errors import TraceError
-from supervisor.traces import FORMATS, detect_format, parse_text, read_trace
+from supervisor.traces import ALL_FORMATS, detect_format, parse_text, read_trace
 
 MEGATRON = """\
 # Notes from the logbook
@@ -120,5 +120,5 @@ def test_missing_file_and_unparsable_text_raise_trace_error(tmp_path: Path) -> N
         read_trace(prose)
     with pytest.raises(TraceError, match="no parsable line as megatron"):
         read_trace(prose, "megatron")
-    with pytest.raises(TraceError, match="valid: auto, " + ", ".join(FORMATS)):
-        read_trace(prose, "tensorboard")
+    with pytest.raises(TraceError, match="valid: auto, " + ", ".join(ALL_FORMATS)):
+        read_trace(prose, "protobuf")
