@@ -172,6 +172,7 @@ class Probe:
         rec: dict[str, Any] = {"step": self.step_count + 1, "rank": self.rank, "world_size": self.world_size}
         rec["time"] = time.time()
         rec.update(loss_fields(vals, names, scope.batch, self.settings.max_samples))
+        self._loader_ids(rec, scope.batch)
         rec["grad_norm"] = vals["grad_norm"][0]
         rec["lr"] = float(self.optimizer.param_groups[0]["lr"]) * self.steering.lr_multiplier(
             self.step_count + 1
@@ -186,6 +187,15 @@ class Probe:
             found = localize_nonfinite(self.model, lambda m: fn(m, batch).loss, sharded=self.sharded)
             rec["nonfinite_at"] = found or "unknown"
         return rec
+
+    def _loader_ids(self, rec: dict[str, Any], batch: Any) -> None:
+        """A tuple / list / tensor batch carries no IDs itself: the loader that yielded it knows them."""
+        if "samples" in rec or not hasattr(self.loader, "batch_meta"):
+            return
+        meta = self.loader.batch_meta(batch)
+        if meta is not None:
+            rec["samples"] = list(meta.sample_ids[: self.settings.max_samples])
+            rec.setdefault("attrs", {})["batch"] = int(meta.batch_index)
 
     def _apply_update(self, rec: dict[str, Any], scope: StepScope) -> bool:
         skip = rec["nonfinite"] and self.settings.skip_nonfinite_step and self.scaler is None
