@@ -36,7 +36,13 @@ class HFShards:
         self.names = [f"{j:05d}" for j in range(n)]
 
     def open(self, j: int) -> Iterator[Any]:
-        return iter(self.dataset.shard(num_shards=len(self.names), index=j, contiguous=True))
+        # ``.iter(batch_size)`` rather than ``iter()``: inside a DataLoader worker the latter splits
+        # the shards over workers itself, and the split here is the loader's.
+        shard = self.dataset.shard(num_shards=len(self.names), index=j, contiguous=True)
+        for rows in shard.iter(batch_size=256):
+            columns = list(rows)
+            for i in range(len(rows[columns[0]]) if columns else 0):
+                yield {c: rows[c][i] for c in columns}
 
 
 class WebDatasetShards:
