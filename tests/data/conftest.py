@@ -2,8 +2,8 @@
 
 * ``token_file`` — a map-style dataset over a file of bytes read with ``np.memmap`` (opened
   lazily, so DataLoader workers each map it themselves); IDs ``<file>:<offset>``.
-* ``jsonl_shards`` — 6 JSONL files, read by Hugging Face ``datasets`` in streaming mode.
-* ``tar_shards`` — 6 webdataset tar shards.
+* ``jsonl_shards`` — 8 JSONL files, read by Hugging Face ``datasets`` in streaming mode.
+* ``tar_shards`` — 8 webdataset tar shards.
 
 Every stream item has an ``id`` (``__key__`` for tars), a ``source`` and ``tokens``.
 """
@@ -22,8 +22,8 @@ import torch
 from examples.tinylm.data import stdlib_texts
 
 SEQ = 16
-SHARDS = 6
-ROWS_PER_SHARD = 40
+SHARDS = 8
+ROWS_PER_SHARD = 30
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # everything here is local files: never ask the Hub
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
