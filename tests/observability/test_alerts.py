@@ -154,7 +154,7 @@ def test_alert_action_posts_and_records_no_secret(
     memo = action.prepare(rt, {"message": "m"}, "i3-p1-a0-alert")  # type: ignore[arg-type]
     recorded = json.dumps(memo)
     assert "secret-path" not in recorded and "s3cr3t" not in recorded
-    assert memo["webhook"] == "http://127.0.0.1/…"
+    assert memo["webhook"] == "http://127.0.0.1/…" and set(memo) == {"format", "webhook", "step", "task"}
     action.start(rt, {"message": "m"}, memo)  # type: ignore[arg-type]
     out = _poll(action, rt, memo)  # type: ignore[arg-type]
     assert out.ok and out.result["http_status"] == 200 and out.result["channels"] == ["log", "webhook"]

@@ -2,7 +2,7 @@
 
 The payload's format (Slack-compatible or generic JSON) and the auth headers are described in
 ``supervisor.observability.alerts``. What is recorded in the incident's timeline (the memo) is
-the payload and a redacted webhook address: never the URL's path (a Slack webhook URL is a
+the format and a redacted webhook address: never the URL's path (a Slack webhook URL is a
 credential) nor a header value; both are read again when the alert is sent.
 """
 
@@ -28,19 +28,13 @@ class AlertAction:
     event = EventKind.ALERT_SENT
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
-        doc = {
-            "job": rt.job.name,
-            "incident": rt.incident_id,
-            "step": rt.current_step,
-            "message": params.get("message"),
-            "diagnosis": rt.diagnosis.to_json(),
-        }
+        # The memo is recorded in the timeline: no payload (it is rebuilt from the diagnosis when
+        # sent, and the store drops `text` keys), no URL path, no header.
         url = rt.job.alert.webhook_url
-        fmt = getattr(rt.job.alert, "format", "json")
         return {
-            "payload": alerts.payload(doc, fmt),
-            "format": fmt,
+            "format": getattr(rt.job.alert, "format", "json"),
             "webhook": alerts.redacted(url) if url else None,
+            "step": rt.current_step,
             "task": f"alert:{action_id}",
         }
 
@@ -53,7 +47,14 @@ class AlertAction:
         )  # fmt: skip
         url = rt.job.alert.webhook_url
         if memo["webhook"] and url:
-            rt.submit(memo["task"], send, url, memo["payload"])
+            doc = {
+                "job": rt.job.name,
+                "incident": rt.incident_id,
+                "step": memo["step"],
+                "message": params.get("message"),
+                "diagnosis": d.to_json(),
+            }
+            rt.submit(memo["task"], send, url, alerts.payload(doc, memo["format"]))
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if not memo["webhook"]:
