@@ -283,6 +283,33 @@ def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
     return recovered.step - prev[-1].step <= typical_step(inc)
 
 
+#: A one-step transient below this loss excess (and below ``BLIP_MAX_GRAD``) is a note: heavy-tailed
+#: healthy runs do this (llm.c GPT-2 124M: loss 3.48 -> 3.78 with the grad norm 5x, back next step).
+BLIP_MAX_JUMP = math.log(1.5)
+BLIP_MAX_GRAD = 10.0
+
+
+def _blip(inc: Incident) -> bool:
+    """Only the peak step rose, the next logged step is back in band, no rank stood out,
+    nothing was non-finite, and neither the loss nor the gradients moved by much."""
+    f = inc.facts
+    if f.nonfinite_step is not None or inc.rank_local or f.checksum is not None or inc.period is not None:
+        return False
+    if not math.isfinite(inc.peak_excess) or inc.peak_excess >= BLIP_MAX_JUMP:
+        return False
+    if (f.grad_ratio_at_peak or 0.0) >= BLIP_MAX_GRAD or (
+        f.update_spike and f.update_spike[1] >= BLIP_MAX_GRAD
+    ):
+        return False
+    # The peak step, and at most one step before it (noise that the onset search picked up).
+    if sum(1 for p in inc.trajectory if not p.loss_in_band and p.step < inc.peak_step) > 1:
+        return False
+    after = [p for p in inc.trajectory if p.step > inc.peak_step]
+    if not after or not after[0].loss_in_band:
+        return False
+    return after[0].step - inc.peak_step <= typical_step(inc)
+
+
 def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     """How bad it is for training (not how sure we are): drives what a policy may do."""
     if top == "metric_artifact":
@@ -292,6 +319,8 @@ def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     unconfirmed = not inc.facts.grad_known and inc.facts.checksum is None and not inc.rank_local
     if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and unconfirmed:
         return Severity.LOW  # a one-off loss blip with nothing logged to confirm it: heavy tails do this
+    if phen is Phenotype.TRANSIENT and top not in ("distributed", "resume_state") and _blip(inc):
+        return Severity.LOW  # one step out and straight back, on every rank: a note, not a page
     if inc.facts.nonfinite_step is not None and phen is not Phenotype.TRANSIENT:
         return Severity.CRITICAL
     if phen is Phenotype.DIVERGENCE:

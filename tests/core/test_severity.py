@@ -1,0 +1,51 @@
+"""Severity says what an operator must do: a one-step blip that is back in band at once is a note
+(`low`); `medium` and above mean the policy will act (issue 19)."""
+
+from __future__ import annotations
+
+from supervisor.core.analysis import analyze_records
+from supervisor.core.model import Phenotype, Severity
+from supervisor.traces.synthetic import at, set_loss, synthetic_records
+
+
+def _llmc_like(seed: int, loss_mult: float, grad_mult: float, steps: tuple[int, ...] = (700,)):  # type: ignore[no-untyped-def]
+    """One rank, loss and grad norm only (what llm.c's main log holds), a long healthy run."""
+    recs = synthetic_records(900, 1, seed=seed, heavy_tail=True, loss_noise=0.01)
+    for r in recs:
+        r.update_norm = r.param_norm = r.tokens = r.loss_sum = None
+    for s in steps:
+        for r in at(recs, s):
+            r.loss *= loss_mult
+            r.grad_norm = (r.grad_norm or 1.0) * grad_mult
+    return recs
+
+
+def test_one_step_blip_with_grad_norm_5x_back_next_step_is_low() -> None:
+    """The llm.c GPT-2 124M case: loss 3.48 -> 3.78 (+8.6%), grad norm 5x, back in band next step."""
+    for seed in range(3):
+        res = analyze_records(_llmc_like(seed, 3.78 / 3.48, 5.0))
+        assert [d.severity for d in res.incidents] in ([], [Severity.LOW]), [
+            d.to_json() for d in res.incidents
+        ]
+
+
+def test_a_transient_of_real_size_is_still_acted_on() -> None:
+    res = analyze_records(_llmc_like(0, 1.8, 12.0))
+    (d,) = res.incidents
+    assert d.phenotype is Phenotype.TRANSIENT and d.severity.rank >= Severity.MEDIUM.rank
+
+
+def test_a_blip_that_lasts_two_steps_is_not_a_note() -> None:
+    res = analyze_records(_llmc_like(1, 1.3, 6.0, steps=(700, 701, 702)))
+    assert res.incidents and max(d.severity.rank for d in res.incidents) >= Severity.MEDIUM.rank
+
+
+def test_rank_local_bad_batch_stays_medium() -> None:
+    recs = synthetic_records(400, 4, seed=5)
+    (bad,) = at(recs, 300, rank=2)
+    set_loss(bad, bad.loss * 1.4)
+    for r in at(recs, 300):
+        r.grad_norm = (r.grad_norm or 1.0) * 4
+    res = analyze_records(recs)
+    assert res.incidents and res.incidents[0].rank_local
+    assert res.incidents[0].severity.rank >= Severity.MEDIUM.rank
