@@ -13,17 +13,19 @@ from pathlib import Path
 
 import click
 
+from supervisor.cli.jobcheck import load_checked_job
 from supervisor.cli.outcome import print_outcome
 from supervisor.cli.output import console, json_option, print_json
-from supervisor.config.job import JobSpec, load_job
+from supervisor.cli.validate import set_option
+from supervisor.config.job import JobSpec
 from supervisor.errors import ConfigError
 
 
-def _job(job_file: Path | None, attach_job: str | None) -> JobSpec:
+def _job(job_file: Path | None, attach_job: str | None, overrides: tuple[str, ...]) -> JobSpec:
     from supervisor.runtime import api
 
     if job_file is not None:
-        job = load_job(job_file)
+        job = load_checked_job(job_file, overrides)
         if attach_job and attach_job != job.name:
             raise ConfigError(
                 f"--attach {attach_job!r} but the file describes job {job.name!r}", source=str(job_file)
@@ -49,28 +51,44 @@ def _job(job_file: Path | None, attach_job: str | None) -> JobSpec:
 )
 @click.option("--address", help="Ray address for --attach (default: the job's, else `auto`).")
 @click.option("--no-faults", is_flag=True, help="Ignore the job's `faults:` list (run a drill job clean).")
+@set_option
 def launch(
-    job_file: Path | None, detach: bool, attach_job: str | None, address: str | None, no_faults: bool
+    job_file: Path | None,
+    detach: bool,
+    attach_job: str | None,
+    address: str | None,
+    no_faults: bool,
+    overrides: tuple[str, ...],
 ) -> None:
-    """Launch JOB_FILE on Ray under the supervisor (or --attach to a running job)."""
+    """Launch JOB_FILE on Ray under the supervisor (or --attach to a running job).
+
+    The first line says which Ray it runs on: a fresh local instance (no `ray.address`, or
+    `local`) or the cluster it joined. Exit code 0 finished, 1 failed/escalated/stopped,
+    2 bad input, 3 Ray or the supervisor failed.
+    """
     from supervisor.runtime import api, cluster, display
+    from supervisor.runtime.settings import settings_for
     from supervisor.runtime.stores import open_incident_store
 
-    job = load_job(job_file) if job_file is not None else None
+    job = load_checked_job(job_file, overrides) if job_file is not None else None
     if attach_job:
-        cluster.connect_existing(address or (job.ray.address if job else None))
+        named = job.ray.address if job is not None and job.ray.address != "local" else None
+        cluster.connect_existing(address or named)
+        console().print(cluster.describe(joined=True))
     elif job is None:
         raise click.UsageError("give a job file, or --attach JOB")
     else:
-        cluster.connect(job, persistent=detach)
+        console().print(cluster.connect(job, persistent=detach))
         if api.job_of_running(job.name) is not None:  # its workers outlived their supervisor
             console().print(f"job {job.name!r} is already running on this cluster: attaching to it")
             attach_job = job.name
-    job = _job(job_file, attach_job)
+    job = _job(job_file, attach_job, overrides)
     if no_faults:
         job = job.model_copy(update={"faults": []})
     started = 0.0 if attach_job else time.time()  # attached: the whole job's incidents
-    handle = api.attach(job, detached=detach) if attach_job else api.launch(job, detached=detach)
+    settings = settings_for(job)
+    start = api.attach if attach_job else api.launch
+    handle = start(job, settings, detached=detach)
     if detach:
         console().print(
             f"supervisor:{job.name} running (detached). `supervisor status {job.name}` to follow it."

@@ -7,48 +7,62 @@ Each section is its own pydantic model with a docstring per field; unknown keys 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from supervisor.config.loader import load_model
+from supervisor.config.loader import check_model, load_model
+from supervisor.config.runtime import RuntimeSection
+from supervisor.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENTRY_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+MAX_WORKERS = 65_536
+"""No real job has more ranks; a bigger number is a typo (``num_workers: 1e12``)."""
+MAX_STEPS = 10**12
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Resources(Section):
     """The worker group: one Ray worker per data-parallel rank."""
 
-    num_workers: int = Field(1, ge=1, description="Number of training workers (data-parallel ranks).")
-    cpus_per_worker: float = Field(1.0, gt=0, description="Logical CPUs Ray reserves per worker.")
-    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs per worker; > 0 selects NCCL, else gloo.")
+    num_workers: int = Field(
+        1, ge=1, le=MAX_WORKERS, description="Number of training workers (data-parallel ranks)."
+    )
+    cpus_per_worker: float = Field(1.0, gt=0, le=4096, description="Logical CPUs Ray reserves per worker.")
+    gpus_per_worker: float = Field(
+        0.0, ge=0, le=64, description="GPUs per worker; > 0 selects NCCL, else gloo."
+    )
 
 
 class RaySection(Section):
     """Where Ray runs."""
 
     address: str | None = Field(
-        None, description="Absent: start a local Ray. `auto` or `ray://host:port`: connect to a cluster."
+        None,
+        description="Absent or `local`: start a fresh local Ray for this job, even when another "
+        "cluster runs on the machine. `auto`: join the cluster started on this machine with "
+        "`ray start` (or named by $RAY_ADDRESS). `host:port` or `ray://host:port`: join that cluster.",
     )
     runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime_env for the workers.")
     num_cpus: int | None = Field(
         None,
         ge=1,
+        le=1_000_000,
         description="Logical CPUs of a local Ray started by the supervisor (default: enough for the job).",
     )
 
     @field_validator("address")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
-        if v is None or v == "auto" or v.startswith("ray://") or re.match(r"^[\w.-]+:\d+$", v):
+        if v is None or v in ("auto", "local") or re.match(r"^(ray://)?[\w.-]+:\d{1,5}$", v):
             return v
-        raise ValueError(f"must be `auto`, `ray://host:port` or `host:port` (got {v!r})")
+        raise ValueError(f"must be `local`, `auto`, `host:port` or `ray://host:port` (got {v!r})")
 
 
 class Storage(Section):
@@ -75,17 +89,23 @@ class Storage(Section):
 class CheckpointSection(Section):
     """How often to checkpoint and how many healthy checkpoints to keep."""
 
-    every_steps: int = Field(100, ge=1, description="Save a checkpoint every N optimizer steps.")
+    every_steps: int = Field(
+        100, ge=1, le=MAX_STEPS, description="Save a checkpoint every N optimizer steps."
+    )
     keep: int = Field(
-        3, ge=1, description="Keep the newest K healthy checkpoints (plus incident references)."
+        3, ge=1, le=1_000_000, description="Keep the newest K healthy checkpoints (plus incident references)."
     )
 
 
 class Telemetry(Section):
     """Detector settings; every field overrides the engine's default."""
 
-    window: int = Field(1000, ge=8, description="Rolling window (steps) of the robust statistics.")
-    min_history: int = Field(50, ge=4, description="Steps of history before any alarm can be raised.")
+    window: int = Field(
+        1000, ge=8, le=1_000_000, description="Rolling window (steps) of the robust statistics."
+    )
+    min_history: int = Field(
+        50, ge=4, le=1_000_000, description="Steps of history before any alarm can be raised."
+    )
     z_threshold: float = Field(
         6.0, gt=0, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm."
     )
@@ -98,8 +118,23 @@ class Telemetry(Section):
     hang_timeout_s: float = Field(
         120.0, gt=0, description="No record from a rank for this long: a hung worker."
     )
-    fingerprint_every: int = Field(50, ge=1, description="Parameter fingerprint every K steps.")
-    canary_every: int = Field(0, ge=0, description="Canary forward pass every K steps (0: off).")
+    fingerprint_every: int = Field(50, ge=1, le=MAX_STEPS, description="Parameter fingerprint every K steps.")
+    canary_every: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Canary forward pass every K steps (0: off)."
+    )
+    trace: str | None = Field(
+        None,
+        description="Write the supervised run's telemetry as per-rank JSONL traces here (for `analyze` "
+        "and `policy explain`): `{rank}` in the name is filled in, else `.rankN` is added for "
+        "more than one rank. Relative paths are relative to where `launch` runs.",
+    )
+
+    @field_validator("trace")
+    @classmethod
+    def _trace(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty (leave it out for no trace)")
+        return v
 
 
 class Alert(Section):
@@ -121,11 +156,13 @@ class Incidents(Section):
 class Fault(BaseModel):
     """A fault injected for a drill (off unless listed). `kind` picks it; other keys are its parameters."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
 
     kind: str = Field(description="Fault name; see `supervisor drill --list`.")
-    step: int | None = Field(None, ge=0, description="Step at which it starts.")
-    rank: int | None = Field(None, ge=0, description="Rank it affects, where it is rank-local.")
+    step: int | None = Field(None, ge=0, le=MAX_STEPS, description="Step at which it starts.")
+    rank: int | None = Field(
+        None, ge=0, lt=MAX_WORKERS, description="Rank it affects, where it is rank-local."
+    )
 
 
 class JobSpec(Section):
@@ -152,12 +189,16 @@ class JobSpec(Section):
     policy: str = Field(
         "default", description="A shipped policy name (see policies/) or a path to a YAML file."
     )
-    max_steps: int = Field(ge=1, description="Optimizer steps to train.")
+    max_steps: int = Field(ge=1, le=MAX_STEPS, description="Optimizer steps to train.")
     alert: Alert = Field(default_factory=Alert)  # type: ignore[arg-type]
     incidents: Incidents = Field(default_factory=Incidents)  # type: ignore[arg-type]
     faults: list[Fault] = Field(default_factory=list, description="Drill faults (see examples/drills).")
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)  # type: ignore[arg-type]
     mode: Literal["supervised", "observe_only"] = Field(
-        "supervised", description="`observe_only` detects and records incidents but takes no action."
+        "supervised",
+        description="`supervised`: the policy acts on incidents. `observe_only`: detect, diagnose and "
+        "record incidents but run no policy action (no alert, freeze, rollback or fix); a crashed "
+        "worker group is still restarted from a verified checkpoint.",
     )
 
     @field_validator("name")
@@ -190,9 +231,20 @@ class JobSpec(Section):
         return self
 
 
-def load_job(path: str | Path) -> JobSpec:
-    """Load and validate a job.yaml; raises ConfigError naming the file and field."""
-    return load_model(JobSpec, path)
+def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """Load and validate a job.yaml (with ``--set key=value`` overrides); ConfigError names file and field."""
+    return load_model(JobSpec, path, overrides=overrides)
+
+
+def check_job_file(
+    path: str | Path, overrides: Sequence[str] = (), *, data: Any = None
+) -> tuple[JobSpec | None, list[ConfigError]]:
+    """(job, []) or (None, every schema error), each a one-line ConfigError naming file and field."""
+    job, problems = check_model(JobSpec, path, overrides=overrides, data=data)
+    return job, [
+        p if isinstance(p, ConfigError) else ConfigError(p.message, source=p.source, field=p.field)
+        for p in problems
+    ]
 
 
 def job_schema() -> dict[str, Any]:

@@ -1,11 +1,26 @@
-"""Read a YAML file into a pydantic model, turning every failure into a one-line ConfigError.
+"""The one reader of files a person hands the supervisor, and YAML into pydantic models.
 
-Shared by job.yaml and policy files: the message always names the file, the field path
-and what was wrong, e.g. ``job.yaml: resources.num_workers: must be >= 1 (got 0)``.
+Every failure is a one-line error naming the file, the field path and what was wrong,
+e.g. ``job.yaml: resources.num_workers: must be >= 1 (got 0)``. Hostile input stays
+bounded in time and memory (limits in docs/operations.md, "Input limits"):
+
+- only regular files are read: a FIFO, a device or a socket is refused after ``stat`` and
+  before ``open`` (and opened ``O_NONBLOCK`` so a FIFO swapped in meanwhile cannot block);
+- reads stream in chunks and stop past ``max_bytes`` (no ``/dev/zero`` read whole);
+- gzip is decompressed as a stream, capped in size and in compression ratio (a 1 MB bomb
+  is refused after a few MiB of output, not after 2 GB);
+- YAML: nesting depth, node count with aliases expanded (billion laughs), recursive aliases
+  and integers longer than ``MAX_INT_DIGITS`` are refused before anything is constructed.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
+import os
+import stat
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,44 +31,296 @@ from supervisor.errors import ConfigError, SupervisorError
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_INPUT_BYTES = int(os.environ.get("SUPERVISOR_MAX_INPUT_BYTES", 1 << 30))
+"""Largest file (after decompression) any command reads: 1 GiB unless $SUPERVISOR_MAX_INPUT_BYTES."""
+MAX_YAML_BYTES = 8 << 20
+"""Largest job or policy YAML file: 8 MiB."""
+MAX_DEPTH = 64
+"""Deepest nesting of YAML mappings / lists (aliases expanded)."""
+MAX_NODES = 200_000
+"""Most YAML nodes with every alias expanded (what serialising the result would produce)."""
+MAX_INT_DIGITS = 100
+"""Longest integer literal in YAML (Python refuses over 4300 digits; no setting needs 100)."""
+MAX_GZIP_RATIO = 200
+"""Decompressed / compressed size above which gzip input is a bomb (text logs compress ~5-20x)."""
+_GZIP_RATIO_FROM = 16 << 20  # the ratio is judged once this much output exists
+_CHUNK = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
 
-def read_bytes(path: str | Path, *, error: type[SupervisorError], expected: str) -> bytes:
-    """A file's bytes; a missing, unreadable or directory path is one line naming the file."""
-    p = Path(path)
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(p: Path, error: type[SupervisorError], expected: str) -> int:
+    """A read-only fd of ``p``, refused unless it is a regular file (checked before and after open)."""
     try:
-        return p.read_bytes()
+        before = os.stat(p)
+        if not stat.S_ISREG(before.st_mode):
+            raise error(f"is {_kind(before.st_mode)}, expected {expected}", source=str(p))
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise error("file not found", source=str(p)) from None
-    except IsADirectoryError:
-        raise error(f"is a directory, expected {expected}", source=str(p)) from None
     except OSError as exc:
         raise error(f"cannot read: {exc.strerror}", source=str(p)) from None
+    after = os.fstat(fd)
+    if not stat.S_ISREG(after.st_mode):  # replaced between stat and open
+        os.close(fd)
+        raise error(f"is {_kind(after.st_mode)}, expected {expected}", source=str(p))
+    return fd
+
+
+def _too_big(p: Path, limit: int, error: type[SupervisorError], what: str = "") -> SupervisorError:
+    hint = " (raise $SUPERVISOR_MAX_INPUT_BYTES to allow more)" if limit == MAX_INPUT_BYTES else ""
+    return error(f"{what}larger than {limit:,} bytes, the input limit{hint}", source=str(p))
+
+
+def _read_capped(stream: io.RawIOBase | gzip.GzipFile, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes in chunks; None when there is more."""
+    buf = bytearray()
+    while True:
+        chunk = stream.read(min(_CHUNK, limit + 1 - len(buf)))
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            return None
+
+
+def _gunzip(raw_file: io.FileIO, p: Path, limit: int, error: type[SupervisorError]) -> bytes:
+    out = bytearray()
+    try:
+        with gzip.GzipFile(fileobj=raw_file, mode="rb") as gz:
+            while chunk := gz.read(_CHUNK):
+                out += chunk
+                if len(out) > limit:
+                    raise _too_big(p, limit, error, "decompressed ")
+                consumed = max(raw_file.tell(), 1)
+                if len(out) > _GZIP_RATIO_FROM and len(out) > MAX_GZIP_RATIO * consumed:
+                    raise error(
+                        f"gzip expands more than {MAX_GZIP_RATIO}x (a decompression bomb?); refused",
+                        source=str(p),
+                    )
+    except (OSError, EOFError, zlib.error) as exc:
+        raise error(f"corrupt gzip data: {' '.join(str(exc).split())}", source=str(p)) from None
+    return bytes(out)
+
+
+def read_bytes(
+    path: str | Path,
+    *,
+    error: type[SupervisorError],
+    expected: str,
+    max_bytes: int | None = None,
+    decompress: bool = True,
+) -> bytes:
+    """A regular file's bytes (gzip decompressed transparently), at most ``max_bytes``.
+
+    Missing, unreadable, special (FIFO, device, socket, directory), oversized and corrupt
+    gzip files are each one ``error`` naming the file.
+    """
+    p = Path(path)
+    limit = MAX_INPUT_BYTES if max_bytes is None else max_bytes
+    fd = _open_regular(p, error, expected)
+    with io.FileIO(fd, "rb", closefd=True) as raw_file:
+        try:
+            head = raw_file.read(2)
+            if decompress and head == _GZIP_MAGIC:
+                raw_file.seek(0)
+                return _gunzip(raw_file, p, limit, error)
+            rest = _read_capped(raw_file, limit - len(head)) if len(head) == 2 else b""
+        except OSError as exc:
+            raise error(f"cannot read: {exc.strerror or exc}", source=str(p)) from None
+    if rest is None:
+        raise _too_big(p, limit, error)
+    return head + rest
+
+
+# -- YAML ---------------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, mark: Any = None) -> None:
+        super().__init__(message)
+        self.mark = mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses deep nesting while composing and over-long integers while constructing."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> int:
+        digits = sum(ch.isdigit() for ch in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise _Refused(f"integer with {digits} digits (at most {MAX_INT_DIGITS})", node.start_mark)
+        value: int = super().construct_yaml_int(node)
+        return value
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes of ``root`` with aliases expanded; refuses cycles, depth and size over the limits.
+
+    Memoised per node, so a billion-laughs document costs one visit per distinct node."""
+    memo: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, expanded height)
+    active: set[int] = set()
+
+    def visit(node: yaml.Node, depth: int) -> tuple[int, int]:
+        key = id(node)
+        if key in active:
+            raise _Refused("recursive alias (a node that contains itself)", node.start_mark)
+        if key not in memo:
+            active.add(key)
+            children: list[yaml.Node] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                children = [part for pair in node.value for part in pair]
+            size, height = 1, 0
+            for child in children:
+                s, h = visit(child, depth + 1)
+                size, height = size + s, max(height, h + 1)
+                if size > MAX_NODES:
+                    raise _Refused(
+                        f"more than {MAX_NODES:,} values once aliases are expanded", node.start_mark
+                    )
+            active.discard(key)
+            memo[key] = (size, height)
+        size, height = memo[key]
+        if depth + height > MAX_DEPTH:
+            raise _Refused(
+                f"nested deeper than {MAX_DEPTH} levels once aliases are expanded", node.start_mark
+            )
+        return size, height
+
+    return visit(root, 1)[0]
+
+
+def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigError) -> Any:
+    """Parse YAML text within the limits above; every failure is one ``error`` line."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)
+        return loader.construct_document(node)
+    except _Refused as exc:
+        raise error(f"{exc}{_where(exc.mark)}", source=source) from None
+    except yaml.MarkedYAMLError as exc:
+        problem = exc.problem or "invalid YAML"
+        raise error(
+            f"YAML syntax error{_where(exc.problem_mark) or ' at unknown position'}: {problem}", source=source
+        ) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise error(f"invalid YAML: {' '.join(str(exc).split())[:200]}", source=source) from None
+    finally:
+        loader.dispose()
+
+
+def _where(mark: Any) -> str:
+    return "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def read_yaml(path: str | Path, *, error: type[SupervisorError] = ConfigError) -> Any:
     """Parse a YAML file; syntax errors name the line and column, unreadable files say why."""
     p = Path(path)
-    raw = read_bytes(p, error=error, expected="a YAML file")
+    raw = read_bytes(p, error=error, expected="a YAML file", max_bytes=MAX_YAML_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"not UTF-8 text (byte {exc.start})", source=str(p)) from None
     if "\x00" in text:
         raise error("binary content, expected YAML text", source=str(p)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
-        problem = exc.problem or "invalid YAML"
-        raise error(f"YAML syntax error at {where}: {problem}", source=str(p)) from None
-    except yaml.YAMLError as exc:
-        raise error(f"invalid YAML: {exc}", source=str(p)) from None
+    return parse_yaml(text, source=str(p), error=error)
+
+
+# -- --set key=value ----------------------------------------------------------------------------
+
+
+def apply_overrides(
+    data: Any, overrides: Sequence[str], *, error: type[SupervisorError] = ConfigError
+) -> Any:
+    """``data`` with each ``dotted.key=value`` of ``overrides`` set (value parsed as YAML)."""
+    if not overrides:
+        return data
+    if data is None:
+        data = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(p.strip() for p in parts):
+            raise error(
+                f"expected KEY=VALUE with a dotted KEY such as resources.num_workers=2 (got {item!r})",
+                source="--set",
+            )
+        value = parse_yaml(text, source=f"--set {key}", error=error)
+        _set_path(data, [p.strip() for p in parts], value, key, error)
+    return data
+
+
+def _set_path(data: Any, parts: list[str], value: Any, key: str, error: type[SupervisorError]) -> None:
+    node = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, dict):
+            if last:
+                node[part] = value
+                return
+            node = node.setdefault(part, {})
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            if last:
+                node[int(part)] = value
+                return
+            node = node[int(part)]
+        else:
+            where = ".".join(parts[:i]) or "(top level)"
+            raise error(
+                f"cannot set {key}: {where} is not a mapping (or {part!r} is no list index)", source="--set"
+            )
+
+
+# -- pydantic ------------------------------------------------------------------------------------
 
 
 def format_validation_error(exc: ValidationError) -> tuple[str, str]:
     """(field path, message) of the first error, worded for a person."""
-    err = exc.errors(include_url=False)[0]
+    return format_validation_errors(exc)[0]
+
+
+def format_validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """(field path, message) of every error, worded for a person (one per field)."""
+    out: dict[str, str] = {}
+    for err in exc.errors(include_url=False):
+        loc, msg = _describe(err)
+        out.setdefault(loc, msg)
+    return list(out.items())
+
+
+def _describe(err: Any) -> tuple[str, str]:
     loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -67,9 +334,9 @@ def format_validation_error(exc: ValidationError) -> tuple[str, str]:
             kind
         ]
         bound = next(iter(ctx.values())) if ctx else "?"
-        msg = f"must be {op} {bound} (got {got!r})"
+        msg = f"must be {op} {bound} (got {_short(got)})"
     elif kind in ("literal_error", "enum"):
-        msg = f"must be one of {ctx.get('expected', '?')} (got {got!r})"
+        msg = f"must be one of {ctx.get('expected', '?')} (got {_short(got)})"
     else:
         text = err["msg"]
         if text.startswith("Value error, "):
@@ -81,22 +348,52 @@ def format_validation_error(exc: ValidationError) -> tuple[str, str]:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, list | tuple | dict) and len(value) > 20:
+        return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def load_model(
-    model: type[M], path: str | Path, *, error: type[SupervisorError] = ConfigError, data: Any = None
-) -> M:
-    """Validate YAML ``path`` (or already-parsed ``data``) against ``model``."""
-    if data is None:
-        data = read_yaml(path, error=error)
+def _mapping(data: Any, path: str | Path, error: type[SupervisorError]) -> dict[str, Any]:
     if data is None:
         raise error("file is empty", source=str(path))
     if not isinstance(data, dict):
         raise error(f"expected a mapping at the top level, got {type(data).__name__}", source=str(path))
+    return data
+
+
+def load_model(
+    model: type[M],
+    path: str | Path,
+    *,
+    error: type[SupervisorError] = ConfigError,
+    data: Any = None,
+    overrides: Sequence[str] = (),
+) -> M:
+    """Validate YAML ``path`` (or already-parsed ``data``) against ``model``; raises the first error."""
+    found, problems = check_model(model, path, error=error, data=data, overrides=overrides)
+    if found is None:
+        raise problems[0]
+    return found
+
+
+def check_model(
+    model: type[M],
+    path: str | Path,
+    *,
+    error: type[SupervisorError] = ConfigError,
+    data: Any = None,
+    overrides: Sequence[str] = (),
+) -> tuple[M | None, list[SupervisorError]]:
+    """(the model, []) or (None, every problem found), each problem one line naming file and field."""
     try:
-        return model.model_validate(data)
+        if data is None:
+            data = read_yaml(path, error=error)
+        data = apply_overrides(_mapping(data, path, error), overrides, error=error)
+        return model.model_validate(data), []
+    except SupervisorError as exc:
+        return None, [exc]
     except ValidationError as exc:
-        field, msg = format_validation_error(exc)
-        raise error(msg, source=str(path), field=field) from None
+        return None, [
+            error(msg, source=str(path), field=field) for field, msg in format_validation_errors(exc)
+        ]

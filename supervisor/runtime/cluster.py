@@ -1,13 +1,19 @@
-"""Connecting to Ray: a local instance when the job names no address, a cluster otherwise.
+"""Connecting to Ray: a fresh local instance when the job names no address, a cluster otherwise.
 
-A foreground ``launch`` without an address starts an in-process local Ray that lives as long
-as the command. ``--detach`` needs a Ray that outlives the command, so it starts (or reuses)
-a local head with Ray's own ``ray start --head`` and connects to it with ``address=auto``.
+``ray.address`` absent or ``local``: a foreground ``launch`` starts a fresh in-process local
+Ray that lives as long as the command, even when another Ray cluster runs on the machine
+(``ray.init(address="local")``: neither ``$RAY_ADDRESS`` nor the last ``ray start`` is joined).
+``--detach`` needs a Ray that outlives the command, so it joins the local head started
+with ``ray start --head`` or starts one. ``auto``, ``host:port`` and ``ray://host:port`` join
+that cluster. Whatever happened is one line (``describe``), which ``launch`` prints first;
+every failure is one ``RuntimeBackendError`` line, and an address where nothing listens
+fails in seconds instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,42 +27,67 @@ from supervisor.runtime.names import NAMESPACE
 
 log = get_logger("supervisor.runtime.cluster")
 
+PROBE_TIMEOUT_S = 5.0
+"""How long a TCP connect to a cluster's address may take before it counts as unreachable."""
+
 
 def needed_cpus(job: JobSpec) -> int:
     """Logical CPUs a local Ray needs for this job: the workers, a replay task, and headroom."""
     return max(4, int(job.resources.num_workers * job.resources.cpus_per_worker + 2 + 0.999))
 
 
-def connect(job: JobSpec, *, persistent: bool = False) -> None:
-    """Connect this process to the Ray the job names (idempotent when already connected)."""
+def connect(job: JobSpec, *, persistent: bool = False) -> str:
+    """Connect this process to the Ray the job names; returns one line saying which Ray it is."""
     if ray.is_initialized():
-        return
+        return describe(joined=True)
     address = job.ray.address
-    if address is None and persistent:
-        _ensure_local_head(job.ray.num_cpus or needed_cpus(job))
-        address = "auto"
+    if address in (None, "local"):
+        if persistent:
+            started = _ensure_local_head(job.ray.num_cpus or needed_cpus(job))
+            _init("auto", job, log_to_driver=False)
+            return describe(joined=not started)
+        _init("local", job, num_cpus=job.ray.num_cpus or needed_cpus(job))
+        return describe(joined=False)
+    _init(address, job)
+    return describe(joined=True)
+
+
+def _init(
+    address: str, job: JobSpec | None, *, num_cpus: int | None = None, log_to_driver: bool = True
+) -> None:
+    local = address == "local"
+    if not local:
+        _probe(address)
+    kwargs: dict[str, object] = {"address": address, "namespace": NAMESPACE}
+    if job is not None and job.ray.runtime_env:
+        kwargs["runtime_env"] = job.ray.runtime_env
+    if local:
+        # On a terminal the live display is the output; worker logs stay in Ray's session
+        # log folder (named in the first line). Piped, they go to stderr as JSON lines.
+        kwargs.update(num_cpus=num_cpus, include_dashboard=False, log_to_driver=not sys.stdout.isatty())
+    else:
+        kwargs["log_to_driver"] = log_to_driver
+    where = "a new local instance" if local else address
     try:
-        if address is None:
-            ray.init(
-                num_cpus=job.ray.num_cpus or needed_cpus(job),
-                namespace=NAMESPACE,
-                include_dashboard=False,
-                runtime_env=job.ray.runtime_env or None,
-                # On a terminal the live display is the output; worker logs stay in Ray's
-                # session log folder (printed below). Piped, they go to stderr as JSON lines.
-                log_to_driver=not sys.stdout.isatty(),
-            )
-        else:
-            ray.init(address=address, namespace=NAMESPACE, runtime_env=job.ray.runtime_env or None)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise RuntimeBackendError(
-            f"cannot connect to Ray at {address or 'a new local instance'}: {exc}"
-        ) from None
-    log.info(
-        "ray_connected",
-        address=address or "local",
-        resources=ray.cluster_resources(),
-        logs=_local_logs_dir() if address is None else None,
+        ray.init(**kwargs)  # type: ignore[arg-type]
+    except Exception as exc:  # any failure inside Ray's start-up is one line, never a traceback
+        raise RuntimeBackendError(f"cannot connect to Ray at {where}: {_first_line(exc)}") from None
+    log.info("ray_connected", address=address, resources=ray.cluster_resources(), logs=_local_logs_dir())
+
+
+def describe(*, joined: bool) -> str:
+    """One line: which Ray this process is connected to, and what it offers."""
+    resources = ray.cluster_resources()
+    cpus = int(resources.get("CPU", 0))
+    gpus = int(resources.get("GPU", 0))
+    offer = f"{cpus} CPUs" + (f", {gpus} GPUs" if gpus else "")
+    if joined:
+        address = ray.get_runtime_context().gcs_address
+        nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        return f"ray: joined the existing cluster at {address} ({nodes} node{'s' * (nodes != 1)}, {offer})"
+    logs = _local_logs_dir()
+    return f"ray: started a fresh local instance for this job ({offer})" + (
+        f"; worker logs in {logs}" if logs else ""
     )
 
 
@@ -72,19 +103,41 @@ def connect_existing(address: str | None) -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=address or "auto", namespace=NAMESPACE, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise RuntimeBackendError(
-            f"no Ray cluster reachable at {address or 'auto'} ({exc}); pass --address or start the job first"
-        ) from None
+        _init(address or "auto", None, log_to_driver=False)
+    except RuntimeBackendError as exc:
+        raise RuntimeBackendError(f"{exc.message}; pass --address or start the job first") from None
 
 
-def _ensure_local_head(num_cpus: int) -> None:
+def _probe(address: str) -> None:
+    """Fail in seconds, with one line, when nothing listens at the cluster's address."""
+    target = address
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            target = canonicalize_bootstrap_address("auto") or ""
+        except Exception as exc:  # Ray found no cluster on this machine
+            raise RuntimeBackendError(f"no Ray cluster found for `auto`: {_first_line(exc)}") from None
+    host, _, port = target.removeprefix("ray://").rpartition(":")
     try:
-        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False)
-        ray.shutdown()
-        return
-    except (ConnectionError, RuntimeError, ValueError):
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S):
+            return
+    except (OSError, ValueError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise RuntimeBackendError(f"no Ray cluster reachable at {target} ({detail})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _ensure_local_head(num_cpus: int) -> bool:
+    """Join a local head started with ``ray start``, or start one; True when it was started here."""
+    try:
+        _probe("auto")
+        return False
+    except RuntimeBackendError:
         pass
     exe = Path(sys.executable).with_name("ray")
     cmd = [str(exe) if exe.exists() else (shutil.which("ray") or "ray")]
@@ -92,4 +145,6 @@ def _ensure_local_head(num_cpus: int) -> None:
     log.info("ray_start_head", cmd=" ".join(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeBackendError(f"`ray start --head` failed: {done.stderr.strip()[-300:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeBackendError(f"`ray start --head` failed (exit {done.returncode}): {last[:300]}")
+    return True

@@ -1,53 +1,89 @@
-"""Runtime knobs that are not part of job.yaml (they describe the supervisor, not the job).
+"""The supervisor's runtime knobs: job.yaml's ``runtime:`` section plus the trace path and log level.
 
-Each has a default that suits a real run; tests shrink the deadlines. The values travel to
-the supervisor actor as a plain dict.
+``settings_for(job)`` builds them from a job; tests pass their own (shorter deadlines). The
+values travel to the supervisor actor and the workers as a plain dict.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from supervisor.config.runtime import RuntimeSection
 from supervisor.logging import current_level
 
+if TYPE_CHECKING:
+    from supervisor.config.job import JobSpec
 
-class RuntimeSettings(BaseModel):
+
+class RuntimeSettings(RuntimeSection):
     """How the supervisor drives the worker group."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=False)
 
-    loop_interval_s: float = Field(0.05, gt=0, description="Sleep of one idle loop iteration.")
-    export_interval_s: float = Field(
-        2.0, gt=0, description="At most this often, changed incidents are exported as JSON to storage."
-    )
-    step_deadline_s: float = Field(
-        10.0, gt=0, description="A step missing some ranks for this long is analysed with the ranks present."
-    )
-    directive_timeout_s: float = Field(
-        120.0,
-        gt=0,
-        description="An action waiting for every rank to acknowledge a directive fails after this.",
-    )
-    healthy_after_steps: int = Field(
-        20, ge=1, description="A verified checkpoint becomes healthy after this many anomaly-free steps."
-    )
-    buffer_records: int = Field(
-        100_000, ge=100, description="Records a worker buffers while the supervisor is away (oldest dropped)."
-    )
-    flush_interval_s: float = Field(0.2, gt=0, description="How often a worker flushes its record batch.")
-    poll_interval_s: float = Field(0.1, gt=0, description="How often a worker polls for directives.")
-    startup_timeout_s: float = Field(
-        600.0, gt=0, description="A rank with no record this long after its group started counts as hung."
-    )
-    max_group_restarts: int = Field(3, ge=0, description="Worker-group restarts before the job is failed.")
     trace_path: str | None = Field(
-        None, description="Append every record the supervisor receives to this JSONL trace (for `analyze`)."
+        None,
+        description="Write every record the supervisor receives to per-rank JSONL traces "
+        "(job.yaml `telemetry.trace`; `{rank}` in the name is filled in, else `.rankN` is added).",
     )
-    dist_timeout_s: float = Field(300.0, gt=0, description="torch.distributed collective timeout.")
-    replay_timeout_s: float = Field(300.0, gt=0, description="A replay task running longer fails.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default_factory=current_level,  # type: ignore[arg-type]
         description="Level of the supervisor's and workers' own log lines (default: the launching CLI's).",
     )
+
+
+def settings_for(job: JobSpec) -> RuntimeSettings:
+    """The settings job.yaml asks for: its ``runtime:`` section and ``telemetry.trace``."""
+    chosen = job.runtime.model_dump(exclude_unset=True, exclude_none=True)
+    if job.telemetry.trace is not None:
+        chosen["trace_path"] = job.telemetry.trace
+    return RuntimeSettings.model_validate(chosen)
+
+
+class RankTraces:
+    """The supervised run's telemetry as per-rank JSONL traces (``telemetry.trace``).
+
+    Records of rank r go to ``sdk.context.trace_path(path, r, world_size)``: ``{rank}`` in
+    the name is filled in, else ``.rankN`` is added when there is more than one rank, so the
+    files read back with ``analyze`` exactly like the SDK's offline traces. Files are opened
+    for appending: an attached supervisor continues the same traces.
+    """
+
+    def __init__(self, path: str, world_size: int) -> None:
+        self.path = path
+        self.world_size = world_size
+        self._files: dict[int, TextIO] = {}
+
+    def write(self, records: Iterable[dict[str, Any]]) -> None:
+        by_rank: dict[int, list[str]] = {}
+        for rec in records:
+            if rec.get("control"):
+                continue
+            rank = rec.get("rank")
+            by_rank.setdefault(rank if isinstance(rank, int) else 0, []).append(json.dumps(rec) + "\n")
+        for rank, lines in by_rank.items():
+            out = self._file(rank)
+            out.write("".join(lines))
+            out.flush()
+
+    def _file(self, rank: int) -> TextIO:
+        if rank not in self._files:
+            from supervisor.sdk.context import trace_path
+
+            target = trace_path(self.path, rank, self.world_size)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._files[rank] = open(target, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return self._files[rank]
+
+    def close(self) -> None:
+        for out in self._files.values():
+            out.close()
+        self._files.clear()
+
+
+def open_traces(settings: RuntimeSettings, world_size: int) -> RankTraces | None:
+    """The run's per-rank trace writer, or None when ``telemetry.trace`` is not set."""
+    return RankTraces(settings.trace_path, world_size) if settings.trace_path else None

@@ -139,16 +139,17 @@ def test_malformed_jobs_fail_cleanly(tmp_path: Path, content: str | bytes) -> No
     code, out = _run(path)
     lines = out.strip().splitlines()
     assert code == 2, out
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}")
+    assert lines and all(line.startswith(f"error: {path}") for line in lines)
     assert "Traceback" not in out
 
 
 def test_real_process_has_no_traceback(tmp_path: Path) -> None:
-    """The console script itself (not CliRunner): stderr is one line, exit 2."""
+    """The console script itself (not CliRunner): one line per problem, every problem listed, exit 2."""
     path = _write(tmp_path, "name: 3\nmax_steps: -1\n")
     proc = subprocess.run(
         [sys.executable, "-m", "supervisor.cli.main", "validate", str(path)], capture_output=True, text=True
     )
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"error: {path}: ")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(f"error: {path}: ") for line in lines)
+    assert [line.split(": ")[2] for line in lines] == ["name", "entrypoint", "storage", "max_steps"]

@@ -1,0 +1,106 @@
+"""Checks of a job.yaml beyond its schema, shared by `validate` and `launch`.
+
+The schema (``supervisor.config.job``) checks each field alone; here the job is checked
+against the world: its policy file exists, loads, and lies inside an allowed folder; each
+drill fault names a registered kind with valid parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.config.job import JobSpec, check_job_file
+from supervisor.config.loader import apply_overrides, read_yaml
+from supervisor.errors import ConfigError, SupervisorError
+
+ENV_POLICY_DIRS = "SUPERVISOR_POLICY_DIRS"
+"""Extra folders (os.pathsep-separated) that policy files may live in."""
+
+
+def allowed_policy_dirs(job_file: Path) -> list[Path]:
+    """Where a job's policy file may be: the job's folder, the working directory, the shipped
+    policies and ``$SUPERVISOR_POLICY_DIRS``; each with its subfolders."""
+    from supervisor.core.policy.loader import shipped_dir
+
+    dirs = [job_file.resolve().parent, Path.cwd().resolve()]
+    shipped = shipped_dir()
+    if shipped is not None:
+        dirs.append(shipped.resolve())
+    dirs += [
+        Path(d).expanduser().resolve() for d in os.environ.get(ENV_POLICY_DIRS, "").split(os.pathsep) if d
+    ]
+    return dirs
+
+
+def policy_problems(policy: str, job_file: Path) -> list[SupervisorError]:
+    from supervisor.core.policy.loader import load_policy, resolve_policy_path
+
+    source = str(job_file)
+    try:
+        path = resolve_policy_path(policy)
+    except SupervisorError as exc:
+        return [ConfigError(exc.message, source=source, field="policy")]
+    real = path.expanduser().resolve()
+    allowed = allowed_policy_dirs(job_file)
+    if not any(real.is_relative_to(d) for d in allowed):
+        return [
+            ConfigError(
+                f"{policy!r} resolves to {real}, outside the allowed folders "
+                f"({', '.join(str(d) for d in allowed)}); copy it there or add its folder to ${ENV_POLICY_DIRS}",
+                source=source,
+                field="policy",
+            )
+        ]
+    try:
+        load_policy(path)
+    except SupervisorError as exc:
+        return [exc]
+    return []
+
+
+def fault_problems(faults: list[Any], job_file: Path, skip: Collection[int] = ()) -> list[SupervisorError]:
+    """Each fault (except indexes in ``skip``, already reported) names a registered kind with valid parameters."""
+    from supervisor.drills.specs import parse_fault
+
+    out: list[SupervisorError] = []
+    for i, fault in enumerate(faults):
+        if i in skip:
+            continue
+        try:
+            parse_fault(fault, source=str(job_file), where=f"faults.{i}")
+        except SupervisorError as exc:
+            out.append(exc)
+    return out
+
+
+def check_job(job_file: Path, overrides: Sequence[str] = ()) -> tuple[JobSpec | None, list[SupervisorError]]:
+    """(job, []) when the job file is good; else every problem found, each one line.
+
+    The policy and the faults are checked even when other fields fail the schema."""
+    try:
+        data = apply_overrides(read_yaml(job_file), overrides)
+    except SupervisorError as exc:
+        return None, [exc]
+    job, problems = check_job_file(job_file, data=data)
+    found: list[SupervisorError] = list(problems)
+    bad = [p.field.split(".") for p in problems if p.field]
+    raw = data if isinstance(data, dict) else {}
+    policy = raw.get("policy", "default")
+    if isinstance(policy, str) and not any(f[0] == "policy" for f in bad):
+        found += policy_problems(policy, job_file)
+    faults = raw.get("faults")
+    if isinstance(faults, list) and ["faults"] not in bad:
+        reported = {int(f[1]) for f in bad if f[0] == "faults" and len(f) > 1 and f[1].isdigit()}
+        found += fault_problems(faults, job_file, reported)
+    return (job if not found else None), found
+
+
+def load_checked_job(job_file: Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """The job, or the first problem raised (for commands that stop at one)."""
+    job, problems = check_job(job_file, overrides)
+    if job is None:
+        raise problems[0]
+    return job

@@ -1,0 +1,76 @@
+"""job.yaml's ``runtime:`` section: how the supervisor drives the worker group.
+
+Every knob of ``supervisor.runtime.settings.RuntimeSettings`` except the two job.yaml spells
+elsewhere (``telemetry.trace`` is the trace path; ``log_level`` defaults to the launching
+command's ``--log-level``). Defaults suit a real run; tests and drills shrink the deadlines.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_DAY_S = 86_400.0
+_WEEK_S = 7 * _DAY_S
+
+
+class RuntimeSection(BaseModel):
+    """How the supervisor drives the worker group (job.yaml ``runtime:``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    loop_interval_s: float = Field(0.05, gt=0, le=60, description="Sleep of one idle loop iteration.")
+    export_interval_s: float = Field(
+        2.0,
+        gt=0,
+        le=_DAY_S,
+        description="At most this often, changed incidents are exported as JSON to storage.",
+    )
+    step_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        le=_DAY_S,
+        description="A step missing some ranks for this long is analysed with the ranks present.",
+    )
+    directive_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=_WEEK_S,
+        description="An action waiting for every rank to acknowledge a directive fails after this.",
+    )
+    healthy_after_steps: int = Field(
+        20,
+        ge=1,
+        le=10**9,
+        description="A verified checkpoint becomes healthy after this many anomaly-free steps.",
+    )
+    buffer_records: int = Field(
+        100_000,
+        ge=100,
+        le=10**8,
+        description="Records a worker buffers while the supervisor is away (oldest dropped).",
+    )
+    flush_interval_s: float = Field(
+        0.2, gt=0, le=3600, description="How often a worker flushes its record batch."
+    )
+    poll_interval_s: float = Field(0.1, gt=0, le=3600, description="How often a worker polls for directives.")
+    startup_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=_WEEK_S,
+        description="A rank with no record this long after its group started counts as hung.",
+    )
+    max_group_restarts: int = Field(
+        3, ge=0, le=10_000, description="Worker-group restarts before the job is failed."
+    )
+    dist_timeout_s: float = Field(
+        300.0, gt=0, le=_WEEK_S, description="torch.distributed collective timeout."
+    )
+    replay_timeout_s: float = Field(
+        300.0, gt=0, le=_WEEK_S, description="A replay task running longer fails."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] | None = Field(
+        None,
+        description="Level of the supervisor's and workers' own log lines (default: `launch --log-level`).",
+    )
