@@ -13,7 +13,6 @@ everything else runs on the loop thread.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -31,7 +30,7 @@ from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.incidents import IncidentFlow
 from supervisor.runtime.machinery import Machinery
 from supervisor.runtime.observe import StepStats, aggregate
-from supervisor.runtime.settings import RuntimeSettings
+from supervisor.runtime.settings import RuntimeSettings, open_traces
 from supervisor.runtime.state import JobPhase, RuntimeState
 from supervisor.runtime.stores import open_checkpoint_store, open_incident_store, runtime_state_path
 from supervisor.sdk.directives import Directive
@@ -67,8 +66,7 @@ class Controller:
         self._last_persist = 0.0
         self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
         self._last_export = 0.0
-        path = self.settings.trace_path
-        self._trace = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open while the loop runs
+        self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
 
     # -- the loop -----------------------------------------------------------------------------
     @property
@@ -110,8 +108,7 @@ class Controller:
                 self._note(rank, rec)
                 self.assembler.add(rank, rec)
             if self._trace is not None:
-                self._trace.write("".join(json.dumps(r) + "\n" for r in batch if not r.get("control")))
-                self._trace.flush()
+                self._trace.write(batch)
         for step, records in self.assembler.ready():
             stats = aggregate(step, records)
             self.history.append(stats)
