@@ -78,7 +78,11 @@ def test_transient_bad_batch_is_quarantined_without_rollback(tmp_path: Path) -> 
     assert fix.status is EventStatus.DONE
     excluded = set(fix.payload["exclude_samples"])
     assert excluded
-    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for f in sorted(tmp_path.glob("trace*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     applied_at = min(
         r["step"]
         for r in records
@@ -109,7 +113,11 @@ def test_supervisor_killed_during_rollback_attach_finishes_without_second_rollba
     assert [e.id for e in rollbacks] == [pending.id] and rollbacks[0].status is EventStatus.DONE
     assert any(e.kind is EventKind.SUPERVISOR_RESUMED for e in timeline)
     assert store.get(pending.incident_id).state is IncidentState.RESOLVED
-    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for f in sorted(tmp_path.glob("trace*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     loads = {(r["rank"], e) for r in records for e in r.get("events", []) if e.startswith("rolled_back:")}
     assert len(loads) == job.resources.num_workers, loads  # each rank loaded the checkpoint exactly once
     ray.kill(handle)
