@@ -170,6 +170,7 @@ class UserStep:
         self.lr: float | None = None
         self.stepped = 0
         self._saved: list[float] = []
+        self._around: list[tuple[Any, Any]] = []
         self._last = time.monotonic()
         self._handles = [
             self.optimizer.register_step_pre_hook(self._pre),
@@ -180,12 +181,22 @@ class UserStep:
         for h in self._handles:
             h.remove()
 
+    def wrap(self, pre: Any, post: Any) -> None:
+        """Run ``pre(step, optimizer)`` before this step's measurements and ``post(step, optimizer)``
+        after its LR restore (nested: outer hooks see the LRs they set; drills use it)."""
+        self._around.append((pre, post))
+
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         from supervisor.sdk.metrics import grad_norm
 
         p = self.probe
+        for pre, _ in self._around:
+            pre(p.step_count + 1, opt)
         step = p.step_count + 1
-        self.grad_norm = grad_norm(p.params, p.steering.grad_clip)  # clips only under an override
+        # Clips only under an override, or when the probe was given grad_clip= (an adapter that
+        # takes over the framework's clipping to see the norm before it).
+        clip = p.steering.grad_clip if p.steering.grad_clip is not None else p.settings.grad_clip
+        self.grad_norm = grad_norm(p.params, clip)
         mult = p.steering.lr_multiplier(step)
         self._saved = [g["lr"] for g in opt.param_groups]
         if mult != 1.0:
@@ -197,6 +208,8 @@ class UserStep:
     def _post(self, opt: Any, args: Any, kwargs: Any) -> None:
         for g, lr in zip(opt.param_groups, self._saved, strict=False):
             g["lr"] = lr
+        for _, post in reversed(self._around):
+            post(self.probe.step_count + 1, opt)
 
     def record(self, loss: Any, loss_sum: Any, tokens: Any, grad_norm: Any, batch: Any) -> None:
         from supervisor.sdk.metrics import fingerprint, fingerprint_parts
