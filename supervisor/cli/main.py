@@ -89,6 +89,7 @@ def _register() -> None:
     from supervisor.cli.checkpoints import checkpoints
     from supervisor.cli.drill import drill
     from supervisor.cli.incidents import incidents
+    from supervisor.cli.logs import logs
     from supervisor.cli.policy import policy
 
     cli.add_command(validate.validate)
@@ -101,6 +102,7 @@ def _register() -> None:
     cli.add_command(analyze)
     cli.add_command(checkpoints)
     cli.add_command(drill)
+    cli.add_command(logs)
 
 
 _register()

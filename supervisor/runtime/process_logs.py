@@ -103,17 +103,17 @@ class LogKeeper:
             log.warning("log_upload_failed", key=key, error=repr(exc))
 
 
-def read_log(backend: Any, job: str, generation: int, rank: int) -> bytes:
-    """The rank's kept output, older segment first (empty when none)."""
+def read_segments(backend: Any, job: str, generation: int, rank: int) -> tuple[bytes, bytes]:
+    """The rank's kept output: (older segment, live segment); empty bytes where there is none."""
     from supervisor.storage.base import ObjectNotFound
 
-    out = b""
+    out = []
     for old in (True, False):
         try:
-            out += backend.get_bytes(log_key(job, generation, rank, old=old))
+            out.append(backend.get_bytes(log_key(job, generation, rank, old=old)))
         except ObjectNotFound:
-            continue
-    return out
+            out.append(b"")
+    return out[0], out[1]
 
 
 def generations(backend: Any, job: str) -> dict[int, list[int]]:
