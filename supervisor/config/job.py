@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from supervisor.config.loader import check_model, load_model
 from supervisor.config.runtime import RuntimeSection
 from supervisor.errors import ConfigError
+from supervisor.observability.settings import ObservabilitySettings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENTRY_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -138,9 +139,17 @@ class Telemetry(Section):
 
 
 class Alert(Section):
-    """Where `alert` actions go besides the log."""
+    """Where `alert` actions go besides the log (payloads: supervisor/observability/alerts.py)."""
 
-    webhook_url: str | None = Field(None, description="POSTed with the incident summary (JSON), retried.")
+    webhook_url: str | None = Field(
+        None,
+        description="POSTed the incident summary, retried; `env:NAME` reads the URL from $NAME when sending. "
+        "Headers come from SUPERVISOR_ALERT_HEADER_<NAME> variables (e.g. ..._AUTHORIZATION).",
+    )
+    format: Literal["json", "slack"] = Field(
+        "json",
+        description="`json`: a generic document (with `text`); `slack`: `text` + `blocks` (Block Kit).",
+    )
 
 
 class Incidents(Section):
@@ -191,6 +200,7 @@ class JobSpec(Section):
     )
     max_steps: int = Field(ge=1, le=MAX_STEPS, description="Optimizer steps to train.")
     alert: Alert = Field(default_factory=Alert)  # type: ignore[arg-type]
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     incidents: Incidents = Field(default_factory=Incidents)  # type: ignore[arg-type]
     faults: list[Fault] = Field(default_factory=list, description="Drill faults (see examples/drills).")
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)  # type: ignore[arg-type]

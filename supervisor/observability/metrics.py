@@ -1,0 +1,253 @@
+"""Prometheus metrics of a supervised job, through ``prometheus-client``.
+
+The values are snapshots the supervisor's loop thread hands in (``on_step``, ``on_incidents``,
+``on_checkpoints``); a custom collector renders them at scrape time from the HTTP server's
+thread, under a lock. Counts of incidents and actions are recomputed from the incident store,
+so they survive a supervisor restart (Prometheus sees a counter that never went back).
+
+Every series carries the label ``job``. Names (prefix ``spike_supervisor_``):
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| ``incidents`` | gauge | state, phenotype | incidents of the job by state and phenotype |
+| ``actions_total`` | counter | action, status | policy actions finished (``done``/``failed``) |
+| ``actions_pending`` | gauge | action | actions started and not finished |
+| ``detection_delay_steps`` | histogram | | detected step - onset step, per incident |
+| ``step`` | gauge | | the last complete step the supervisor analysed |
+| ``loss``, ``grad_norm``, ``tokens_per_second`` | gauge | | that step's aggregates |
+| ``rank_last_step`` | gauge | rank | the last step each rank reported |
+| ``rank_last_record_timestamp_seconds`` | gauge | rank | wall time of that record |
+| ``dropped_records_total`` | counter | rank | records the rank's SDK had to drop (bounded buffer) |
+| ``checkpoints`` | gauge | health | committed checkpoints by health mark |
+| ``checkpoint_newest_healthy_step`` | gauge | | step of the newest healthy checkpoint |
+| ``checkpoint_newest_healthy_age_seconds`` | gauge | | its age |
+| ``checkpoint_newest_healthy_age_steps`` | gauge | | steps trained since it |
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+PREFIX = "spike_supervisor_"
+DELAY_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100)
+HEALTH_MARKS = ("unverified", "verified", "healthy", "diagnostic", "quarantined")
+
+
+def field_of(rec: Any, name: str) -> Any:
+    """A record field, from a ``Record`` or a record dict."""
+    return rec.get(name) if isinstance(rec, dict) else getattr(rec, name, None)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+@dataclass
+class _Rank:
+    step: int
+    time: float | None
+    dropped: int = 0
+
+
+@dataclass
+class _Snapshot:
+    step: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    incidents: Counter[tuple[str, str]] = field(default_factory=Counter)
+    actions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    delays: list[int] = field(default_factory=list)
+    checkpoints: Counter[str] | None = None
+    newest_healthy: tuple[int, float] | None = None  # (step, created_at)
+
+
+class SupervisorMetrics:
+    """The metrics of one job, in their own registry (several jobs may share a process)."""
+
+    def __init__(self, job: str, registry: CollectorRegistry | None = None) -> None:
+        self.job = job
+        self.registry = registry or CollectorRegistry(auto_describe=False)
+        self._lock = threading.Lock()
+        self._s = _Snapshot()
+        self.registry.register(_Collector(self))
+        self._server: Any = None
+
+    # -- inputs (the supervisor's loop thread) ---------------------------------------------------
+    def on_step(self, step: int, records: Iterable[Any], aggregate: dict[str, Any] | None = None) -> None:
+        """One complete step: every rank's record, and the supervisor's aggregate of them."""
+        with self._lock:
+            s = self._s
+            s.step = step
+            for rec in records:
+                rank = int(field_of(rec, "rank") or 0)
+                dropped = (field_of(rec, "attrs") or {}).get("dropped_records")
+                prev = s.ranks.get(rank)
+                s.ranks[rank] = _Rank(
+                    step=int(field_of(rec, "step")),
+                    time=_num(field_of(rec, "time")),
+                    dropped=int(dropped) if isinstance(dropped, int) else (prev.dropped if prev else 0),
+                )
+            agg = aggregate or {}
+            s.loss, s.grad_norm = _num(agg.get("loss")), _num(agg.get("grad_norm"))
+            s.tokens_per_s = _num(agg.get("tokens_per_s"))
+
+    def on_incidents(self, incidents: Sequence[Any], events: Iterable[Any]) -> None:
+        """Every incident of the job (``Incident`` rows) and their timeline events."""
+        by_state: Counter[tuple[str, str]] = Counter(
+            (inc.state.value, inc.phenotype or "unknown") for inc in incidents
+        )
+        actions: Counter[tuple[str, str]] = Counter()
+        for ev in events:
+            action = (ev.payload or {}).get("action")
+            if ev.action_id and action:
+                actions[(str(action), ev.status.value)] += 1
+        delays = [
+            inc.detected_step - inc.onset_step
+            for inc in incidents
+            if inc.detected_step is not None and inc.onset_step is not None
+        ]
+        with self._lock:
+            self._s.incidents, self._s.actions, self._s.delays = by_state, actions, delays
+
+    def on_checkpoints(self, manifests: Sequence[Any]) -> None:
+        """Every committed checkpoint manifest of the job."""
+        marks = Counter(str(getattr(m.health, "value", m.health)) for m in manifests)
+        healthy = [m for m in manifests if str(getattr(m.health, "value", m.health)) == "healthy"]
+        newest = max(healthy, key=lambda m: m.step) if healthy else None
+        with self._lock:
+            self._s.checkpoints = marks
+            self._s.newest_healthy = (newest.step, float(newest.created_at)) if newest else None
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def render(self) -> bytes:
+        """The exposition text a scrape gets."""
+        return bytes(generate_latest(self.registry))
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on a daemon thread; returns the bound port (``port=0``: any free one)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def families(self) -> Iterator[Metric]:
+        job = self.job
+        with self._lock:
+            s = self._s
+            ranks = dict(s.ranks)
+            snap = (s.step, s.loss, s.grad_norm, s.tokens_per_s)
+            incidents, actions, delays = Counter(s.incidents), Counter(s.actions), list(s.delays)
+            checkpoints, newest = (
+                (Counter(s.checkpoints) if s.checkpoints is not None else None),
+                s.newest_healthy,
+            )
+        yield from _incident_families(job, incidents, actions, delays)
+        yield from _step_families(job, snap, ranks)
+        if checkpoints is not None:
+            yield from _checkpoint_families(job, checkpoints, newest, snap[0])
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, labels=["job", *labels])
+
+
+def _incident_families(
+    job: str, incidents: Counter[tuple[str, str]], actions: Counter[tuple[str, str]], delays: list[int]
+) -> Iterator[Metric]:
+    g = _gauge("incidents", "Incidents of the job by state and phenotype.", ["state", "phenotype"])
+    for (state, phenotype), n in sorted(incidents.items()):
+        g.add_metric([job, state, phenotype], n)
+    yield g
+    c = CounterMetricFamily(
+        PREFIX + "actions", "Policy actions finished, by outcome.", labels=["job", "action", "status"]
+    )
+    pending = _gauge("actions_pending", "Policy actions started and not finished.", ["action"])
+    for (action, status), n in sorted(actions.items()):
+        if status == "pending":
+            pending.add_metric([job, action], n)
+        else:
+            c.add_metric([job, action, status], n)
+    yield c
+    yield pending
+    buckets = [(floatToGoString(b), float(sum(1 for d in delays if d <= b))) for b in DELAY_BUCKETS]
+    buckets.append(("+Inf", float(len(delays))))
+    h = HistogramMetricFamily(
+        PREFIX + "detection_delay_steps", "Steps from an incident's onset to its detection.", labels=["job"]
+    )
+    h.add_metric([job], buckets, sum_value=float(sum(delays)))
+    yield h
+
+
+def _step_families(
+    job: str, snap: tuple[int | None, float | None, float | None, float | None], ranks: dict[int, _Rank]
+) -> Iterator[Metric]:
+    names = (
+        ("step", "The last complete step the supervisor analysed."),
+        ("loss", "Token-weighted loss of that step (all ranks)."),
+        ("grad_norm", "Grad norm of that step (mean over ranks)."),
+        ("tokens_per_second", "Throughput of that step (sum over ranks)."),
+    )
+    for (name, doc), value in zip(names, snap, strict=True):
+        g = _gauge(name, doc)
+        if value is not None:
+            g.add_metric([job], value)
+        yield g
+    last = _gauge("rank_last_step", "The last step each rank reported.", ["rank"])
+    seen = _gauge("rank_last_record_timestamp_seconds", "Wall time of each rank's last record.", ["rank"])
+    dropped = CounterMetricFamily(
+        PREFIX + "dropped_records",
+        "Records a rank's SDK dropped from its bounded buffer.",
+        labels=["job", "rank"],
+    )
+    for rank, r in sorted(ranks.items()):
+        last.add_metric([job, str(rank)], r.step)
+        if r.time is not None:
+            seen.add_metric([job, str(rank)], r.time)
+        dropped.add_metric([job, str(rank)], r.dropped)
+    yield from (last, seen, dropped)
+
+
+def _checkpoint_families(
+    job: str, marks: Counter[str], newest: tuple[int, float] | None, step: int | None
+) -> Iterator[Metric]:
+    g = _gauge("checkpoints", "Committed checkpoints by health mark.", ["health"])
+    for mark in sorted(set(HEALTH_MARKS) | set(marks)):
+        g.add_metric([job, mark], marks.get(mark, 0))
+    yield g
+    at = _gauge("checkpoint_newest_healthy_step", "Step of the newest healthy checkpoint.")
+    age_s = _gauge("checkpoint_newest_healthy_age_seconds", "Age of the newest healthy checkpoint.")
+    age_steps = _gauge(
+        "checkpoint_newest_healthy_age_steps", "Steps trained since the newest healthy checkpoint."
+    )
+    if newest is not None:
+        at.add_metric([job], newest[0])
+        age_s.add_metric([job], max(0.0, time.time() - newest[1]))
+        if step is not None:
+            age_steps.add_metric([job], max(0, step - newest[0]))
+    yield from (at, age_s, age_steps)
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: SupervisorMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self.metrics.families())

@@ -1,0 +1,81 @@
+"""Keep an incident's telemetry complete for its review.
+
+The incident flow attaches the per-step aggregates around the onset when it makes a plan.
+What a person reviewing the incident also needs, this recorder adds to the incident store
+(``IncidentStore.attach_series``) while the incident is open:
+
+- **per-rank rows** (loss, grad norm, ... of every rank, at most ``MAX_RANKS``), from a ring of
+  recent steps at first sight of the incident and then step by step, so a rank-local incident
+  can be drawn rank by rank;
+- the **abandoned timeline** up to the rollback (the steps between the plan and the freeze);
+- the **new timeline** after each rollback, as ``replay`` n (n-th rollback of that incident),
+  through the observation window, so the plots can overlay both.
+
+A supervisor that restarts carries on with the newest ``replay`` number already stored.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from supervisor.incidents.scrub import series_row
+from supervisor.logging import get_logger
+
+log = get_logger("supervisor.observability.series")
+
+#: Recent steps kept in memory, so an incident's per-rank rows start before its onset.
+RING_STEPS = 128
+#: Ranks stored per step (the first of them, plus the incident's first rank when it is beyond).
+MAX_RANKS = 64
+
+
+def _rows(records: list[Any], keep_rank: int | None) -> list[dict[str, Any]]:
+    dicts = [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in records]
+    chosen = [d for d in dicts if int(d.get("rank", 0)) < MAX_RANKS or d.get("rank") == keep_rank]
+    return [row for row in (series_row(d) for d in chosen) if row is not None]
+
+
+class IncidentSeries:
+    def __init__(self, store: Any, job: str) -> None:
+        self.store = store
+        self.job = job
+        self.ring: deque[tuple[int, list[Any], dict[str, Any] | None]] = deque(maxlen=RING_STEPS)
+        self.replay: dict[int, int] = {}  # open incident id -> the replay number its rows go to
+
+    def on_rewind(self, to_step: int) -> None:
+        """Training went back to ``to_step``: what follows is a new timeline of every open incident."""
+        while self.ring and self.ring[-1][0] > to_step:
+            self.ring.pop()
+        for incident_id in self.replay:
+            self.replay[incident_id] += 1
+
+    def on_step(self, step: int, records: list[Any], aggregate: dict[str, Any] | None) -> None:
+        self.ring.append((step, records, aggregate))
+        open_now = {inc.id: inc for inc in self.store.active(self.job)}
+        for gone in set(self.replay) - set(open_now):
+            del self.replay[gone]
+        for incident_id, inc in open_now.items():
+            first_rank = (inc.diagnosis_json or {}).get("first_rank")
+            if incident_id not in self.replay:
+                self.replay[incident_id] = self._stored_replay(incident_id)
+                onset = inc.onset_step if inc.onset_step is not None else step
+                self._write(incident_id, [e for e in self.ring if e[0] >= onset - RING_STEPS], first_rank)
+            else:
+                self._write(incident_id, [self.ring[-1]], first_rank)
+
+    def _stored_replay(self, incident_id: int) -> int:
+        rows = self.store.series(incident_id, replay=None)
+        return max((int(r.get("replay", 0)) for r in rows), default=0)
+
+    def _write(
+        self, incident_id: int, steps: list[tuple[int, list[Any], dict[str, Any] | None]], first_rank: Any
+    ) -> None:
+        keep = first_rank if isinstance(first_rank, int) else None
+        rows: list[dict[str, Any]] = []
+        for step, records, aggregate in steps:
+            rows.extend(_rows(records, keep))
+            if aggregate is not None:
+                rows.append({k: v for k, v in {**aggregate, "step": step}.items() if k != "rank"})
+        if rows:
+            self.store.attach_series(incident_id, rows, replay=self.replay[incident_id])
