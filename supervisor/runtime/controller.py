@@ -25,6 +25,7 @@ from supervisor.core.model import Diagnosis
 from supervisor.core.policy import load_policy
 from supervisor.errors import SupervisorError
 from supervisor.logging import get_logger
+from supervisor.observability.hub import Observability
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.incidents import IncidentFlow
@@ -61,6 +62,7 @@ class Controller:
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
         self.flow = IncidentFlow(self)
+        self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
         self.machinery = Machinery(self)
         self._lock = threading.Lock()
         self._last_persist = 0.0
@@ -114,6 +116,7 @@ class Controller:
             self.history.append(stats)
             self.current_step = step
             self.flow.observe(step, records)
+            self.observability.on_step(step, records, self.history[-1])
         return took
 
     def _note(self, rank: int, rec: dict[str, Any]) -> None:
