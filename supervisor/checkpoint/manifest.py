@@ -70,8 +70,10 @@ class Manifest(_Model):
     step: int = Field(ge=0)
     world_size: int = Field(ge=1)
     created_at: float = Field(default_factory=time.time)
-    layout: Literal["replicated", "sharded"] = Field(
-        "replicated", description="replicated: one model copy (DDP); sharded: each rank holds its own shard."
+    layout: Literal["replicated", "sharded", "dcp"] = Field(
+        "replicated",
+        description="dcp: model + optimizer in a torch.distributed.checkpoint directory (any world size); "
+        "replicated: one torch.save model copy (DDP); sharded: each rank's torch.save shard.",
     )
     files: list[FileEntry]
     components: list[str] = Field(default_factory=list)

@@ -7,7 +7,8 @@ Layout under the storage root (shared/DESIGN.md)::
     <job>/checkpoints/latest                      {"step": 1200}; atomic replace
     <job>/checkpoints/LATEST_BLOCK.json           who holds `latest` and why; survives restarts
 
-File names carry a per-save id, so re-saving a step never touches the files of the
+A file name is relative to its step directory and may hold one level of directory: a DCP save
+writes ``dcp-<save id>/.metadata`` and ``dcp-<save id>/__<rank>_0.distcp``. File names carry a per-save id, so re-saving a step never touches the files of the
 checkpoint already committed there: until the new manifest lands, the old one is whole.
 A re-save over a *quarantined* or *diagnostic* checkpoint (after a rollback or restart, the
 new timeline saves the same step again, possibly the very step an incident's snapshot was

@@ -1,41 +1,41 @@
 """The torch side: save and restore a rank's full training state through a CheckpointStore.
 
-Format: plain ``torch.save`` per rank (not torch.distributed.checkpoint). For DDP-sized
-state each rank writes its own files in one sequential stream, which is what makes a save
-cost about a raw write and lets a restore copy from an mmap straight into the live tensors;
-DCP's planner, metadata round and per-tensor files buy resharding we do not need for
-replicated state. Sharded state (FSDP2 / DTensor) is ready in the same layout: with
-``sharded=True`` every rank saves its own model shard (``layout="sharded"``), restorable at
-the same world size; resharding to another world size is where DCP would come in.
+Two engines, one commit protocol (``saver.commit_everywhere``):
+
+``dcp`` (default): model and optimizer through torch.distributed.checkpoint
+(``get_state_dict`` / ``set_state_dict``, ``dcp.save`` / ``dcp.load``), the same for plain,
+DDP, FSDP2 and DTensor modules; a checkpoint saved by N ranks restores on M (resharding).
+Saves may be asynchronous (``saver.Checkpointer``). Restores are in place: the live
+parameters and optimizer state receive the checkpoint's values.
+
+``torch``: one ``torch.save`` stream per file, restored from an mmap. Kept for comparison
+in bench/checkpoint_io.py and to read checkpoints written before DCP; it cannot reshard.
 
 Files of one save (the store adds a save id to each name):
-  model            rank 0 (replicated) or every rank (sharded): the model state_dict
-  optimizer.rankN  every rank: optimizer state_dict
-  state.rankN      every rank: scheduler, scaler, RNG (python, numpy, torch CPU, CUDA), data_state, extra
+  dcp-<id>/.metadata, dcp-<id>/__R_0.distcp   (dcp) DCP's directory: model + optimizer
+  model, optimizer.rankN                       (torch) model state_dict (rank 0 / every rank
+                                               when sharded), each rank's optimizer state_dict
+  state.rankN     every rank: scheduler, scaler, RNG (python, numpy, torch CPU, CUDA), data_state, extra
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 
-from supervisor.checkpoint.consistency import compare, summarize
+from supervisor.checkpoint import dcp_state
+from supervisor.checkpoint.consistency import compare
 from supervisor.checkpoint.manifest import FileEntry, Manifest
+from supervisor.checkpoint.saver import Checkpointer, RankResult, SmallState, capture_small, commit_everywhere
 from supervisor.checkpoint.store import CheckpointStore
-from supervisor.checkpoint.torch_io import (
-    capture_rng,
-    check_loadable,
-    load_mmap,
-    one_thread,
-    restore_rng,
-    save_file,
-)
+from supervisor.checkpoint.torch_io import check_loadable, load_mmap, one_thread, restore_rng, save_file
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, SupervisorError
+
+Engine = Literal["dcp", "torch"]
 
 __all__ = ["LoadedState", "check_loadable", "load_training_state", "save_training_state", "unwrap"]
 
@@ -57,10 +57,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
-def _distributed(world_size: int) -> bool:
-    return world_size > 1 and dist.is_available() and dist.is_initialized()
-
-
 # -- save -----------------------------------------------------------------------------------------
 
 
@@ -78,43 +74,44 @@ def save_training_state(
     extra: Mapping[str, Any] | None = None,
     metrics: Mapping[str, float | None] | None = None,
     mark: HealthMark = HealthMark.UNVERIFIED,
+    engine: Engine = "dcp",
     sharded: bool = False,
 ) -> Manifest | None:
     """Every rank calls this at the same step; rank 0 commits and gets the Manifest, others None.
 
-    With torch.distributed initialised the ranks' file entries are gathered to rank 0 and
-    the outcome is broadcast back, so a failure on any rank raises on every rank (no rank
-    is left waiting in a collective).
+    A synchronous save (``Checkpointer`` does asynchronous ones). ``engine="dcp"`` (default):
+    model and optimizer through DCP, any module layout, reshardable. ``engine="torch"``: the
+    per-rank ``torch.save`` files (``sharded`` for per-rank model shards, same world size only).
+    With torch.distributed initialised, a failure on any rank raises on every rank.
     """
-    log = store.log.bind(step=step, rank=rank)
+    if engine == "dcp":
+        saver = Checkpointer(store, rank=rank, world_size=world_size, dedicated_group=False)
+        handle = saver.save(
+            step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+            data_state=data_state, extra=extra, metrics=metrics, mark=mark, blocking=True,
+        )  # fmt: skip
+        return handle.result()
+    if engine != "torch":
+        raise CheckpointError(f"unknown checkpoint engine {engine!r}; valid: dcp, torch", field="engine")
     try:
-        files = _write_rank_files(
-            store, step, rank, model, optimizer, scheduler, scaler, data_state, extra, sharded
-        )
-        mine: _RankResult | str = _RankResult(files, summarize(optimizer, scheduler, data_state))
+        small = capture_small(optimizer, scheduler, scaler, data_state, extra)
+        mine: RankResult | str = RankResult(_write_torch_files(store, step, rank, model, optimizer, small, sharded),
+                                            small.summary)  # fmt: skip
     except SupervisorError as exc:
         mine = exc.one_line()
-    gathered = _gather(mine, rank, world_size)
-    outcome: Manifest | str | None = None
-    if rank == 0:
-        outcome = _commit(store, step, world_size, gathered, extra, metrics, mark, sharded)
-    outcome = _broadcast(outcome, world_size)
-    if isinstance(outcome, str):
-        log.error("checkpoint save failed", error=outcome)
-        raise CheckpointError(f"save of step {step} failed: {outcome}", source=store.where(step))
-    return outcome if rank == 0 else None
+    layout = "sharded" if sharded else "replicated"
+    return commit_everywhere(
+        store, step, mine, rank, world_size, None, extra or {}, metrics or {}, mark, layout
+    )
 
 
-def _write_rank_files(
+def _write_torch_files(
     store: CheckpointStore,
     step: int,
     rank: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    scaler: Any,
-    data_state: Mapping[str, Any] | None,
-    extra: Mapping[str, Any] | None,
+    small: SmallState,
     sharded: bool,
 ) -> list[FileEntry]:
     files = []
@@ -140,93 +137,16 @@ def _write_rank_files(
             components=["optimizer"],
         )
     )
-    state = {
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": capture_rng(),
-        "data_state": dict(data_state) if data_state is not None else None,
-        "extra": dict(extra or {}),
-    }
-    components = ["rng"] + [c for c in ("scheduler", "scaler") if state[c] is not None]
-    if data_state is not None:
-        components.append("data_cursor")
-        if data_state.get("exclusions") is not None:
-            components.append("exclusions")
     files.append(
         store.write_file(
-            step, f"state.rank{rank:05d}", lambda f: save_file(state, f), rank=rank, components=components
-        )
+            step,
+            f"state.rank{rank:05d}",
+            lambda f: save_file(small.state, f),
+            rank=rank,
+            components=small.components,
+        )  # fmt: skip
     )
     return files
-
-
-@dataclass(slots=True)
-class _RankResult:
-    """What one rank sends rank 0: its file entries and the facts for the resume check."""
-
-    files: list[FileEntry]
-    summary: dict[str, Any]
-
-
-def _commit(
-    store: CheckpointStore,
-    step: int,
-    world_size: int,
-    gathered: list[_RankResult | str],
-    extra: Mapping[str, Any] | None,
-    metrics: Mapping[str, float | None] | None,
-    mark: HealthMark,
-    sharded: bool,
-) -> Manifest | str:
-    failures = [f"rank {r}: {e}" for r, e in enumerate(gathered) if isinstance(e, str)]
-    if failures:
-        return "; ".join(failures)  # files already written stay uncommitted: garbage for the GC
-    results = [g for g in gathered if isinstance(g, _RankResult)]
-    info = {
-        **dict(extra or {}),
-        "step": step,
-        "world_size": world_size,
-        "summary": results[0].summary,
-        "rank_summaries": {str(r): g.summary for r, g in enumerate(results)},
-    }
-    files = [e for g in results for e in g.files]
-    try:
-        return store.commit(
-            step,
-            world_size=world_size,
-            files=files,
-            metrics=dict(metrics or {}),
-            extra=info,
-            mark=mark,
-            layout="sharded" if sharded else "replicated",
-        )
-    except SupervisorError as exc:
-        return exc.one_line()
-
-
-def _gather(mine: _RankResult | str, rank: int, world_size: int) -> list[_RankResult | str]:
-    if not _distributed(world_size):
-        return [mine]
-    payload = mine if isinstance(mine, str) else ([e.model_dump() for e in mine.files], mine.summary)
-    out: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object(payload, out, dst=0)
-    if out is None:
-        return []
-    return [
-        p if isinstance(p, str) else _RankResult([FileEntry.model_validate(e) for e in p[0]], p[1])
-        for p in out
-    ]
-
-
-def _broadcast(outcome: Manifest | str | None, world_size: int) -> Manifest | str | None:
-    if not _distributed(world_size):
-        return outcome
-    box: list[Any] = [
-        outcome.model_dump(mode="json", by_alias=True) if isinstance(outcome, Manifest) else outcome
-    ]
-    dist.broadcast_object_list(box, src=0)
-    value = box[0]
-    return Manifest.model_validate(value) if isinstance(value, dict) else value
 
 
 # -- load -----------------------------------------------------------------------------------------
@@ -244,11 +164,13 @@ def load_training_state(
     scaler: Any = None,
     map_location: str | torch.device = "cpu",
     expect: Mapping[str, Any] | None = None,
+    group: Any = None,
 ) -> LoadedState:
     """Restore checkpoint ``step`` in place (no process restart) and report every inconsistency.
 
-    Tensors are copied from an mmap of each file into the live parameters and optimizer
-    state. ``expect`` holds the job's current geometry (global_batch_size, grad_accum_steps,
+    Model and optimizer values are copied into the live parameters and optimizer state (DCP:
+    resharded to this world size and module layout; ``group`` carries DCP's collectives, the
+    default group when None). ``expect`` holds the job's current geometry (global_batch_size, grad_accum_steps,
     micro_batch_size) to compare with the checkpoint's; differences, including the change
     in effective learning rate, come back in ``report`` and are logged.
     """
@@ -258,21 +180,14 @@ def load_training_state(
         raise CheckpointError(
             f"step {step} is quarantined: {_last_reason(manifest)}", source=store.where(step)
         )
-    sharded = manifest.layout == "sharded"
-    if sharded and manifest.world_size != world_size:
-        raise CheckpointError(
-            f"sharded checkpoint saved by {manifest.world_size} ranks cannot load on {world_size}",
-            source=store.where(step),
-        )
     src = rank % manifest.world_size
-    report = [] if src == rank else [f"rank {rank} restores rank {src}'s optimizer/rng/data state"]
-    with (
-        one_thread(),
-        store.local_file(step, _entry(store, manifest, "model", src if sharded else None).name) as path,
-    ):
-        unwrap(model).load_state_dict(load_mmap(path, map_location))
-    with one_thread(), store.local_file(step, _entry(store, manifest, "optimizer", src).name) as path:
-        _restore_optimizer(optimizer, load_mmap(path, map_location))
+    dcp = manifest.layout == "dcp"
+    taken = "rng/data state" if dcp else "optimizer/rng/data state"
+    report = [] if src == rank else [f"rank {rank} restores rank {src}'s {taken}"]
+    if dcp:
+        dcp_state.load(store, manifest, model, optimizer, group=group)
+    else:
+        _load_torch_files(store, manifest, rank, world_size, model, optimizer, map_location)
     with store.local_file(step, _entry(store, manifest, "rng", src).name) as path:
         state = torch.load(path, map_location="cpu", weights_only=True)
     report += _restore_small(state, scheduler, scaler)
@@ -295,9 +210,36 @@ def load_training_state(
     )
 
 
+def _load_torch_files(
+    store: CheckpointStore,
+    manifest: Manifest,
+    rank: int,
+    world_size: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    map_location: str | torch.device,
+) -> None:
+    """The per-rank torch.save layouts: copy from an mmap of each file into the live tensors."""
+    sharded = manifest.layout == "sharded"
+    if sharded and manifest.world_size != world_size:
+        raise CheckpointError(
+            f"sharded torch.save checkpoint saved by {manifest.world_size} ranks cannot load on {world_size}",
+            source=store.where(manifest.step),
+        )
+    src = rank % manifest.world_size
+    model_file = _entry(store, manifest, "model", src if sharded else None).name
+    with one_thread(), store.local_file(manifest.step, model_file) as path:
+        unwrap(model).load_state_dict(load_mmap(path, map_location))
+    with (
+        one_thread(),
+        store.local_file(manifest.step, _entry(store, manifest, "optimizer", src).name) as path,
+    ):
+        _restore_optimizer(optimizer, load_mmap(path, map_location))
+
+
 def _entry(store: CheckpointStore, manifest: Manifest, component: str, rank: int | None) -> FileEntry:
     for entry in manifest.files:
-        if component in entry.components and entry.rank == rank:
+        if component in entry.components and entry.rank == rank and "/" not in entry.name:
             return entry
     who = "shared" if rank is None else f"rank {rank}"
     raise CheckpointError(f"no {component} file ({who}) in the manifest", source=store.where(manifest.step))

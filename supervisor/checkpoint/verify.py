@@ -2,8 +2,9 @@
 
 Checks, in order: ``files`` (present, right size), ``checksums`` (streamed, never a whole
 file in memory), ``components`` (what the manifest says plus what the store requires, for
-every rank), ``world_size`` (compatible with the job), and with ``deep`` ``loadable`` (each
-file opens with torch). The result goes into the manifest: a pass moves ``unverified`` to
+every rank), ``world_size`` (compatible with the job: a DCP checkpoint reshards to any), and with
+``deep`` ``loadable`` (each torch.save file opens with torch; a DCP ``.metadata`` loads and
+covers exactly the listed files). The result goes into the manifest: a pass moves ``unverified`` to
 ``verified``; a failure moves the checkpoint to ``quarantined`` with the first problem as
 the reason, so it is never selected as a rollback target.
 """
@@ -118,7 +119,10 @@ def _components(store: CheckpointStore, manifest: Manifest) -> list[str]:
         if comp not in covered:
             problems.append(f"component {comp!r} missing")
     ranked = [f for f in manifest.files if f.rank is not None]
-    for comp in PER_RANK if ranked else ():
+    # DCP spreads model and optimizer over the ranks' files as it sees fit (replicated tensors
+    # are written once): its completeness is the deep check of .metadata, not a file per rank.
+    per_rank = ("rng",) if manifest.layout == "dcp" else PER_RANK
+    for comp in per_rank if ranked else ():
         have = {f.rank for f in ranked if comp in f.components}
         if comp in covered and have != set(range(manifest.world_size)):
             missing = sorted(set(range(manifest.world_size)) - have)
@@ -130,20 +134,41 @@ def _world_size(manifest: Manifest, expected: int | None) -> tuple[list[str], li
     if expected is None or expected == manifest.world_size:
         return [], []
     msg = f"saved with world size {manifest.world_size}, job has {expected}"
+    if manifest.layout == "dcp":
+        return [], [f"{msg}: DCP reshards model and optimizer; per-rank state is remapped on load"]
     if manifest.layout == "sharded":
         return [f"{msg}: sharded state cannot be resharded"], []
     return [], [f"{msg}: replicated state, per-rank state is remapped on load"]
 
 
 def _loadable(store: CheckpointStore, manifest: Manifest) -> list[str]:
-    from supervisor.checkpoint.training_state import check_loadable  # torch only for deep checks
+    """torch opens each torch.save file; a DCP ``.metadata`` loads and names only listed files,
+    every item inside its file's bytes (the .distcp files are DCP's concatenated records)."""
+    from supervisor.checkpoint import dcp_state  # torch only for deep checks
+    from supervisor.checkpoint.training_state import check_loadable
 
-    return _each_file(store, manifest, check_loadable)
+    problems = _each_file(store, manifest, check_loadable, skip_dirs=True)
+    for entry in manifest.files:
+        head, _, tail = entry.name.rpartition("/")
+        if tail != dcp_state.METADATA:
+            continue
+        listed = {f.name.rpartition("/")[2]: f.size for f in manifest.files if f.name.startswith(head + "/")}
+        with store.local_file(manifest.step, entry.name) as path:
+            problems += dcp_state.check_metadata(path, listed)
+    return problems
 
 
-def _each_file(store: CheckpointStore, manifest: Manifest, check: Callable[[Path], str | None]) -> list[str]:
+def _each_file(
+    store: CheckpointStore,
+    manifest: Manifest,
+    check: Callable[[Path], str | None],
+    *,
+    skip_dirs: bool = False,
+) -> list[str]:
     problems = []
     for entry in manifest.files:
+        if skip_dirs and "/" in entry.name:
+            continue
         with store.local_file(manifest.step, entry.name) as path:
             problem = check(path)
         if problem:
