@@ -20,9 +20,11 @@ from supervisor.core.model import HealthMark
 from supervisor.errors import SupervisorError
 from supervisor.sdk.control import ControlChannel
 from supervisor.sdk.directives import (
+    END_REACHED,
     ApplyOverrides,
     Continue,
     Directive,
+    Finish,
     Freeze,
     RollbackInPlace,
     Snapshot,
@@ -30,7 +32,10 @@ from supervisor.sdk.directives import (
     ack_event,
 )
 
+HOLD_BEAT_S = 2.0  # while held at the last step, each rank repeats that it is there this often
+
 if TYPE_CHECKING:
+    from supervisor.checkpoint.saver import Checkpointer, SaveHandle
     from supervisor.sdk.probe import Probe
 
 
@@ -45,26 +50,37 @@ class Steering:
         self.warmup_from = 0
         self.grad_clip: float | None = None
         self.last_saved: int | None = None
+        self.saver: Checkpointer | None = None
+        """Created at the first save (every rank saves at the same boundary: it makes a gloo group)."""
         self._wake = threading.Event()
         self._handlers: dict[type[Directive], Callable[[Any], None]] = {
             Continue: lambda d: None,
             Freeze: self._freeze,
-            Snapshot: lambda d: self.save(HealthMark.DIAGNOSTIC, "snapshot_saved"),
+            Snapshot: lambda d: self.save(HealthMark.DIAGNOSTIC),
             RollbackInPlace: self._rollback,
             ApplyOverrides: self._apply,
             Stop: self._stop,
+            Finish: lambda d: None,
         }
 
     # -- the boundary --------------------------------------------------------------------------
     def boundary(self) -> None:
         p = self.probe
+        if self.saver is not None:
+            self._report(self.saver.poll())  # an asynchronous save that finished since the last boundary
         for d in self._exchange():
             self.handle(d)
         every = p.settings.checkpoint_every
         due = every and p.checkpoint is not None and p.step_count and p.step_count % every == 0
         if due and self.last_saved != p.step_count:
-            self.save(HealthMark.UNVERIFIED, "checkpoint_saved")
-        if self.stopped or (p.settings.max_steps and p.step_count >= p.settings.max_steps):
+            self.save(HealthMark.UNVERIFIED, blocking=False)
+        at_end = bool(p.settings.max_steps and p.step_count >= p.settings.max_steps)
+        if at_end or self.stopped:
+            self.finish_saves()  # the supervisor hears of the last save before the ranks hold or end
+        holds = float(getattr(p.transport, "hold_at_end_s", 0.0)) > 0
+        if at_end and not self.stopped and holds and self._hold_at_end():
+            return  # the supervisor rolled training back: the loop goes on from there
+        if self.stopped or at_end:
             self.stopped = True
             p.flush()
             raise StopIteration
@@ -110,14 +126,56 @@ class Steering:
                 if self.control.rank == 0:
                     self._wake.wait(self.probe.settings.freeze_poll_s)
                 ds = self._exchange()  # ranks > 0 wait here for rank 0's next broadcast
-                for x in ds:
+                for i, x in enumerate(ds):
                     if isinstance(x, Continue):
                         self._ack(ack_event(x))
+                        for rest in ds[i + 1 :]:  # what came with the release still applies
+                            self.handle(rest) if not isinstance(rest, Freeze) else self._ack(ack_event(rest))
                         return
                     self.handle(x) if not isinstance(x, Freeze) else self._ack(ack_event(x))
         finally:
             self.frozen = False
             self.probe.log.info("released", step=self.probe.step_count)
+
+    def _hold_at_end(self) -> bool:
+        """Wait at the last step until the supervisor is done with it (runtime transports only).
+
+        A spike in the last steps must not outlive the workers: the ranks stay here, state in
+        memory, and apply what the supervisor sends (snapshot, rollback, overrides) until it sends
+        ``Finish`` or ``Stop``. True when a rollback moved training back (the loop continues).
+        Rank 0 alone decides when the hold times out (it broadcasts a ``Finish``), so every rank
+        leaves at the same broadcast and none is left in a collective.
+        """
+        p = self.probe
+        p.flush()
+        limit = float(getattr(p.transport, "hold_at_end_s", 0))
+        started, beat, last = time.monotonic(), 0.0, p.step_count
+        p.log.info("holding at the last step for the supervisor", step=last, limit_s=limit)
+        self.frozen = True  # acknowledgements go out as control messages: there is no step to carry them
+        try:
+            while True:
+                if time.monotonic() - beat >= HOLD_BEAT_S:
+                    p.transport.send([self._control_message([f"{END_REACHED}:{last}"])])
+                    beat = time.monotonic()
+                mine: list[Directive] = []
+                if self.control.rank == 0:
+                    self._wake.wait(p.settings.freeze_poll_s)
+                    mine = p.transport.poll()
+                    if time.monotonic() - started > limit:
+                        mine.append(
+                            Finish(reason=f"held {limit:g}s at the last step", id=f"hold-timeout-{last}")
+                        )
+                else:
+                    p.transport.poll()
+                for d in self.control.exchange(mine):
+                    if isinstance(d, Finish | Stop):
+                        self._ack(ack_event(d))
+                        return False
+                    self.handle(d)
+                    if p.step_count != last:  # rolled back: train again
+                        return True
+        finally:
+            self.frozen = False
 
     def _stop(self, d: Stop) -> None:
         self.stopped = True
@@ -158,6 +216,7 @@ class Steering:
                 "restoring needs a checkpoint store (sdk.init(checkpoint=...))", field="rollback"
             )
         p.flush()
+        self.finish_saves()  # a save in flight commits first: it is then part of the abandoned timeline
         loaded = load_training_state(
             p.checkpoint, step, rank=p.rank, world_size=p.world_size, model=p.model,
             optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler, expect=_geometry(p.loader),
@@ -172,25 +231,66 @@ class Steering:
             p.log.warning("resume check", step=step, differences=loaded.report)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save(self, mark: HealthMark, event: str) -> None:
-        from supervisor.checkpoint.training_state import save_training_state
+    def save(self, mark: HealthMark, *, blocking: bool = True) -> None:
+        """Save this step (every rank). A save still in flight finishes first (at most one per job);
+        an asynchronous one blocks only while the state is copied to host memory."""
+        from supervisor.checkpoint.saver import Checkpointer
 
         p = self.probe
         if p.checkpoint is None:
             raise SupervisorError(
                 "no checkpoint store to save to (sdk.init(checkpoint=...))", field="snapshot"
             )
+        if self.saver is None:
+            self.saver = Checkpointer(p.checkpoint, rank=p.rank, world_size=p.world_size)
+        self._report(self.saver.wait())
         loader = p.loader
         last = (p.pending.record if p.pending is not None else {}) or {}
-        save_training_state(
-            p.checkpoint, p.step_count, rank=p.rank, world_size=p.world_size, model=p.model,
-            optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler,
+        handle = self.saver.save(
+            p.step_count, model=p.model, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler,
             data_state=loader.state_dict() if loader is not None else None,
             extra={"probe": self.state_dict(), **_geometry(loader)},
-            metrics={k: last.get(k) for k in ("loss", "grad_norm")}, mark=mark,
+            metrics={k: last.get(k) for k in ("loss", "grad_norm")}, mark=mark, blocking=blocking,
         )  # fmt: skip
         self.last_saved = p.step_count
-        p.event(event)
+        if blocking:
+            self._report(handle, raise_failure=True)
+
+    def finish_saves(self) -> None:
+        """Wait for the save in flight, if any, and report it."""
+        if self.saver is not None:
+            self._report(self.saver.wait())
+
+    def close(self) -> None:
+        self.finish_saves()
+        if self.saver is not None:
+            self.saver.close()
+
+    def _report(self, handle: SaveHandle | None, *, raise_failure: bool = False) -> None:
+        """``checkpoint_saved`` / ``snapshot_saved`` in the record of the saved step, or with the step
+        (``checkpoint_saved:<step>``) in a later one; ``checkpoint_failed:<step>`` if it failed."""
+        if handle is None:
+            return
+        p = self.probe
+        event = "snapshot_saved" if handle.mark == HealthMark.DIAGNOSTIC else "checkpoint_saved"
+        try:
+            handle.result()
+        except SupervisorError as exc:
+            p.log.error("checkpoint save failed", step=handle.step, error=exc.one_line())
+            self._emit(f"checkpoint_failed:{handle.step}")
+            if raise_failure:
+                raise
+            return
+        self._emit(
+            event if handle.step == p.step_count and p.pending is not None else f"{event}:{handle.step}"
+        )
+
+    def _emit(self, event: str) -> None:
+        p = self.probe
+        if p.pending is None:  # no step to carry it (ended, or nothing trained yet): a control message
+            p.transport.send([self._control_message([event])])
+        else:
+            p.event(event)
 
     # -- overrides -----------------------------------------------------------------------------
     def lr_multiplier(self, step: int) -> float:
