@@ -48,8 +48,16 @@ class SupervisorActor:
         finally:
             self.done.set()
 
-    def ingest(self, rank: int, batch: list[dict[str, Any]]) -> None:
-        self.ctl.ingest_batch(rank, batch)
+    def ingest(
+        self,
+        rank: int,
+        batch: list[dict[str, Any]],
+        seqs: list[int] | None = None,
+        link: str | None = None,
+        held: tuple[int, int] | None = None,
+    ) -> dict[str, Any]:
+        """Queue a batch; answers the link's durable mark (and ``resend_from`` when it must resend)."""
+        return self.ctl.ingest_batch(rank, batch, seqs, link, held)
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Directives after ``after_seq``; a long poll of up to ``wait_s`` when there are none yet."""

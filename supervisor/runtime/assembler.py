@@ -1,9 +1,15 @@
 """Group every rank's records by step, so the detector sees one step at a time, in order.
 
-A step is released when all ranks reported it, or when it has waited ``deadline_s`` with
-some ranks missing (the detector then works with the ranks present; a rank that stays
-silent is the hang detector's business). Steps at or below the watermark were analysed
-already and are dropped: that makes a resent batch harmless.
+A step is released when all ranks reported it. A rank's records arrive in order, so once a
+rank has reported a *later* step its record of this one is lost for good (dropped by its
+buffer): the step is released at once with the ranks present, and the gap is counted and
+reported (``missing``), never waited out. Only a rank that reported nothing newer holds a
+step, for at most ``deadline_s`` (a rank that stays silent is the hang detector's business).
+Steps at or below the watermark were analysed already and are dropped: that makes a resent
+batch harmless.
+
+Each record may carry a tag (its link's id and sequence number, see ``receipts.py``);
+``on_release`` hears every tag once the record no longer waits here (analysed or dropped).
 
 After a rollback or a group restart to step ``c`` the timeline starts again at ``c + 1``.
 Records still in flight from the abandoned timeline must not mix with the new one, so after
@@ -18,18 +24,37 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.core.records import Record
+from supervisor.logging import get_logger
+
+log = get_logger("supervisor.runtime.assembler")
+
+Tag = tuple[str, int]
+
+
+def _ignore(tag: Tag) -> None:
+    return None
 
 
 class StepAssembler:
     def __init__(
-        self, world_size: int, deadline_s: float, clock: Callable[[], float] = time.monotonic
+        self,
+        world_size: int,
+        deadline_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_release: Callable[[Tag], None] = _ignore,
     ) -> None:
         self.world_size = world_size
         self.deadline_s = deadline_s
         self.clock = clock
+        self.on_release = on_release
         self.watermark: int = -1
         self.skipped = 0
+        self.missing = 0
+        """Rank records never received for a step that was analysed without them."""
+        self.incomplete: list[tuple[int, list[int], str]] = []
+        """(step, missing ranks, why) of steps released incomplete since the caller last took them."""
         self._pending: dict[int, dict[int, Record]] = {}
+        self._tags: dict[int, dict[int, Tag]] = {}
         self._first_seen: dict[int, float] = {}
         self._resync_at: int | None = None
         self._synced: set[int] = set()
@@ -37,16 +62,21 @@ class StepAssembler:
         self._started = clock()
         self.last_step: dict[int, int] = {}
 
-    def add(self, rank: int, raw: dict[str, Any]) -> None:
+    def add(self, rank: int, raw: dict[str, Any], tag: Tag | None = None) -> None:
         """Take one record (as sent by a worker); unusable records are counted and skipped."""
+        if not self._add(rank, raw, tag) and tag is not None:
+            self.on_release(tag)
+
+    def _add(self, rank: int, raw: dict[str, Any], tag: Tag | None) -> bool:
+        """True when the record now waits for its step."""
         if raw.get("control"):  # an SDK control message (acks while frozen): a heartbeat, not a step
             self.last_seen[int(raw.get("rank", rank))] = self.clock()
-            return
+            return False
         try:
             rec = Record.from_dict(raw)
         except (KeyError, TypeError, ValueError):
             self.skipped += 1
-            return
+            return False
         if "rank" in raw:
             rank = rec.rank
         else:
@@ -54,27 +84,51 @@ class StepAssembler:
         self.last_seen[rank] = self.clock()
         if self._resync_at is not None and rank not in self._synced:
             if rec.step > self._resync_at + 1:
-                return
+                return False
             self._synced.add(rank)
         self.last_step[rank] = rec.step
         if rec.step <= self.watermark:
-            return
+            return False
+        old = self._tags.get(rec.step, {}).pop(rank, None)
+        if old is not None:
+            self.on_release(old)
         self._pending.setdefault(rec.step, {})[rank] = rec
+        if tag is not None:
+            self._tags.setdefault(rec.step, {})[rank] = tag
         self._first_seen.setdefault(rec.step, self.clock())
+        return True
 
-    def ready(self) -> list[tuple[int, list[Record]]]:
-        """Steps ready for the detector, oldest first."""
+    def ready(self, *, final: bool = False) -> list[tuple[int, list[Record]]]:
+        """Steps ready for the detector, oldest first. ``final``: no record will come any more
+        (the workers are gone), so every step waiting is released with the ranks it has."""
         out: list[tuple[int, list[Record]]] = []
         now = self.clock()
         for step in sorted(self._pending):
             ranks = self._pending[step]
-            if len(ranks) < self.world_size and now - self._first_seen[step] < self.deadline_s:
-                break
+            absent = [r for r in range(self.world_size) if r not in ranks]
+            if absent:
+                moved_on = all(self.last_step.get(r, -1) > step for r in absent)
+                timed_out = now - self._first_seen[step] >= self.deadline_s
+                if not (moved_on or timed_out or final):
+                    break
+                why = ("later steps arrived from them" if moved_on
+                       else "the workers ended" if final else f"waited step_deadline_s={self.deadline_s:g}s")  # fmt: skip
+                self._report_missing(step, absent, why)
             out.append((step, [ranks[r] for r in sorted(ranks)]))
-            del self._pending[step]
-            del self._first_seen[step]
+            self._release(step)
             self.watermark = step
         return out
+
+    def _report_missing(self, step: int, ranks: list[int], why: str) -> None:
+        self.missing += len(ranks)
+        self.incomplete.append((step, ranks, why))
+        log.warning("rank_record_missing", step=step, ranks=ranks, why=why, missing_total=self.missing)
+
+    def _release(self, step: int) -> None:
+        del self._pending[step]
+        del self._first_seen[step]
+        for tag in self._tags.pop(step, {}).values():
+            self.on_release(tag)
 
     def reached(self) -> int | None:
         """The furthest step any rank reported on this timeline (None: none yet).
@@ -89,9 +143,9 @@ class StepAssembler:
         """The job continues from the checkpoint at ``to_step``: drop the abandoned timeline."""
         self.watermark = to_step
         self.last_step.clear()
-        self._pending.clear()
-        self._first_seen.clear()
-        self._resync_at = to_step
+        for step in list(self._pending):
+            self._release(step)
+        self._resync_at = max(to_step, 0)  # from scratch (-1) the first step is 1
         self._synced = set()
 
     def silent_ranks(self, timeout_s: float, ranks: range, startup_timeout_s: float) -> list[int]:

@@ -2,16 +2,24 @@
 
 A rank has at most one ``ingest`` call in flight. That keeps its batches in order at the
 supervisor (a threaded actor does not order calls) and makes batches grow under load
-instead of piling up calls. Records wait in a bounded backlog while the supervisor is busy,
-dead or restarting; when the bound is hit the oldest are dropped and counted, never the
-training step blocked. A batch whose call failed is put back and sent again: the supervisor
-drops steps it has already analysed, so a resend is harmless.
+instead of piling up calls.
+
+Records are numbered (``seq``, per link; the link has an id of its own) and kept after they
+were sent, until the supervisor answers that it has *durably* accepted them (its state with
+them in it is on disk; see ``receipts.py``). Every call says which numbers the link still
+holds; a supervisor that lacks some of them (a new incarnation: killed, restarted by Ray,
+or re-attached) answers ``resend_from`` and the link sends everything from there again,
+in order; the supervisor drops numbers it already has. While the
+supervisor is busy, dead or restarting, records wait in a bounded buffer; when the bound is
+hit the oldest are dropped and counted (the gap in the numbering tells the supervisor too),
+never the training step blocked.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Any
 
@@ -25,6 +33,7 @@ log = get_logger("supervisor.runtime.channel")
 
 _ACK = "directive_applied:"
 LONG_POLL_S = 1.0
+ACK_POLL_S = 0.5  # with nothing new to send, ask for the durable mark this often
 
 
 class SupervisorLink:
@@ -39,10 +48,16 @@ class SupervisorLink:
         self.poll_interval_s = poll_interval_s
         self.dropped = 0
         self.sent = 0
+        self.acked = 0
+        """Highest seq the supervisor has durably accepted."""
         self.applied: dict[str, str] = {}  # directive id -> kind, as acknowledged in records
         self.last_step: int | None = None
-        self._backlog: deque[dict[str, Any]] = deque()
-        self._in_flight: tuple[Any, list[dict[str, Any]]] | None = None
+        self.link_id = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._backlog: deque[tuple[int, dict[str, Any]]] = deque()  # not sent yet
+        self._unacked: deque[tuple[int, dict[str, Any]]] = deque()  # sent, not durably accepted
+        self._last_call = 0.0
+        self._in_flight: tuple[Any, list[tuple[int, dict[str, Any]]]] | None = None
         self._handle: Any = None
         self._next_lookup = 0.0
         self._after_id = after_seq  # directives up to here predate this worker: never applied
@@ -62,10 +77,12 @@ class SupervisorLink:
         with self._lock:
             for rec in batch:
                 self._note(rec)
-            self._backlog.extend(batch)
-            overflow = len(self._backlog) - self.buffer_records
+                self._seq += 1
+                self._backlog.append((self._seq, rec))
+            # Over the bound: drop the oldest, delivered-but-not-durable ones first.
+            overflow = len(self._unacked) + len(self._backlog) - self.buffer_records
             for _ in range(max(0, overflow)):
-                self._backlog.popleft()
+                (self._unacked or self._backlog).popleft()
                 self.dropped += 1
         self._pump()
 
@@ -77,9 +94,9 @@ class SupervisorLink:
             return out
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait (bounded) until every queued record was accepted by the supervisor."""
+        """Wait (bounded) until the supervisor has durably accepted every queued record."""
         deadline = time.monotonic() + timeout_s
-        while self._backlog or self._in_flight:
+        while self._backlog or self._in_flight or self._unacked:
             if time.monotonic() >= deadline:
                 return False
             self._pump()
@@ -99,7 +116,10 @@ class SupervisorLink:
             return {
                 "sent": self.sent,
                 "dropped": self.dropped,
+                "acked": self.acked,
+                "unacked": len(self._unacked),
                 "backlog": len(self._backlog),
+                "link_id": self.link_id,
                 "connected": self._handle is not None,
                 "applied": dict(self.applied),
                 "last_step": self.last_step,
@@ -155,17 +175,42 @@ class SupervisorLink:
                     return
                 self._in_flight = None
                 try:
-                    ray.get(ref)
-                    self.sent += len(batch)
+                    reply = ray.get(ref)
                 except RayActorError:
                     self._backlog.extendleft(reversed(batch))  # resend later, in order
                     self._forget_handle()
+                else:
+                    self.sent += len(batch)
+                    self._unacked.extend(batch)
+                    self._on_reply(reply)
             handle = self._supervisor()
-            if handle is None or not self._backlog:
+            if handle is None:
+                return
+            idle = time.monotonic() - self._last_call < ACK_POLL_S
+            if not self._backlog and (not self._unacked or idle):
                 return
             batch = list(self._backlog)
             self._backlog.clear()
-            self._in_flight = (handle.ingest.remote(self.rank, batch), batch)
+            self._last_call = time.monotonic()
+            held = (self._unacked or batch)[0][0], (batch or self._unacked)[-1][0]
+            call = handle.ingest.remote(
+                self.rank, [r for _, r in batch], [s for s, _ in batch], self.link_id, held
+            )
+            self._in_flight = (call, batch)
+
+    def _on_reply(self, reply: Any) -> None:
+        """Forget what is durable; resend from where the supervisor asks (it lacks those records)."""
+        if not isinstance(reply, dict):
+            return
+        self.acked = max(self.acked, int(reply.get("acked", 0)))
+        while self._unacked and self._unacked[0][0] <= self.acked:
+            self._unacked.popleft()
+        resend = reply.get("resend_from")
+        if resend is not None:
+            again = [x for x in self._unacked if x[0] >= int(resend)]
+            log.info("resending_records", rank=self.rank, records=len(again), from_seq=resend)
+            self._unacked = deque(x for x in self._unacked if x[0] < int(resend))
+            self._backlog.extendleft(reversed(again))
 
     def _fetch(self) -> bool:
         """One long poll; False when there is no supervisor to ask (the caller then waits)."""

@@ -1,11 +1,17 @@
 """The supervisor's control loop: records in, decisions out, actions carried out.
 
     while not phase.is_terminal:
-        ingest()      # records -> acks, steps -> detector -> incident updates -> plans
-        advance()     # the active plan: one action transition at a time
-        machinery()   # worker group finished / died / hung -> finish or restart
-        tend()        # checkpoints seen -> verified -> healthy
-        persist()
+        ingest()           # records -> receipts -> steps -> detector -> incident updates
+        flow.advance()     # the active plan: one action transition at a time
+        on_group_event()   # worker supervision's event -> restart policy's decision -> act
+        tend()             # checkpoints seen -> verified -> healthy; `latest`; retention
+        settle_end()       # workers held at their last step: release them when nothing is left
+        persist()          # then tell the workers which records are durable
+
+The controller is the one writer of the job's phase (``set_phase`` logs old -> new and the
+reason). Worker supervision (``machinery.py``) and the restart policy (``restarts.py``)
+return values; the incident flow and the action executors see the controller only through
+narrow protocols (``incidents.FlowHost``, ``actions.base.Runtime``).
 
 Ray actor threads call ``ingest_batch`` / ``directives_after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
@@ -14,125 +20,473 @@ everything else runs on the loop thread.
 from __future__ import annotations
 
 import queue
-import threading
 import time
+import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from supervisor.config.job import JobSpec
-from supervisor.core.model import Diagnosis
-from supervisor.core.policy import load_policy
-from supervisor.errors import SupervisorError
+from supervisor.core.model import Cause, CauseScore, Diagnosis, Phenotype, Severity
+from supervisor.core.policy import action_names, load_policy
+from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorError
+from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.incidents import IncidentFlow
-from supervisor.runtime.machinery import Machinery
+from supervisor.runtime.machinery import WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
+from supervisor.runtime.plans import PlanRunner, action_id, check_registry, move
+from supervisor.runtime.receipts import Receipts
+from supervisor.runtime.restarts import GroupEvent, RestartSettings, decide
 from supervisor.runtime.settings import RuntimeSettings, open_traces
 from supervisor.runtime.state import JobPhase, RuntimeState
-from supervisor.runtime.stores import open_checkpoint_store, open_incident_store, runtime_state_path
-from supervisor.sdk.directives import Directive
+from supervisor.runtime.stores import (
+    open_checkpoint_store,
+    open_incident_store,
+    pick_rollback_target,
+    restart_step,
+    runtime_state_path,
+)
+from supervisor.runtime.tending import CheckpointTending
+from supervisor.sdk.directives import Directive, Finish, Stop
+
+#: A restart during an open incident without a rollback in its plan resumes at least this many
+#: steps before the incident's onset (a rollback in the plan brings its own margin).
+RESTART_MARGIN_STEPS = 10
+#: Steps of per-step aggregates kept in the persisted state (baselines, observation windows).
+HISTORY_KEPT = 1000
+_END = "end_reached:"
 
 
 class Controller:
     def __init__(
-        self, job: JobSpec, settings: RuntimeSettings | None = None, *, attach: bool = False
+        self,
+        job: JobSpec,
+        settings: RuntimeSettings | None = None,
+        *,
+        attach: bool = False,
+        workers: WorkerSupervision | None = None,
     ) -> None:
         self.job = job
         self.settings = settings or RuntimeSettings.model_validate({})
         self.world_size = job.resources.num_workers
         self.log = get_logger("supervisor.runtime", job=job.name)
         self.policy = load_policy(job.policy)
+        check_registry(action_names())  # one executor per action the policy language has
+        self.restart_settings = RestartSettings.of(self.policy)
         self.incidents = open_incident_store(job)
         self.checkpoints = open_checkpoint_store(job)
         self.state_path = runtime_state_path(job)
         self.attach = attach
         self.state = (RuntimeState.load(self.state_path) if attach else None) or RuntimeState(job=job.name)
-        self.directives = DirectiveLog(self.state.directives)
-        self.assembler = StepAssembler(self.world_size, self.settings.step_deadline_s)
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.directives = DirectiveLog(self.state.directives, self.state.acks, self.state.failures)
+        self.receipts = Receipts(self.state.receipts)
+        self.assembler = StepAssembler(self.world_size, self.settings.step_deadline_s,
+                                       on_release=self.receipts.release)  # fmt: skip
         self.assembler.watermark = self.state.watermark
         self.current_step = max(self.state.watermark, 0)
-        self.history: deque[StepStats] = deque(maxlen=max(1000, job.telemetry.window))
-        self.batches: dict[int, int] = {}
-        self.inbox: queue.SimpleQueue[tuple[int, list[dict[str, Any]]]] = queue.SimpleQueue()
+        self.history: deque[StepStats] = deque(
+            (StepStats(**h) for h in self.state.history), maxlen=max(HISTORY_KEPT, job.telemetry.window)
+        )
+        self.batches: dict[int, int] = {int(k): v for k, v in self.state.batches.items()}
+        self.inbox: queue.SimpleQueue[tuple[int, list[dict[str, Any]], list[int] | None, str | None]] = (
+            queue.SimpleQueue()
+        )
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
-        self.flow = IncidentFlow(self)
+        self.workers = workers or WorkerSupervision(job, self.settings)
+        self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
+                                         job.checkpoint.keep)  # fmt: skip
+        self.flow = IncidentFlow(self, PlanRunner(self, self.incidents))
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
-        self.machinery = Machinery(self)
-        self._lock = threading.Lock()
+        self.ended = False
+        """The workers are gone (finished, stopped or failed): no record and no ack will come."""
+        self.ending: tuple[JobPhase, str] | None = None
+        self._stop_sent = 0.0
+        self._finish_sent: str | None = None
+        self._relaunch: tuple[float, int | None, int, int, int] | None = None
         self._last_persist = 0.0
         self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
         self._last_export = 0.0
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
 
-    # -- the loop -----------------------------------------------------------------------------
+    # -- the phase: one writer ------------------------------------------------------------------
     @property
     def phase(self) -> JobPhase:
         return self.state.phase
 
+    def set_phase(self, phase: JobPhase, reason: str) -> None:
+        old = self.state.phase
+        if old is phase and self.state.reason == reason:
+            return
+        self.state.phase = phase
+        self.state.reason = reason
+        self.log.info("phase", old=old.value, new=phase.value, reason=reason, step=self.current_step)
+
+    # -- the loop -----------------------------------------------------------------------------
     def run(self) -> JobPhase:
-        self.machinery.boot()
+        self.boot()
         while not self.phase.is_terminal:
             if not self.iterate():
                 time.sleep(self.settings.loop_interval_s)
-        self.machinery.close()
+        self.workers.shutdown()
+        self._abandon_pending_events()
         self.persist(force=True)
         self.export_incidents(force=True)
         if self._trace is not None:
             self._trace.close()
-        self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason)
+        self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason,
+                      downtime_s=round(self.state.downtime_s, 1))  # fmt: skip
         return self.phase
 
     def iterate(self) -> bool:
         """One pass of the loop; True when it changed something (the loop then goes on at once)."""
         busy = self.ingest()
         busy |= self.flow.advance()
-        self.machinery.watch()
-        self.machinery.tend_checkpoints()
+        self._send_stop_if_asked()
+        if self._relaunch is not None:
+            self._maybe_relaunch()
+        elif not self.ended:
+            event = self.workers.watch(self._silent_ranks())
+            if event is not None:
+                self.on_group_event(event)
+        self.tend()
+        self.settle_end()
+        self._count_downtime()
         self.persist()
         self.export_incidents()
         return busy
 
+    # -- start / re-attach ----------------------------------------------------------------------
+    def boot(self) -> None:
+        if self.attach:
+            found = self.workers.find()
+            self._note_resumed(found)
+            if found:
+                self._reacquire_acks()
+            elif not self.phase.is_terminal:
+                self.on_group_event(
+                    GroupEvent("lost", (), "no workers found when the supervisor re-attached")
+                )
+            return
+        if self.workers.exists_on_cluster():
+            raise RuntimeBackendError(
+                f"job {self.job.name!r} already has workers on this cluster: use `supervisor launch --attach "
+                f"{self.job.name}` or `supervisor stop {self.job.name}` first"
+            )
+        resume = restart_step(self.checkpoints, self.world_size)
+        if resume is not None:
+            self.log.info(
+                "resuming_from_checkpoint", step=resume, why="newest verified checkpoint in storage"
+            )
+            self.rewind(resume, f"boot:{resume}", "a new run resumes from the newest verified checkpoint")
+        self.set_phase(JobPhase.STARTING, "placing the worker group")
+        self.workers.launch(self.state.generation, resume, self.directives.last_seq)
+        self._group_started()
+
+    def _group_started(self) -> None:
+        self.assembler.touch(started=True)
+        if self.state.active is not None:
+            self.set_phase(JobPhase.INCIDENT, f"incident {self.state.active.incident_id} continues")
+        else:
+            self.set_phase(JobPhase.RUNNING, f"worker generation {self.state.generation} started")
+        self.persist(force=True)
+
+    def _note_resumed(self, workers_found: bool) -> None:
+        for incident in self.incidents.active(self.job.name):
+            pending = [e.action_id for e in self.incidents.pending_events(incident.id)]
+            self.incidents.record(incident.id, EventKind.SUPERVISOR_RESUMED, actor="supervisor",
+                                  step=self.current_step,
+                                  payload={"pending_actions": pending, "workers_found": workers_found})  # fmt: skip
+
+    def _reacquire_acks(self) -> None:
+        """Acknowledgements sent while no supervisor listened: ask each worker's link."""
+        for rank, applied, last_step in self.workers.link_acks():
+            self.directives.note_applied(rank, applied, last_step)
+
+    # -- records in ---------------------------------------------------------------------------
     def ingest(self) -> bool:
         took = False
         while True:
             try:
-                rank, batch = self.inbox.get_nowait()
+                rank, batch, seqs, link = self.inbox.get_nowait()
             except queue.Empty:
                 break
             took = True
-            for rec in batch:
+            fresh = []
+            for i, rec in enumerate(batch):
+                tag = (link, seqs[i]) if link is not None and seqs is not None and i < len(seqs) else None
+                if tag is not None and not self.receipts.fresh(*tag):
+                    continue  # a resend of a record this supervisor already has
+                fresh.append(rec)
                 self._note(rank, rec)
-                self.assembler.add(rank, rec)
-            if self._trace is not None:
-                self._trace.write(batch)
-        for step, records in self.assembler.ready():
-            stats = aggregate(step, records)
-            self.history.append(stats)
-            self.current_step = step
-            self.flow.observe(step, records)
-            self.observability.on_step(step, records, self.history[-1])
+                self.assembler.add(rank, rec, tag)
+            if self._trace is not None and fresh:
+                self._trace.write(fresh)
+        for step, records in self.assembler.ready(final=self.ended):
+            self._analyse(step, records)
         return took
+
+    def _analyse(self, step: int, records: list[Any]) -> None:
+        self.history.append(aggregate(step, records))
+        self.current_step = step
+        self.flow.observe(step, records)
+        self.observability.on_step(step, records, self.history[-1])
 
     def _note(self, rank: int, rec: dict[str, Any]) -> None:
         events = [e for e in rec.get("events") or () if isinstance(e, str)]
         step = rec.get("step")
         if not isinstance(step, int):
             return
-        self.directives.note_events(int(rec.get("rank", rank)), step, events)
+        rank = int(rec.get("rank", rank))
+        self.directives.note_events(rank, step, events)
+        if not rec.get("control"):
+            self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
         batch = (rec.get("attrs") or {}).get("batch")
         if isinstance(batch, int):
             self.batches[step] = batch
         for ev in events:
-            if ev == "checkpoint_saved" or ev.startswith("checkpoint_saved:"):
-                saved = int(ev.split(":")[1]) if ":" in ev and ev.split(":")[1].isdigit() else step
+            if ev.startswith(_END):
+                self.state.held_at[rank] = step
+            elif ev == "checkpoint_saved" or ev.startswith("checkpoint_saved:"):
+                tail = ev.split(":")[1] if ":" in ev else ""
+                saved = int(tail) if tail.isdigit() else step
                 if saved not in self.state.checkpoints_seen:
                     self.state.checkpoints_seen.append(saved)
+
+    def _silent_ranks(self) -> list[int]:
+        """Ranks silent too long while they should be training (not frozen, not held at the end)."""
+        if self.state.frozen or len(self.state.held_at) == self.world_size:
+            return []
+        return self.assembler.silent_ranks(
+            self.job.telemetry.hang_timeout_s, range(self.world_size), self.settings.startup_timeout_s
+        )
+
+    # -- worker-group events ----------------------------------------------------------------------
+    def on_group_event(self, event: GroupEvent) -> None:
+        if event.kind == "finished":
+            self._workers_finished()
+        else:
+            self._restart(event)
+
+    def _workers_finished(self) -> None:
+        """Every rank returned. Whatever is still to analyse is analysed, and a pending incident
+        still gets its plan (its worker actions are then recorded as skipped, never as done)."""
+        self.ended = True
+        self.workers.shutdown()
+        for step, records in self.assembler.ready(final=True):
+            self._analyse(step, records)
+        self.flow.finalize_open()
+        self.log.info("workers_finished", step=self.current_step, pending_incident=not self.flow.idle)
+
+    def settle_end(self) -> None:
+        """Finish the job once nothing is left to handle; release workers held at their last step."""
+        if self.phase.is_terminal or self._relaunch is not None:
+            return
+        if self.ended:
+            if self.flow.idle and not self.flow.finalize_open():
+                self._finish_job()
+            return
+        held = self.state.held_at
+        if len(held) < self.world_size or not held:
+            return
+        last = max(held.values())
+        if self.assembler.watermark < last or self.flow.finalize_open() or not self.flow.idle:
+            return  # steps still to analyse, or an incident to handle while the workers wait
+        release = f"finish-g{self.state.generation}-s{last}"
+        if self._finish_sent != release:
+            self.tend(final=True)
+            self.issue(Finish(reason="no incident is left to handle", id=release))
+            self._finish_sent = release
+
+    def _finish_job(self) -> None:
+        if self.ending is not None:
+            phase, reason = self.ending
+        elif self.flow.unfinished:
+            phase, reason = JobPhase.UNFINISHED, self.flow.unfinished
+        elif self.stop_requested:
+            phase, reason = JobPhase.STOPPED, f"stopped on request: {self.stop_requested}"
+        else:
+            phase, reason = JobPhase.FINISHED, f"all {self.world_size} ranks finished"
+        if phase is JobPhase.FINISHED:
+            self.tend(final=True)
+        self._end(phase, reason)
+
+    def _end(self, phase: JobPhase, reason: str) -> None:
+        self.flow.close_at_end(phase, reason)
+        self.set_phase(phase, reason)
+
+    def end_job(self, phase: str, reason: str) -> None:
+        """An action decided how the job ends (stop, escalate); it ends once the workers are down."""
+        self.ending = (JobPhase(phase), reason)
+
+    def _send_stop_if_asked(self) -> None:
+        if self.stop_requested and not self._stop_sent and not self.ended:
+            self.issue(Stop(reason=self.stop_requested, id=f"stop-{int(time.time())}"))
+            self._stop_sent = time.monotonic()
+            self.ending = self.ending or (JobPhase.STOPPED, f"stopped on request: {self.stop_requested}")
+        elif (
+            self._stop_sent
+            and not self.ended
+            and time.monotonic() - self._stop_sent > self.settings.directive_timeout_s
+        ):
+            self.workers.shutdown()
+            self.ended = True
+            self._end(JobPhase.STOPPED, f"stop requested ({self.stop_requested}); workers killed after "
+                                        f"directive_timeout_s={self.settings.directive_timeout_s:g}s")  # fmt: skip
+
+    # -- restarts ---------------------------------------------------------------------------------
+    def _restart(self, event: GroupEvent) -> None:
+        """Replace the worker group, as an incident of its own, if the restart policy says so."""
+        # The fault struck in the first step the group did not finish; the analysed step
+        # (current_step) lags behind it by whatever records were still in flight.
+        reached = self.assembler.reached()
+        at = max(self.current_step, reached + 1 if reached is not None else self.current_step)
+        decision = decide(event, self.state.restart_steps, at, self.restart_settings)
+        rank = event.ranks[0] if event.ranks else None
+        incident = self.incidents.open_incident(self.job.name, _machinery_diagnosis(at, rank, event.describe()),
+                                                actor="supervisor", step=self.current_step,
+                                                payload={"machinery": event.describe()})  # fmt: skip
+        if decision.action == "escalate":
+            self.incidents.record(incident.id, EventKind.ESCALATED, actor="supervisor",
+                                  payload={"reason": decision.reason})  # fmt: skip
+            move(self.incidents, incident.id, IncidentState.ESCALATED, decision.reason, self.current_step)
+            self.workers.shutdown()
+            self.ended = True
+            self._end(JobPhase.FAILED, decision.reason)
+            return
+        # 1. Record the intent before touching anything.
+        began = self.incidents.begin(incident.id, EventKind.WORKER_RESTARTED, actor="supervisor",
+                                     step=self.current_step,
+                                     payload={"reason": event.describe(), "decision": decision.reason, "rank": rank,
+                                              "from_generation": self.state.generation})  # fmt: skip
+        self.set_phase(JobPhase.RESTARTING, decision.reason)
+        # 2. Take the old generation down (a hung rank would block the others in collectives).
+        self.workers.shutdown()
+        # 3. Resume point: verified now, and before the onset (minus a margin) of any open incident.
+        resume = self._restart_target()
+        self.state.generation += 1
+        self.state.restart_steps.append(at)
+        self.state.held_at.clear()
+        # 4. The analysed timeline continues from the resume point.
+        self.rewind(-1 if resume is None else resume, f"restart:g{self.state.generation}",
+                    f"worker group restarted ({event.kind})")  # fmt: skip
+        # 5. The new generation hears every directive its open incident still needs.
+        after_seq = self.directives.last_seq
+        self._redeliver()
+        self.persist(force=True)
+        # 6. Launch after the policy's backoff (the loop keeps serving meanwhile).
+        self._relaunch = (time.monotonic() + decision.delay_s, resume, after_seq, began.id, incident.id)
+
+    def _maybe_relaunch(self) -> None:
+        assert self._relaunch is not None
+        due, resume, after_seq, event_id, incident_id = self._relaunch
+        if time.monotonic() < due:
+            return
+        self._relaunch = None
+        try:
+            self.workers.launch(self.state.generation, resume, after_seq)
+        except SupervisorError as exc:
+            self.incidents.finish(event_id, result={"error": exc.one_line()}, failed=True)
+            move(self.incidents, incident_id, IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
+                 self.current_step)  # fmt: skip
+            self.workers.shutdown()
+            self.ended = True
+            self._end(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
+            return
+        self.incidents.finish(event_id, result={"resume_step": resume, "generation": self.state.generation})
+        move(self.incidents, incident_id, IncidentState.RESOLVED, f"worker group restarted from step {resume}",
+             self.current_step)  # fmt: skip
+        self._group_started()
+
+    def _restart_target(self) -> int | None:
+        """The newest verified checkpoint; during an incident, the newest at or before its rollback
+        bound (or its onset minus RESTART_MARGIN_STEPS). None: start from scratch."""
+        limits = []
+        active = self.state.active
+        for inc in self.incidents.active(self.job.name):
+            d = inc.diagnosis
+            if d is None or d.top_cause is Cause.DISTRIBUTED:
+                continue
+            limit = d.onset_step - RESTART_MARGIN_STEPS
+            if active is not None and active.incident_id == inc.id:
+                rollback = active.plan.action("rollback")
+                if rollback is not None and rollback.params.get("max_target_step") is not None:
+                    limit = int(rollback.params["max_target_step"])
+            limits.append(limit)
+        if not limits:
+            return restart_step(self.checkpoints, self.world_size)
+        try:
+            step, _ = pick_rollback_target(self.checkpoints, max_step=min(limits), min_mark="verified",
+                                           world_size=self.world_size)  # fmt: skip
+        except CheckpointError as exc:
+            self.log.warning("restart_from_scratch", why=f"no verified checkpoint at or before {min(limits)}: "
+                                                        f"{exc.one_line()}")  # fmt: skip
+            return None
+        self.log.info("restart_target", step=step, bound=min(limits), why="before the open incident's onset")
+        return step
+
+    def _redeliver(self) -> None:
+        """Directives of the active plan the dead generation took with it, again for the new one:
+        the freeze it was under, the fixes it had applied, and the action in progress."""
+        active = self.state.active
+        if active is None:
+            return
+        gen = self.state.generation
+        for i, pa in enumerate(active.plan.actions[: active.index + 1]):
+            event = self.incidents.event_for_action(active.incident_id, action_id(active, i, pa.name))
+            if event is None:
+                continue
+            memo = event.payload.get("memo") or {}
+            ids = [d["id"] for k in ("directive", "snapshot", "stop") if isinstance(d := memo.get(k), dict)]
+            pending = event.status is EventStatus.PENDING
+            wanted = pending or (pa.name == "apply") or (pa.name == "freeze" and self.state.frozen)
+            if pa.name == "rollback" and not pending:
+                wanted = False  # the restart itself went back before the onset
+            for did in ids if wanted else ():
+                if pending:
+                    self.directives.forget_acks(did)
+                copy = self.directives.redeliver(did, gen)
+                self.log.info("directive_redelivered", id=did, copy=copy, generation=gen, action=pa.name)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def tend(self, *, final: bool = False) -> None:
+        quiet = self.state.active is None and not self.state.waiting
+        last = self.state.last_incident_step
+        window = self.settings.healthy_after_steps
+
+        def near(step: int) -> bool:
+            return last is not None and step - window <= last <= step + window
+
+        newly = self.tending.tend(self.state, self.current_step, quiet=quiet, near_incident=near, final=final)
+        if newly or final:
+            if quiet:
+                self.tending.catch_up_latest(self.state)
+            onsets = [i.onset_step for i in self.incidents.active(self.job.name) if i.onset_step is not None]
+            self.tending.retain(self.tending.protected_for(onsets))
+
+    # -- state out ----------------------------------------------------------------------------------
+    def persist(self, force: bool = False) -> None:
+        """Write the state, then let the workers forget the records it reflects."""
+        if not force and time.monotonic() - self._last_persist < 0.5:
+            return
+        marks = self.receipts.consumed()
+        st = self.state
+        st.directives = self.directives.entries
+        st.acks, st.failures = self.directives.acks, self.directives.failures
+        st.watermark = self.assembler.watermark
+        st.analyzer = self.flow.analyzer_state()
+        st.history = [h.to_json() for h in self.history]
+        st.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
+        st.receipts = marks
+        st.save(self.state_path)
+        self.receipts.made_durable(marks)
+        self._last_persist = time.monotonic()
 
     def export_incidents(self, force: bool = False) -> None:
         """Copy every incident that changed to ``<job>/incidents/<id>.json`` in the job's storage,
@@ -151,23 +505,28 @@ class Controller:
             except SupervisorError as exc:  # storage trouble must not stop supervision; retried next pass
                 self.log.warning("incident_export_failed", incident=inc.id, error=exc.one_line())
 
-    def persist(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last_persist < 0.5:
-            return
-        self.state.directives = self.directives.entries
-        self.state.watermark = self.assembler.watermark
-        self.state.analyzer = self.flow.analyzer_state()
-        self.state.save(self.state_path)
-        self._last_persist = time.monotonic()
+    def _abandon_pending_events(self) -> None:
+        for incident in self.incidents.active(self.job.name):
+            for ev in self.incidents.pending_events(incident.id):
+                if ev.status is EventStatus.PENDING:
+                    self.incidents.finish(ev.id, result={"reason": "job ended", "skipped": True}, failed=True)
 
-    def end_job(self, phase: str, reason: str) -> None:
-        """Record how the job ends; the loop stops once the workers are down."""
-        self.machinery.ending = (JobPhase(phase), reason)
+    def _count_downtime(self) -> None:
+        """Wall time during which training did not advance: frozen, restarting, or held for an incident."""
+        held = len(self.state.held_at) == self.world_size and not self.flow.idle
+        stalled = self.state.frozen or self.phase is JobPhase.RESTARTING or held
+        now = time.time()
+        if stalled and self.state.stalled_since is None:
+            self.state.stalled_since = now
+        elif not stalled and self.state.stalled_since is not None:
+            self.state.downtime_s += now - self.state.stalled_since
+            self.state.stalled_since = None
 
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property
     def incident_id(self) -> int:
-        return self.flow.active_incident_id
+        assert self.state.active is not None
+        return self.state.active.incident_id
 
     @property
     def diagnosis(self) -> Diagnosis:
@@ -188,18 +547,33 @@ class Controller:
         self.state.frozen = frozen
         self.assembler.touch()
 
-    def rewind(self, to_step: int) -> None:
-        """The job continues from checkpoint ``to_step``: steps after it start over."""
+    def rewind(self, to_step: int, key: str, reason: str) -> None:
+        """The job continues from checkpoint ``to_step``: steps after it start over. Keyed: the
+        same effect (a rollback's directive, a restart's generation) is carried out once, and
+        the new position is on disk before the action that caused it is marked done."""
+        if key in self.state.effects:
+            return
         self.assembler.rewind(to_step)
+        self.flow.notify_rollback(to_step, reason)
         self.current_step = to_step
-        self.flow.notify_rollback(to_step)
-        self.machinery.abandon_after(to_step)
+        self.history = deque((h for h in self.history if h.step <= to_step), maxlen=self.history.maxlen)
+        self.tending.abandon_after(self.state, to_step)
+        self.state.effects.append(key)
+        self.persist(force=True)
+
+    def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
+        self.flow.note_overrides(step, params, reason)
+
+    def observation_end(self, onset_step: int) -> int:
+        """The last step an observation window must reach: the onset plus the policy's margin."""
+        margin = getattr(getattr(self.policy, "observation", None), "onset_margin_steps", 20)
+        return onset_step + int(margin)
 
     def window_after(self, step: int) -> list[StepStats]:
         return [h for h in self.history if h.step > step]
 
     def baseline(self) -> dict[str, Any] | None:
-        return self.flow.active.baseline if self.flow.active else None
+        return self.state.active.baseline if self.state.active else None
 
     def batch_range(self, first_step: int, last_step: int) -> tuple[int, int]:
         return self.batches.get(first_step, first_step), self.batches.get(last_step, last_step)
@@ -210,7 +584,7 @@ class Controller:
 
     def submit_replay(self, name: str, step: int, suspects: list[str], numeric: bool) -> None:
         if name not in self.tasks:
-            self.tasks[name] = self.machinery.replay(step, suspects, numeric)
+            self.tasks[name] = self.workers.replay(step, suspects, numeric)
 
     def result_of(self, name: str) -> tuple[bool, Any] | None:
         task = self.tasks.get(name)
@@ -221,17 +595,42 @@ class Controller:
                 return None
             exc = task.exception()
             return (False, repr(exc)) if exc else (True, task.result())
-        return self.machinery.ray_result(task)
+        return self.workers.ray_result(task)
 
     def incidents_opened_since(self, step: int) -> int:
         return self.flow.opened_since(step)
 
     def training_ended(self) -> bool:
-        return self.machinery.finished
+        """No further training step will come: the workers are gone, or all hold at their last step."""
+        return self.ended or (len(self.state.held_at) == self.world_size and self.assembler.watermark >= max(
+            self.state.held_at.values()))  # fmt: skip
+
+    def workers_gone(self) -> bool:
+        return self.ended
 
     # -- called from actor threads ------------------------------------------------------------
-    def ingest_batch(self, rank: int, batch: list[dict[str, Any]]) -> None:
-        self.inbox.put((rank, batch))
+    def ingest_batch(
+        self,
+        rank: int,
+        batch: list[dict[str, Any]],
+        seqs: list[int] | None = None,
+        link: str | None = None,
+        held: tuple[int, int] | None = None,
+    ) -> dict[str, Any]:
+        """Queue a worker's batch. ``seqs``/``link``/``held``: its records' numbers, its link's id and
+        the range of numbers that link still holds. The answer says what is durable, and asks
+        for a resend when the link holds older records this supervisor never received."""
+        reply: dict[str, Any] = {
+            "acked": self.receipts.ack_for(link) if link else 0,
+            "incarnation": self.incarnation,
+        }
+        if link is not None and seqs is not None:
+            resend = self.receipts.offer(link, seqs, tuple(held) if held else None)  # type: ignore[arg-type]
+            if resend is not None:
+                return reply | {"resend_from": resend}
+        if batch:
+            self.inbox.put((rank, batch, seqs, link))
+        return reply
 
     def directives_after(self, rank: int, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         return self.directives.after(seq, wait_s)
@@ -255,8 +654,26 @@ class Controller:
             "lr": last.lr if last else None,
             "frozen": self.state.frozen,
             "generation": self.state.generation,
-            "group_restarts": self.state.group_restarts,
+            "group_restarts": len(self.state.restart_steps),
             "incident": self.flow.summary(),
             "incidents_total": len(self.state.incident_keys),
             "mode": self.job.mode,
+            "records_missing": self.assembler.missing,
+            "records_lost": self.receipts.lost,
+            "held_at_end": sorted(set(self.state.held_at.values())),
+            "downtime_s": round(self.state.downtime_s, 2),
         }
+
+
+def _machinery_diagnosis(step: int, rank: int | None, reason: str) -> Diagnosis:
+    """Machinery faults are recorded as incidents too; the cause is the distributed system."""
+    return Diagnosis(
+        onset_step=step,
+        peak_step=step,
+        end_step=step,
+        phenotype=Phenotype.TRANSIENT,
+        first_rank=rank,
+        causes=[CauseScore(Cause.DISTRIBUTED, 1.0, [reason])],
+        severity=Severity.HIGH,
+        detected_step=step,
+    )

@@ -5,6 +5,11 @@ it saw. The log is persisted (``RuntimeState``) *before* a directive becomes vis
 restarted supervisor never re-issues, under a new number, a directive a worker already
 fetched: that is what keeps a rollback from running twice. Directive ids are derived from
 the plan action that issued them, so the same action always names the same directive.
+
+A new worker generation does not read the old log from the start; the directives its
+incident still needs are *re-delivered*: appended again as copies named ``<id>@g<gen>``.
+An acknowledgement of a copy counts for the original id, so the action waiting on it
+finishes exactly once, whichever generation carried it out.
 """
 
 from __future__ import annotations
@@ -16,14 +21,30 @@ from supervisor.sdk.directives import Directive
 
 _APPLIED = "directive_applied:"
 _FAILED = "directive_failed:"
+_COPY = "@g"
+
+
+def canonical(directive_id: str) -> str:
+    """The id a re-delivered copy stands for (the id itself for an original)."""
+    return directive_id.split(_COPY, 1)[0]
 
 
 class DirectiveLog:
-    def __init__(self, entries: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        entries: list[dict[str, Any]] | None = None,
+        acks: dict[str, dict[int, int]] | None = None,
+        failures: dict[str, dict[int, int]] | None = None,
+    ) -> None:
         self._entries: list[dict[str, Any]] = list(entries or [])
         self._lock = threading.Condition()
-        self.acks: dict[str, dict[int, int]] = {}  # directive id -> {rank: step of the acknowledging record}
-        self.failures: dict[str, dict[int, int]] = {}
+        # directive id -> {rank: step of the acknowledging record}; persisted with the runtime state
+        self.acks: dict[str, dict[int, int]] = {
+            k: {int(r): s for r, s in v.items()} for k, v in (acks or {}).items()
+        }
+        self.failures: dict[str, dict[int, int]] = {
+            k: {int(r): s for r, s in v.items()} for k, v in (failures or {}).items()
+        }
 
     @property
     def entries(self) -> list[dict[str, Any]]:
@@ -46,6 +67,34 @@ class DirectiveLog:
             self._lock.notify_all()
             return seq
 
+    @property
+    def last_seq(self) -> int:
+        with self._lock:
+            return int(self._entries[-1]["seq"]) if self._entries else 0
+
+    def entry(self, directive_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return next((dict(e) for e in self._entries if e["id"] == directive_id), None)
+
+    def redeliver(self, directive_id: str, generation: int) -> str | None:
+        """Append a copy of ``directive_id`` for worker generation ``generation``; its new id."""
+        original = self.entry(canonical(directive_id))
+        if original is None:
+            return None
+        body = {k: v for k, v in original.items() if k != "seq"}
+        body["id"] = f"{original['id']}{_COPY}{generation}"
+        with self._lock:
+            if not any(e["id"] == body["id"] for e in self._entries):
+                seq = (self._entries[-1]["seq"] + 1) if self._entries else 1
+                self._entries.append({**body, "seq": seq})
+                self._lock.notify_all()
+        return str(body["id"])
+
+    def forget_acks(self, directive_id: str) -> None:
+        """The ranks that acknowledged it are gone (a new generation): it must be acknowledged anew."""
+        self.acks.pop(directive_id, None)
+        self.failures.pop(directive_id, None)
+
     def after(self, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Entries after ``seq``; with ``wait_s`` a long poll: wait that long for a first one."""
         with self._lock:
@@ -61,12 +110,12 @@ class DirectiveLog:
                 if ev.startswith(prefix):
                     parts = ev[len(prefix) :].split(":")
                     if parts and parts[0]:
-                        table.setdefault(parts[0], {})[rank] = step
+                        table.setdefault(canonical(parts[0]), {})[rank] = step
 
     def note_applied(self, rank: int, applied: dict[str, Any], step: int | None) -> None:
         """Acknowledgements a worker's link saw go out (used after a supervisor restart)."""
         for did in applied:
-            self.acks.setdefault(str(did), {}).setdefault(rank, step if step is not None else -1)
+            self.acks.setdefault(canonical(str(did)), {}).setdefault(rank, step if step is not None else -1)
 
     def acked_by(self, directive_id: str) -> dict[int, int]:
         return dict(self.acks.get(directive_id, {}))

@@ -1,31 +1,46 @@
 """From detector updates to incidents and plans: open, plan, carry out, close.
 
 One incident is acted on at a time (the *active* plan); incidents that become ready while
-another is being handled wait their turn. In ``observe_only`` mode incidents are recorded
-and never acted on.
+another is being handled wait their turn (``state.waiting``, persisted). In
+``observe_only`` mode incidents are recorded and never acted on.
+
+Guarantees kept here:
+
+* a resolved, dismissed or escalated incident is never planned again; a fault that comes
+  back within ``recurrence.reopen_within_steps`` of a resolved incident is linked to it
+  and inherits its attempts (the policy bounds them);
+* while no irreversible action has started, a diagnosis that changes class re-makes the
+  plan, and the reason is recorded;
+* an action that could not run because training ended is recorded as skipped, and the
+  incident says so (``unfinished``) -- it never counts as done;
+* the supervisor's own interventions (rollbacks, LR overrides, clip changes, exclusions)
+  are told to the detector as expected changes.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any, Protocol
 
+from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, Diagnosis, Severity
-from supervisor.core.policy import JobState, plan
+from supervisor.core.policy import JobState, PlannedAction, Policy, plan
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.logging import get_logger
-from supervisor.runtime.observe import baseline
-from supervisor.runtime.plans import PlanRunner, actions_of, move
-from supervisor.runtime.state import ActivePlan, JobPhase
-
-if TYPE_CHECKING:
-    from supervisor.runtime.controller import Controller
+from supervisor.runtime.actions.base import Outcome
+from supervisor.runtime.observe import StepStats, baseline
+from supervisor.runtime.plans import PlanRunner, move
+from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 log = get_logger("supervisor.runtime.incidents")
 
+#: Actions whose effect needs live workers: skipping one because training ended leaves the fault unhandled.
+NEEDS_WORKERS = frozenset({"freeze", "snapshot", "rollback", "apply"})
 
-def make_analyzer(job: Any, saved: Any) -> Any:
+
+def make_analyzer(job: JobSpec, saved: Any) -> Any:
     from supervisor.core.analysis import StreamingAnalyzer
     from supervisor.core.detect import DetectorSettings
 
@@ -38,12 +53,30 @@ def make_analyzer(job: Any, saved: Any) -> Any:
     return analyzer
 
 
+class FlowHost(Protocol):
+    """What the incident flow needs from the loop that drives it (and nothing more)."""
+
+    job: JobSpec
+    policy: Policy
+    incidents: Any  # IncidentStore
+    checkpoints: Any  # CheckpointStore | None
+    state: RuntimeState
+    history: deque[StepStats]
+    current_step: int
+
+    def set_phase(self, phase: JobPhase, reason: str) -> None: ...
+    def training_ended(self) -> bool: ...
+
+
 class IncidentFlow:
-    def __init__(self, ctl: Controller) -> None:
-        self.ctl = ctl
-        self.analyzer = make_analyzer(ctl.job, ctl.state.analyzer)
-        self.runner = PlanRunner(ctl, ctl.incidents)
-        self.waiting: deque[tuple[int, Diagnosis]] = deque()
+    def __init__(self, host: FlowHost, runner: PlanRunner) -> None:
+        self.host = host
+        self.state = host.state
+        self.store = host.incidents
+        self.analyzer = make_analyzer(host.job, host.state.analyzer)
+        self.runner = runner
+        self.unfinished: str | None = None
+        """Set when training ended before an incident's fix could be carried out."""
         self._diagnosis: Diagnosis | None = None
         self._opened_at: list[tuple[int, int]] = []  # (step, incident id) of incidents opened this run
         self._dismiss_after = False
@@ -51,141 +84,240 @@ class IncidentFlow:
     # -- detector side ------------------------------------------------------------------------
     def observe(self, step: int, records: list[Record]) -> None:
         for update in self.analyzer.observe_step(step, records):
-            self._on_update(update, step)
+            self._on_update(update.kind, update.key, update.diagnosis, step)
 
-    def _on_update(self, u: Any, step: int) -> None:
-        key = str(u.key)
-        incident_id = self.ctl.state.incident_keys.get(key)
+    def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int) -> None:
+        key = str(key_)
+        incident_id = self.state.incident_keys.get(key)
         if incident_id is None:
-            incident = self.ctl.incidents.open_incident(self.ctl.job.name, u.diagnosis, key=u.key, step=step)
-            incident_id = self.ctl.state.incident_keys[key] = incident.id
-            if u.diagnosis.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation
-                self._opened_at.append((step, incident_id))
-            self.ctl.state.last_incident_step = step
-        elif u.kind in ("refined", "closed", "ready"):
-            self.ctl.incidents.update_diagnosis(incident_id, u.diagnosis, step=step)
-        if self.active is not None and incident_id == self.active.incident_id:
-            self._diagnosis = u.diagnosis
-        if u.kind == "ready" and self.ctl.job.mode == "supervised":
-            self.waiting.append((incident_id, u.diagnosis))
+            incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
+        elif kind in ("refined", "closed", "ready"):
+            self.store.update_diagnosis(incident_id, d, step=step)
+        active = self.state.active
+        if active is not None and incident_id == active.incident_id:
+            self._maybe_replan(active, d)
+            self._diagnosis = d
+        if kind == "ready" and self.host.job.mode == "supervised" and key not in self.state.ready_keys:
+            self.state.ready_keys.append(key)
+            if not self.store.get(incident_id).state.is_terminal and incident_id not in self.state.waiting:
+                self.state.waiting.append(incident_id)
 
-    def notify_rollback(self, to_step: int) -> None:
-        for update in self.analyzer.notify_rollback(to_step) or ():
-            self._on_update(update, to_step)
-        self.ctl.history = type(self.ctl.history)((h for h in self.ctl.history if h.step <= to_step),
-                                                  maxlen=self.ctl.history.maxlen)  # fmt: skip
+    def _open(self, d: Diagnosis, key: int, step: int) -> int:
+        # A supervisor killed after it recorded this incident but before its state reached disk
+        # left it in the store: the same records give the same key, so it is the same incident.
+        existing = self.store.find(self.host.job.name, key)
+        if existing is not None and existing.state.is_active and existing.onset_step == d.onset_step:
+            log.info("incident_found_again", incident=existing.id, key=key, why="recorded before a restart")
+            return int(existing.id)
+        incident = self.store.open_incident(self.host.job.name, d, key=key, step=step)
+        if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation
+            self._opened_at.append((step, incident.id))
+        self.state.last_incident_step = step
+        earlier = self._recurrence_of(d)
+        if earlier is not None:
+            # The same fault again: its attempts carry over, so the policy bounds them
+            # (recurrence.max_attempts), and both timelines name each other.
+            self.state.attempts_of[str(incident.id)] = self.state.attempts_of.get(str(earlier), 1)
+            why = f"onset {d.onset_step} within recurrence.reopen_within_steps of incident {earlier}"
+            self.store.record(incident.id, EventKind.NOTE, actor="supervisor", step=step,
+                              payload={"recurrence_of": earlier, "why": why})  # fmt: skip
+            self.store.record(earlier, EventKind.NOTE, actor="supervisor", step=step,
+                              payload={"recurred_as": incident.id, "why": why})  # fmt: skip
+            log.warning("incident_recurred", incident=incident.id, earlier=earlier, onset=d.onset_step)
+        return int(incident.id)
+
+    def _recurrence_of(self, d: Diagnosis) -> int | None:
+        """The resolved incident this one repeats (onsets within ``recurrence.reopen_within_steps``)."""
+        within = int(getattr(getattr(self.host.policy, "recurrence", None), "reopen_within_steps", 0) or 0)
+        if not within:
+            return None
+        for inc in sorted(self.store.list_incidents(job=self.host.job.name), key=lambda i: -i.id):
+            if inc.state is not IncidentState.RESOLVED or inc.onset_step is None:
+                continue
+            if inc.diagnosis is not None and inc.diagnosis.top_cause is Cause.DISTRIBUTED:
+                continue  # a worker-group restart is not a fault that comes back
+            if abs(d.onset_step - inc.onset_step) <= within:
+                return int(inc.id)
+        return None
+
+    def finalize_open(self) -> bool:
+        """No more steps will come: an incident the detector still holds open is judged now
+        (it would have become ready a few steps later). True when one was."""
+        inc = getattr(self.analyzer, "open", None)
+        if inc is None or str(inc.key) in self.state.ready_keys:
+            return False
+        d = inc.diagnosis(self.analyzer.settings)
+        log.warning("incident_ready_at_end", key=inc.key, onset=d.onset_step,
+                    why="training reached its last step before the incident was confirmed")  # fmt: skip
+        self._on_update("ready", inc.key, d, self.host.current_step)
+        return True
+
+    def notify_rollback(self, to_step: int, reason: str) -> None:
+        """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
+        try:
+            updates = self.analyzer.notify_rollback(to_step, from_step=self.host.current_step, reason=reason)
+        except TypeError:  # an analyzer without the keyword arguments
+            updates = self.analyzer.notify_rollback(to_step)
+        for u in updates or ():
+            self._on_update(u.kind, u.key, u.diagnosis, to_step)
+
+    def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
+        """The workers applied an ``apply`` after ``step``: an expected change, never evidence.
+
+        The one call site of the detector's intervention API (``note_overrides`` /
+        ``note_skipped`` of ``supervisor.core.analysis.StreamingAnalyzer``).
+        """
+        note = getattr(self.analyzer, "note_overrides", None)
+        if note is None:
+            log.warning("detector_cannot_note_overrides", step=step)
+            return
+        exclude = params.get("exclude") or {}
+        note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
+             grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
+        skipped = int(params.get("skip_batches") or 0)
+        note_skipped = getattr(self.analyzer, "note_skipped", None)
+        if skipped and note_skipped is not None:
+            note_skipped(step + 1, step + skipped, reason=reason)
 
     def analyzer_state(self) -> Any:
         return self.analyzer.state_dict()
 
     def opened_since(self, step: int) -> int:
-        active = self.active.incident_id if self.active else None
+        active = self.state.active.incident_id if self.state.active else None
         return sum(1 for s, i in self._opened_at if s > step and i != active)
 
     # -- plans --------------------------------------------------------------------------------
     @property
-    def active(self) -> ActivePlan | None:
-        return self.ctl.state.active
-
-    @property
-    def active_incident_id(self) -> int:
-        assert self.active is not None
-        return self.active.incident_id
+    def idle(self) -> bool:
+        """Nothing to act on: no active plan and no incident waiting."""
+        return self.state.active is None and not self.state.waiting
 
     @property
     def active_diagnosis(self) -> Diagnosis:
         if self._diagnosis is None:
-            assert self.active is not None
-            d = self.ctl.incidents.get(self.active.incident_id).diagnosis
+            assert self.state.active is not None
+            d = self.store.get(self.state.active.incident_id).diagnosis
             assert d is not None
             self._diagnosis = d
         return self._diagnosis
 
     def advance(self) -> bool:
         """Move the active plan on; True when an action started or finished."""
-        if self.active is None:
-            if not self.waiting or self.ctl.training_ended():  # nothing left to act on once training ended
-                return False
-            incident_id, diagnosis = self.waiting.popleft()
-            self._start_plan(incident_id, diagnosis, plan_no=1, observation_failures=0)
-        assert self.active is not None
-        before = (self.active.plan_no, self.active.index, self.runner.transitions)
-        failed = self.runner.advance(self.active)
-        if failed is not None:
-            self._on_failure(failed.reason)
-        elif self.active is not None and self.active.index >= len(self.active.plan["actions"]):
-            self._close_plan()
-        return self.active is None or before != (
-            self.active.plan_no,
-            self.active.index,
-            self.runner.transitions,
-        )
+        if self.state.active is None and not self._next():
+            return False
+        active = self.state.active
+        assert active is not None
+        before = (active.plan_no, active.index, self.runner.transitions)
+        out = self.runner.advance(active)
+        if out is not None:
+            self._on_failure(active, out)
+        elif active.index >= len(active.plan.actions):
+            self._close_plan(active)
+        now = self.state.active
+        return now is None or before != (now.plan_no, now.index, self.runner.transitions)
+
+    def _next(self) -> bool:
+        """Start the plan of the next waiting incident that still needs one."""
+        while self.state.waiting:
+            incident_id = self.state.waiting.pop(0)
+            incident = self.store.get(incident_id)
+            if incident.state.is_terminal or incident.diagnosis is None:
+                log.info("not_replanned", incident=incident_id, state=incident.state.value)
+                continue
+            self._start_plan(incident_id, incident.diagnosis, plan_no=self._plans_so_far(incident_id) + 1,
+                             observation_failures=0)  # fmt: skip
+            return True
+        return False
+
+    def _plans_so_far(self, incident_id: int) -> int:
+        return sum(1 for a in self.store.artifacts(incident_id) if a.kind == "plan")
 
     def _start_plan(self, incident_id: int, d: Diagnosis, *, plan_no: int, observation_failures: int) -> None:
-        ctl = self.ctl
-        since = (
-            None if ctl.state.last_incident_step is None else ctl.current_step - ctl.state.last_incident_step
-        )
-        refs = None
-        if ctl.checkpoints is not None:
-            refs = tuple((m.step, m.health) for m in ctl.checkpoints.manifests())
-        js = JobState(
-            step=ctl.current_step,
-            attempts=ctl.state.attempts,
-            observation_failures=observation_failures,
-            steps_since_last_incident=since,
-            checkpoints=refs,
-            state_maybe_nonfinite=d.nonfinite,
-        )
-        p = plan(d, js, ctl.policy)
+        host = self.host
+        js = self._job_state(incident_id, d, observation_failures)
+        p = plan(d, js, host.policy)
         rule = p.rule or "fallback"
-        ctl.state.attempts[rule] = ctl.state.attempts.get(rule, 0) + 1
-        pre = [h for h in ctl.history if h.step < d.onset_step][-200:]
+        self.state.attempts[rule] = self.state.attempts.get(rule, 0) + 1
+        self.state.attempts_of[str(incident_id)] = self.state.attempts_of.get(str(incident_id), 0) + 1
+        pre = [h for h in host.history if h.step < d.onset_step][-200:]
         base = baseline(pre)
-        note = {"plan": f"rule {p.rule or 'fallback'}: {', '.join(p.action_names)}", "why": p.matched_because,
+        note = {"plan": f"rule {rule}: {', '.join(p.action_names)}", "why": p.matched_because,
                 "escalate": p.escalate_reason, "attempt": p.attempt}  # fmt: skip
-        ctl.incidents.record(incident_id, EventKind.NOTE, actor="policy", step=ctl.current_step, payload=note)
-        ctl.incidents.add_artifact(incident_id, "plan", f"plan-{plan_no}",
-                                   {"plan": p.to_json(), "job_state": js.to_json(),
-                                    "baseline": base.to_json() if base else None})  # fmt: skip
+        self.store.record(incident_id, EventKind.NOTE, actor="policy", step=host.current_step, payload=note)
+        self.store.add_artifact(incident_id, "plan", f"plan-{plan_no}",
+                                {"plan": p.to_json(), "job_state": js.to_json(),
+                                 "baseline": base.to_json() if base else None})  # fmt: skip
         self._attach_series(incident_id, d)
-        ctl.state.active = ActivePlan(incident_id=incident_id, plan_no=plan_no, plan=p.to_json(),
-                                      baseline=base.to_json() if base else None,
-                                      observation_failures=observation_failures)  # fmt: skip
+        self.state.active = ActivePlan(incident_id=incident_id, plan_no=plan_no, plan=p,
+                                       baseline=base.to_json() if base else None,
+                                       observation_failures=observation_failures)  # fmt: skip
         self._diagnosis = d
-        ctl.state.phase = JobPhase.INCIDENT
+        host.set_phase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})")
         log.info(
             "plan", incident=incident_id, rule=p.rule, actions=p.action_names, escalate=p.escalate_reason
         )
-        if d.top_cause is Cause.METRIC_ARTIFACT and not any(
-            a.name != "alert" for a in actions_of(ctl.state.active)
-        ):
-            self._dismiss_after = True
+        self._dismiss_after = d.top_cause is Cause.METRIC_ARTIFACT and all(
+            a.name == "alert" for a in p.actions
+        )
+
+    def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int) -> JobState:
+        host = self.host
+        last = self.state.last_incident_step
+        refs = None
+        if host.checkpoints is not None:
+            refs = tuple((m.step, m.health) for m in host.checkpoints.manifests())
+        pre = [h for h in host.history if h.step < d.onset_step]
+        lr = next((h.lr for h in reversed(pre) if h.lr is not None), None)
+        grads = sorted(h.grad_norm for h in pre[-200:] if h.grad_norm is not None)
+        extra: dict[str, Any] = {
+            "lr": lr,
+            "grad_norm": grads[len(grads) // 2] if grads else None,
+            "incident_attempt": self.state.attempts_of.get(str(incident_id), 0),
+        }
+        fields = getattr(JobState, "__dataclass_fields__", {})
+        return JobState(
+            step=host.current_step,
+            attempts=self.state.attempts,
+            observation_failures=observation_failures,
+            steps_since_last_incident=None if last is None else host.current_step - last,
+            checkpoints=refs,
+            state_maybe_nonfinite=d.nonfinite,
+            **{k: v for k, v in extra.items() if k in fields},
+        )
+
+    def _maybe_replan(self, active: ActivePlan, d: Diagnosis) -> None:
+        """Re-make the plan when the diagnosis changes class before anything irreversible ran."""
+        old = self._diagnosis
+        if old is None or active.irreversible:
+            return
+        if (old.phenotype, old.top_cause) == (d.phenotype, d.top_cause):
+            return
+        was = f"{old.phenotype.value}/{old.top_cause.value if old.top_cause else '-'}"
+        now = f"{d.phenotype.value}/{d.top_cause.value if d.top_cause else '-'}"
+        why = f"diagnosis changed from {was} to {now} before the plan's first irreversible action"
+        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
+                          payload={"plan_remade": why})  # fmt: skip
+        log.warning("plan_remade", incident=active.incident_id, why=why)
+        self._start_plan(active.incident_id, d, plan_no=active.plan_no + 1,
+                         observation_failures=active.observation_failures)  # fmt: skip
+        assert self.state.active is not None
+        self.state.active.index = 0
 
     def _attach_series(self, incident_id: int, d: Diagnosis) -> None:
-        rows = [h.to_json() for h in self.ctl.history if h.step >= d.onset_step - 200]
-        self.ctl.incidents.attach_series(incident_id, rows)
+        rows = [h.to_json() for h in self.host.history if h.step >= d.onset_step - 200]
+        self.store.attach_series(incident_id, rows)
 
-    def _on_failure(self, reason: str) -> None:
-        """An action failed: a failed observation is re-planned; otherwise its on_failure decides."""
-        active = self.active
-        assert active is not None
-        pa = actions_of(active)[active.index]
-        log.warning(
-            "action_failed",
-            incident=active.incident_id,
-            action=pa.name,
-            reason=reason,
-            on_failure=pa.on_failure,
-        )
+    def _on_failure(self, active: ActivePlan, out: Outcome) -> None:
+        """An action failed: skipped at the end of training, a failed observation, or on_failure."""
+        pa = active.plan.actions[active.index]
+        log.warning("action_failed", incident=active.incident_id, action=pa.name, reason=out.reason,
+                    on_failure=pa.on_failure, skipped=out.skipped)  # fmt: skip
+        if out.skipped:
+            self._skipped_at_end(active, pa, out.reason)
+            return
         if pa.name == "observe":
-            move(
-                self.ctl.incidents,
-                active.incident_id,
-                IncidentState.ACTING,
-                f"observation failed: {reason}",
-                self.ctl.current_step,
-            )
+            move(self.store, active.incident_id, IncidentState.ACTING, f"observation failed: {out.reason}",
+                 self.host.current_step)  # fmt: skip
             self._start_plan(active.incident_id, self.active_diagnosis, plan_no=active.plan_no + 1,
                              observation_failures=active.observation_failures + 1)  # fmt: skip
             return
@@ -193,62 +325,72 @@ class IncidentFlow:
             active.index += 1
             return
         follow = "stop" if pa.on_failure == "stop" else "escalate"
-        rest = {"name": follow, "params": {"message": f"{pa.name} failed: {reason}"},
-                "reason": f"on_failure={pa.on_failure} of action {pa.name}", "on_failure": "stop"}  # fmt: skip
-        active.plan = dict(active.plan) | {"actions": active.plan["actions"][: active.index + 1] + [rest]}
+        rest = PlannedAction(follow, {"message": f"{pa.name} failed: {out.reason}"},
+                             f"on_failure={pa.on_failure} of action {pa.name}", "stop")  # fmt: skip
+        active.plan = replace(active.plan, actions=active.plan.actions[: active.index + 1] + (rest,))
         active.index += 1
 
-    def _close_plan(self) -> None:
-        active = self.active
-        assert active is not None
-        names = [a["name"] for a in active.plan["actions"]]
-        ctl = self.ctl
+    def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str) -> None:
+        """Training ended under the plan: what was left is recorded as skipped, never as done."""
+        left = [a.name for a in active.plan.actions[active.index :]]
+        if pa.name == "observe" or not (set(left) & NEEDS_WORKERS):
+            why = f"every fix applied; {pa.name} skipped: {reason} (the fix is unverified)"
+            move(self.store, active.incident_id, IncidentState.RESOLVED, why, self.host.current_step)
+            self._release_block(active.incident_id)
+        else:
+            why = f"training ended before the fix could be carried out; skipped: {', '.join(left)} ({reason})"
+            if not move(self.store, active.incident_id, IncidentState.ESCALATED, why, self.host.current_step):
+                self.store.record(
+                    active.incident_id, EventKind.NOTE, actor="supervisor", payload={"unfinished": why}
+                )
+            self.unfinished = f"incident {active.incident_id}: {why}"
+        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
+                          payload={"skipped": left, "reason": reason})  # fmt: skip
+        self._end_plan()
+
+    def _close_plan(self, active: ActivePlan) -> None:
+        names = [a.name for a in active.plan.actions]
+        step = self.host.current_step
         if names and names[-1] in ("escalate", "stop"):
             move(
-                ctl.incidents,
-                active.incident_id,
-                IncidentState.ESCALATED,
-                f"plan ended with {names[-1]}",
-                ctl.current_step,
+                self.store, active.incident_id, IncidentState.ESCALATED, f"plan ended with {names[-1]}", step
             )
         elif self._dismiss_after:
-            move(
-                ctl.incidents,
-                active.incident_id,
-                IncidentState.DISMISSED,
-                "metric artifact: alert only",
-                ctl.current_step,
-            )
+            move(self.store, active.incident_id, IncidentState.DISMISSED, "metric artifact: alert only", step)
         else:
-            obs = ctl.incidents.last_done(active.incident_id, EventKind.OBSERVATION)
-            unverified = obs is not None and (obs.result or {}).get("passed") is None
-            move(
-                ctl.incidents,
-                active.incident_id,
-                IncidentState.RESOLVED,
-                "every planned action done"
-                + (", but training ended before the observation window ran: the fix is unverified"
-                   if unverified else ""),
-                ctl.current_step,
-            )  # fmt: skip
-            if ctl.checkpoints is not None:
-                ctl.checkpoints.unblock(active.incident_id)
+            move(self.store, active.incident_id, IncidentState.RESOLVED, "every planned action done", step)
+            self._release_block(active.incident_id)
+        self._end_plan()
+
+    def _release_block(self, incident_id: int) -> None:
+        if self.host.checkpoints is not None:
+            self.host.checkpoints.unblock(incident_id)
+
+    def _end_plan(self) -> None:
         self._dismiss_after = False
-        ctl.state.active = None
+        self.state.active = None
         self._diagnosis = None
-        if not ctl.phase.is_terminal and ctl.state.phase is JobPhase.INCIDENT:
-            ctl.state.phase = JobPhase.RUNNING
+        if self.state.phase is JobPhase.INCIDENT:
+            self.host.set_phase(JobPhase.RUNNING, "no incident is being acted on")
+
+    def close_at_end(self, phase: JobPhase, reason: str) -> None:
+        """The job ends: no incident stays open or observing without a recorded reason."""
+        for incident in self.store.active(self.host.job.name):
+            why = f"job ended ({phase.value}: {reason}) before the incident was handled"
+            if move(self.store, incident.id, IncidentState.ESCALATED, why, self.host.current_step):
+                log.warning("incident_left_for_a_person", incident=incident.id, why=why)
 
     def summary(self) -> dict[str, Any] | None:
-        active = self.active
+        active = self.state.active
         if active is None:
             return None
-        actions = active.plan["actions"]
-        current = actions[active.index]["name"] if active.index < len(actions) else None
+        actions = active.plan.actions
+        current = actions[active.index].name if active.index < len(actions) else None
         return {
             "id": active.incident_id,
-            "rule": active.plan.get("rule"),
+            "rule": active.plan.rule,
             "phenotype": self._diagnosis.phenotype.value if self._diagnosis else None,
             "action": current,
             "progress": f"{min(active.index + 1, len(actions))}/{len(actions)}",
+            "waiting": list(self.state.waiting),
         }

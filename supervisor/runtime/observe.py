@@ -135,8 +135,8 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
 
     Loss must stay *below* baseline median + N x 1.4826 MAD (lower is fine: training goes on
     improving); grad norm and update ratio medians must stay under N x baseline; sustained
-    throughput (``capacity``) over N x baseline. A metric nobody reports is skipped (passed,
-    "not reported").
+    throughput (``capacity``) over N x the same run's baseline, unless ``throughput`` is false
+    (then it is listed as not judged). A metric nobody reports is skipped (passed, "not reported").
     """
     checks = [_finite(window)]
     w_loss = statistics.median(h.loss for h in window)
@@ -150,6 +150,9 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
         ("throughput", "tokens_per_s", "throughput_min_ratio", False, capacity),
     ):
         value = summary([getattr(h, attr) for h in window])
+        if name == "throughput" and criteria.get("throughput") is False:
+            checks.append(Check(name, True, value, None, "not judged (the policy turned it off)"))
+            continue
         checks.append(_ratio(name, getattr(base, attr), value, criteria, key, upper))
     return checks
 

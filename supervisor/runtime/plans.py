@@ -9,9 +9,9 @@ name), so after a restart an action whose event is ``done`` is skipped and one t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from supervisor.core.policy import PlannedAction
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions import executor
@@ -32,15 +32,18 @@ _STATE_OF = {
 }
 
 
+#: Actions that cannot be taken back: once one started, a changed diagnosis no longer re-makes the plan.
+IRREVERSIBLE = frozenset({"replay", "rollback", "apply", "escalate", "stop"})
+
+
 def action_id(active: ActivePlan, index: int, name: str) -> str:
     return f"i{active.incident_id}-p{active.plan_no}-a{index}-{name}"
 
 
-def actions_of(active: ActivePlan) -> list[PlannedAction]:
-    return [
-        PlannedAction(a["name"], a.get("params") or {}, a.get("reason", ""), a.get("on_failure", "escalate"))
-        for a in active.plan["actions"]
-    ]
+def check_registry(names: Iterable[str]) -> None:
+    """Every action a policy may plan has an executor here (run at start: PolicyError naming them)."""
+    for name in names:
+        executor(name)
 
 
 class PlanRunner:
@@ -54,7 +57,7 @@ class PlanRunner:
 
     def advance(self, active: ActivePlan) -> Outcome | None:
         """None while the current action runs; the failed action's outcome when one failed."""
-        actions = actions_of(active)
+        actions = active.plan.actions
         if active.index >= len(actions):
             return None
         pa = actions[active.index]
@@ -69,6 +72,7 @@ class PlanRunner:
             payload |= conventions(pa.name, params, memo)
             self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
+            active.irreversible |= pa.name in IRREVERSIBLE
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             ex.start(self.rt, params, memo)
             self._started.add(aid)
@@ -79,7 +83,11 @@ class PlanRunner:
             return None
         memo = event.payload.get("memo") or {}
         if event.status is EventStatus.FAILED:
-            return Outcome.fail(str((event.result or {}).get("reason", "failed")), **(event.result or {}))
+            result = event.result or {}
+            reason = str(result.get("reason", "failed"))
+            if result.get("skipped"):
+                return Outcome(False, result, reason, skipped=True)
+            return Outcome.fail(reason, **result)
         if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
             ex.start(self.rt, params, memo)
             self._started.add(aid)
@@ -87,12 +95,15 @@ class PlanRunner:
         if out is None:
             return None
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
+        if out.skipped:
+            result["skipped"] = True
         self.incidents.finish(event.id, result=result, failed=not out.ok)
         log.info(
             "action_finished",
             incident=active.incident_id,
             action=pa.name,
             ok=out.ok,
+            skipped=out.skipped,
             reason=out.reason,
             id=aid,
         )

@@ -6,11 +6,13 @@
                    │  ▲            │
                    │  └─ restarting ◄── (worker died / hung / node lost)
                    ├──► finished
-                   ├──► failed      (group restarts exhausted, or the job itself raised)
+                   ├──► unfinished  (training ended while an incident still needed the workers)
+                   ├──► failed      (the restart policy escalated, or the job itself raised)
                    └──► stopped     (`supervisor stop`)
 
 The incident's own states live in the incident store (supervisor.incidents.states); the
-phase says what the *job* is doing.
+phase says what the *job* is doing. Only ``Controller.set_phase`` changes it, logging the
+old and new phase and the reason.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from supervisor.core.policy import Plan
+
 
 class JobPhase(str, Enum):
     STARTING = "starting"
@@ -34,7 +38,10 @@ class JobPhase(str, Enum):
     RESTARTING = "restarting"
     """The worker group is being replaced from the newest verified checkpoint."""
     FINISHED = "finished"
-    """Every rank finished its steps."""
+    """Every rank finished its steps and no incident was left to handle."""
+    UNFINISHED = "unfinished"
+    """Training ended while an incident still needed the workers (the job could not be held at
+    its last step): what was skipped is recorded, and a person decides."""
     ESCALATED = "escalated"
     """Stopped with state saved; a person must decide."""
     FAILED = "failed"
@@ -44,7 +51,13 @@ class JobPhase(str, Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (JobPhase.FINISHED, JobPhase.ESCALATED, JobPhase.FAILED, JobPhase.STOPPED)
+        return self in (
+            JobPhase.FINISHED,
+            JobPhase.UNFINISHED,
+            JobPhase.ESCALATED,
+            JobPhase.FAILED,
+            JobPhase.STOPPED,
+        )
 
     @property
     def exit_code(self) -> int:
@@ -57,12 +70,17 @@ class ActivePlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     incident_id: int
     plan_no: int
-    plan: dict[str, Any]
+    plan: Plan
     index: int = 0
     baseline: dict[str, Any] | None = None
     observation_failures: int = 0
+    irreversible: bool = False
+    """An action that cannot be taken back (rollback, apply, replay, escalate, stop) has started:
+    from here on a changed diagnosis no longer re-makes the plan."""
 
 
 class RuntimeState(BaseModel):
@@ -74,18 +92,40 @@ class RuntimeState(BaseModel):
     phase: JobPhase = JobPhase.STARTING
     reason: str = ""
     generation: int = 0
-    group_restarts: int = 0
     directives: list[dict[str, Any]] = Field(default_factory=list)
     watermark: int = -1
     analyzer: Any = None
     active: ActivePlan | None = None
     incident_keys: dict[str, int] = Field(default_factory=dict)
     attempts: dict[str, int] = Field(default_factory=dict)
+    attempts_of: dict[str, int] = Field(default_factory=dict)
+    """Incident id -> recovery attempts (plans) of that incident, earlier recurrences included."""
     last_incident_step: int | None = None
     frozen: bool = False
     checkpoints_seen: list[int] = Field(default_factory=list)
     checkpoints_verified: list[int] = Field(default_factory=list)
     checkpoints_healthy: list[int] = Field(default_factory=list)
+    receipts: dict[str, int] = Field(default_factory=dict)
+    """Per worker link: every record up to this seq is reflected in this state (receipts.py)."""
+    acks: dict[str, dict[int, int]] = Field(default_factory=dict)
+    """Directive id -> {rank: step} of its acknowledgements (they arrive inside records)."""
+    failures: dict[str, dict[int, int]] = Field(default_factory=dict)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    """The newest per-step aggregates (baselines and observation windows are computed from them)."""
+    batches: dict[int, int] = Field(default_factory=dict)
+    effects: list[str] = Field(default_factory=list)
+    """Keys of one-off effects already carried out (e.g. ``rewind:<directive id>``)."""
+    ready_keys: list[str] = Field(default_factory=list)
+    """Detector incident keys that became ready (acted on, or waiting their turn)."""
+    waiting: list[int] = Field(default_factory=list)
+    """Incident ids ready and waiting for the active plan to finish."""
+    held_at: dict[int, int] = Field(default_factory=dict)
+    """Rank -> step where that rank holds at the end of training, waiting for a release."""
+    restart_steps: list[int] = Field(default_factory=list)
+    """Steps at which the worker group was restarted (the restart policy counts them)."""
+    stalled_since: float | None = None
+    downtime_s: float = 0.0
+    """Wall time during which training did not advance (frozen, restarting, held at the end)."""
 
     def save(self, path: Path) -> None:
         """Atomic: write a temp file, fsync, rename over the old one."""

@@ -10,9 +10,16 @@ from typing import Any
 
 from supervisor.runtime.channel import SupervisorLink
 
+#: How long ranks wait at their last step for the supervisor (steering ``_hold_at_end``): long
+#: enough for a plan to freeze, snapshot and roll back; bounded so a supervisor that never
+#: comes back does not hold the workers forever (the run is then reported unfinished).
+HOLD_AT_END_S = 900.0
+
 
 class RayTransport:
     """Implements the SDK's Transport protocol over a :class:`SupervisorLink`."""
+
+    hold_at_end_s = HOLD_AT_END_S
 
     def __init__(self, link: SupervisorLink) -> None:
         self.link = link

@@ -134,9 +134,21 @@ class Stop(Directive):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Finish(Directive):
+    """Training reached its last step and the supervisor has nothing left to do with it: the
+    ranks holding at that boundary may end (elsewhere it changes nothing)."""
+
+    kind: ClassVar[str] = "finish"
+    reason: str = ""
+
+
 DIRECTIVES: dict[str, type[Directive]] = {
-    c.kind: c for c in (Continue, Freeze, Snapshot, RollbackInPlace, ApplyOverrides, Stop)
+    c.kind: c for c in (Continue, Freeze, Snapshot, RollbackInPlace, ApplyOverrides, Stop, Finish)
 }
+
+END_REACHED = "end_reached"
+"""Event of the control message a rank sends while it holds at its last step (``end_reached:<step>``)."""
 
 
 def ack_event(directive: Directive, ok: bool = True) -> str:

@@ -31,12 +31,36 @@ def test_partial_step_released_after_deadline_and_in_order() -> None:
     a = StepAssembler(2, deadline_s=5.0, clock=clock)
     a.add(0, rec(1, 0))
     a.add(0, rec(2, 0))
-    a.add(1, rec(2, 1))
-    assert a.ready() == []  # step 2 is complete but step 1 must go first
+    assert a.ready() == []  # rank 1 may still send step 1: it reported nothing newer
     clock.t = 6.0
     out = a.ready()
     assert [s for s, _ in out] == [1, 2]
-    assert [len(r) for _, r in out] == [1, 2]
+    assert [len(r) for _, r in out] == [1, 1]
+    assert a.missing == 2 and [(s, r) for s, r, _ in a.incomplete] == [(1, [1]), (2, [1])]
+
+
+def test_a_rank_that_moved_on_releases_the_step_at_once_and_the_gap_is_reported() -> None:
+    """Records of one rank arrive in order: rank 1 reporting step 2 means its step 1 is lost."""
+    clock = Clock()
+    a = StepAssembler(2, deadline_s=5.0, clock=clock)
+    a.add(0, rec(1, 0))
+    a.add(0, rec(2, 0))
+    a.add(1, rec(2, 1))
+    out = a.ready()
+    assert [s for s, _ in out] == [1, 2] and [len(r) for _, r in out] == [1, 2]
+    assert a.missing == 1 and a.incomplete[0][:2] == (1, [1])
+
+
+def test_tags_are_released_once_their_step_no_longer_waits() -> None:
+    released: list[tuple[str, int]] = []
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock(), on_release=released.append)
+    a.add(0, rec(1, 0), ("L0", 1))
+    a.add(0, {"step": 1, "rank": 0, "control": True, "events": []}, ("L0", 2))
+    assert released == [("L0", 2)]  # a control message never waits
+    a.add(1, rec(1, 1), ("L1", 1))
+    assert len(a.ready()) == 1 and sorted(released) == [("L0", 1), ("L0", 2), ("L1", 1)]
+    a.add(0, rec(1, 0), ("L0", 3))  # below the watermark: dropped, released at once
+    assert ("L0", 3) in released
 
 
 def test_resent_steps_below_watermark_are_dropped() -> None:

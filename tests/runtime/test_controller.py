@@ -87,11 +87,16 @@ def test_nonfinite_incident_walks_through_the_plan(tmp_path: Path) -> None:
     assert ctl.checkpoints.manifest(60).health.value == "quarantined"
     assert ctl.checkpoints.latest() == 40
     ack(ctl, "apply", 40)
-    # 3. Observe releases the freeze and needs 50 clean steps after the rollback point.
+    # 3. Observe releases the freeze and needs 50 clean steps after the rollback point -- and
+    #    at least up to the onset (81) plus the policy's observation.onset_margin_steps (20).
     spin(ctl, lambda: not ctl.state.frozen)
     ctl.ingest_batch(0, [record(s, rng) for s in range(41, 91)])
+    for _ in range(5):
+        ctl.iterate()
+    assert not any(e["kind"] == "continue" and "resume" in e["id"] for e in ctl.directives.entries)
+    ctl.ingest_batch(0, [record(s, rng) for s in range(91, 102)])
     spin(ctl, lambda: any(e["kind"] == "continue" and "resume" in e["id"] for e in ctl.directives.entries))
-    ack(ctl, "continue", 91)
+    ack(ctl, "continue", 102)
     spin(ctl, lambda: ctl.status()["incident"] is None)
     assert ctl.phase is JobPhase.RUNNING
     store = ctl.incidents

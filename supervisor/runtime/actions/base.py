@@ -30,6 +30,8 @@ class Outcome:
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    skipped: bool = False
+    """It did not happen because training ended: recorded as skipped, never as done."""
 
     @classmethod
     def done(cls, **result: Any) -> Outcome:
@@ -38,6 +40,10 @@ class Outcome:
     @classmethod
     def fail(cls, reason: str, **result: Any) -> Outcome:
         return cls(False, result, reason)
+
+    @classmethod
+    def skip(cls, reason: str, **result: Any) -> Outcome:
+        return cls(False, result | {"skipped": True}, f"skipped: {reason}", skipped=True)
 
 
 class Runtime(Protocol):
@@ -57,7 +63,9 @@ class Runtime(Protocol):
 
     def issue(self, directive: Directive) -> None: ...
     def set_frozen(self, frozen: bool) -> None: ...
-    def rewind(self, to_step: int) -> None: ...
+    def rewind(self, to_step: int, key: str, reason: str) -> None: ...
+    def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None: ...
+    def observation_end(self, onset_step: int) -> int: ...
     def window_after(self, step: int) -> list[StepStats]: ...
     def baseline(self) -> dict[str, Any] | None: ...
     def submit(self, name: str, fn: Any, *args: Any) -> None: ...
@@ -66,6 +74,7 @@ class Runtime(Protocol):
     def end_job(self, phase: str, reason: str) -> None: ...
     def incidents_opened_since(self, step: int) -> int: ...
     def training_ended(self) -> bool: ...
+    def workers_gone(self) -> bool: ...
     def batch_range(self, first_step: int, last_step: int) -> tuple[int, int]: ...
 
 
@@ -78,15 +87,16 @@ class Executor(Protocol):
 
 
 def await_acks(rt: Runtime, directive_id: str, started_at: float) -> Outcome | None:
-    """Done once every rank acknowledged the directive; failed if one refused or time ran out."""
-    if rt.training_ended():
-        return Outcome.done(directive=directive_id, skipped="training already ended")
+    """Done once every rank acknowledged the directive; failed if one refused or time ran out;
+    skipped (never done) when the workers are gone before they could apply it."""
     failed = rt.directives.failed_on(directive_id)
     if failed:
         return Outcome.fail(f"rank(s) {sorted(failed)} could not apply directive {directive_id}")
     acked = rt.directives.acked_by(directive_id)
     if set(acked) >= set(range(rt.world_size)):
         return Outcome.done(directive=directive_id, acked_at_step=max(acked.values()), ranks=sorted(acked))
+    if rt.workers_gone():
+        return Outcome.skip("training ended before the workers could apply it", directive=directive_id)
     if time.time() - started_at > rt.settings.directive_timeout_s:
         missing = sorted(set(range(rt.world_size)) - set(acked))
         return Outcome.fail(

@@ -79,7 +79,10 @@ class RollbackAction(DirectiveAction):
         return super().poll(rt, params, memo)
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        rt.rewind(memo["to_step"])
+        # Keyed by the directive: a supervisor restarted after this ran does not rewind twice.
+        rt.rewind(
+            memo["to_step"], f"rewind:{memo['directive']['id']}", f"rollback of incident {rt.incident_id}"
+        )
         return Outcome.done(
             from_step=memo["from_step"],
             to_step=memo["to_step"],

@@ -30,6 +30,11 @@ class ResumeAction(DirectiveAction):
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Continue(id=action_id)
 
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+        if rt.workers_gone():  # nothing left to release; `latest` is released all the same
+            return self.finished(rt, params, memo, Outcome.done(released=False, note="training had ended"))
+        return super().poll(rt, params, memo)
+
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         rt.set_frozen(False)
         if rt.checkpoints is not None:

@@ -44,18 +44,26 @@ class ApplyAction(DirectiveAction):
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         unsupported = ["precision"] if params.get("precision") else []
+        # The detector must take the fix's own effects (an LR ramp, a new clip) as expected.
+        rt.note_overrides(int(out.result.get("acked_at_step", rt.current_step)), params,
+                          f"fix of incident {rt.incident_id}")  # fmt: skip
         return Outcome.done(overrides=memo["directive"], unsupported=unsupported, **out.result)
 
 
 class ObserveAction:
-    """Release the freeze, run N steps, and pass or fail them against the pre-incident baseline."""
+    """Release the freeze, run N steps -- and at least to the onset plus a margin, so a fault that
+    comes back at its own step is inside the window -- then pass or fail each criterion against
+    the pre-incident baseline of the same run."""
 
     event = EventKind.OBSERVATION
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
+        steps = int(params.get("steps", 100))
+        end = max(rt.current_step + steps, rt.observation_end(rt.diagnosis.onset_step))
         return {
             "from_step": rt.current_step,
-            "steps": int(params.get("steps", 100)),
+            "steps": end - rt.current_step,
+            "onset_step": rt.diagnosis.onset_step,
             "release": Continue(id=f"{action_id}-release").to_dict(),
             "started_at": time.time(),
         }
@@ -75,17 +83,17 @@ class ObserveAction:
             return None
         base = rt.baseline()
         if rt.training_ended() and len(window) < 5:
-            return Outcome.done(
-                passed=None, steps=len(window), note="training ended before the window could run"
+            return Outcome.skip(
+                f"training ended {len(window)} step(s) into the observation window", steps=len(window)
             )
-        if base is None or len(window) < 5:
-            return Outcome.fail(
-                f"not enough steps to judge (baseline {base is not None}, window {len(window)})"
-            )
-        checks = evaluate(Baseline.from_json(base), window[: memo["steps"]], params.get("pass") or {})
+        if base is None:
+            return Outcome.fail(f"no baseline to judge against (window {len(window)} steps)")
+        window = window[: memo["steps"]]
+        checks = evaluate(Baseline.from_json(base), window, criteria(rt, params.get("pass") or {}))
         failed = [c.name for c in checks if not c.passed]
         result = {
-            "window": [window[0].step, window[min(len(window), memo["steps"]) - 1].step],
+            "window": [window[0].step, window[-1].step],
+            "covers_onset": window[-1].step >= memo.get("onset_step", 0),
             "checks": {
                 c.name: {"ok": c.passed, "value": c.value, "limit": c.limit, "detail": c.detail}
                 for c in checks
@@ -96,3 +104,14 @@ class ObserveAction:
         if failed:
             return Outcome.fail(f"observation failed: {', '.join(failed)}", **result)
         return Outcome.done(**result)
+
+
+def criteria(rt: Runtime, given: dict[str, Any]) -> dict[str, Any]:
+    """The action's pass criteria over the policy's ``observation`` defaults (read defensively:
+    a policy without the section keeps the built-in defaults)."""
+    section = getattr(getattr(rt, "policy", None), "observation", None)
+    out = {k: v for k, v in given.items() if v is not None}
+    if section is not None:
+        out.setdefault("throughput", getattr(section, "throughput", True))
+        out.setdefault("throughput_min_ratio", getattr(section, "throughput_min_ratio", 0.8))
+    return out

@@ -1,0 +1,95 @@
+"""Which numbered records the supervisor has received, consumed, and durably accepted.
+
+Every worker link numbers its records 1, 2, 3, ... (``seq``) under a link id of its own (a
+new id per worker process, so a new generation never collides with an old one). A record is
+*consumed* once it no longer matters what it said: its step was analysed, or it was dropped
+as a duplicate, a resend, a control message or a step of an abandoned timeline. A link's
+consumed mark is the highest ``seq`` with every record up to it consumed.
+
+The mark becomes *durable* only when the state that reflects those records (detector state,
+watermark, directive acknowledgements) has been written to disk; only then is it sent back
+to the link, which may forget records up to it. A supervisor killed at any moment therefore
+finds every record it had not durably taken in still held by the workers.
+
+Getting them back is the supervisor's call (``offer``): every batch comes with the range of
+numbers its link still holds, and a batch that starts past the next number expected while
+the link still holds that number is refused with ``resend_from`` -- the link then sends
+everything from there, in order. A gap the link no longer holds (its bounded buffer dropped
+the records) is accepted, counted and logged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from supervisor.logging import get_logger
+
+log = get_logger("supervisor.runtime.receipts")
+
+Tag = tuple[str, int]
+"""(link id, seq) of one record."""
+
+
+class Receipts:
+    def __init__(self, durable: Mapping[str, int] | None = None) -> None:
+        self.durable: dict[str, int] = dict(durable or {})
+        """Per link: the mark of the last state written to disk (what ``ingest`` answers)."""
+        self.received: dict[str, int] = dict(self.durable)
+        self.lost = 0
+        """Records a worker dropped before sending (gaps in its numbering): counted, logged."""
+        self._open: dict[str, set[int]] = {}
+        self._offered: dict[str, int] = dict(self.durable)  # highest seq let into the inbox, per link
+        self._lock = threading.Lock()
+
+    def offer(self, link: str, seqs: Sequence[int], held: tuple[int, int] | None) -> int | None:
+        """Called on the actor thread before a batch is queued: None to take it, or the seq the
+        link must resend from (it holds records this supervisor never got, older than the batch).
+        ``held``: (oldest, newest) seq the link still holds, this batch included."""
+        with self._lock:
+            top = self._offered.get(link, 0)
+            if held is not None:
+                oldest, newest = held
+                missing_first = top + 1
+                behind = seqs[0] > missing_first if seqs else newest > top
+                if behind and oldest < (seqs[0] if seqs else newest + 1):
+                    return max(missing_first, oldest)
+            if seqs:
+                self._offered[link] = max(top, seqs[-1])
+            return None
+
+    def fresh(self, link: str, seq: int) -> bool:
+        """True for a record not seen before (its number is above the link's highest)."""
+        last = self.received.get(link, 0)
+        if seq <= last:
+            return False
+        if seq > last + 1:
+            gap = seq - last - 1
+            self.lost += gap
+            log.warning("records_lost", link=link, after_seq=last, missing=gap, lost_total=self.lost,
+                        why="the worker's buffer dropped them (RuntimeSettings.buffer_records)")  # fmt: skip
+        self.received[link] = seq
+        return True
+
+    def hold(self, tag: Tag) -> None:
+        """The record waits (its step is not analysed yet): the link's mark stays below it."""
+        self._open.setdefault(tag[0], set()).add(tag[1])
+
+    def release(self, tag: Tag) -> None:
+        held = self._open.get(tag[0])
+        if held is not None:
+            held.discard(tag[1])
+
+    def consumed(self) -> dict[str, int]:
+        out = {}
+        for link, last in self.received.items():
+            held = self._open.get(link)
+            out[link] = min(held) - 1 if held else last
+        return out
+
+    def made_durable(self, marks: Mapping[str, int]) -> None:
+        """``marks`` (from :meth:`consumed`) are now on disk: links may forget records up to them."""
+        self.durable = dict(marks)  # one assignment: actor threads read it without a lock
+
+    def ack_for(self, link: str) -> int:
+        return self.durable.get(link, 0)

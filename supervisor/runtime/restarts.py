@@ -1,0 +1,103 @@
+"""What to do about a worker-group fault: a decision, as a value, from the policy's ``restarts``.
+
+Worker supervision reports what happened (``GroupEvent``: finished, failed(rank),
+hung(ranks), lost); this module decides, without side effects, whether the group is
+restarted (after how long) or the job escalates; the controller carries it out. Every
+decision is logged with its cause and the setting behind it (STYLE.md point 6)::
+
+    restarts:               # policy YAML (supervisor.core.policy.settings.Restarts)
+      max_restarts: 3       # group restarts (within window_steps) before the job fails
+      window_steps: null    # restarts older than this many steps of progress no longer count
+      backoff_s: 2          # wait before the first restart ...
+      backoff_factor: 2     # ... times this for each further one ...
+      backoff_max_s: 60     # ... at most this
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from supervisor.logging import get_logger
+
+log = get_logger("supervisor.runtime.restarts")
+
+FaultKind = Literal["finished", "failed", "hung", "lost"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """Something the worker group did, as worker supervision saw it."""
+
+    kind: FaultKind
+    ranks: tuple[int, ...] = ()
+    reason: str = ""
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind != "finished"
+
+    def describe(self) -> str:
+        who = f"rank(s) {list(self.ranks)} " if self.ranks else ""
+        return f"worker {who}{self.kind}: {self.reason}" if self.reason else f"worker {who}{self.kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartSettings:
+    """The policy's ``restarts`` section, as the decision needs it (defaults where it has none)."""
+
+    max_restarts: int = 3
+    window_steps: int | None = None
+    backoff_s: float = 2.0
+    backoff_factor: float = 2.0
+    backoff_max_s: float = 60.0
+
+    @classmethod
+    def of(cls, policy: Any) -> RestartSettings:
+        section = getattr(policy, "restarts", None)
+        if section is None:
+            return cls()
+        return cls(**{f.name: getattr(section, f.name, f.default) for f in fields(cls)})
+
+    def backoff(self, restart: int) -> float:
+        """Seconds to wait before restart number ``restart`` (1 = the first)."""
+        return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, restart - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDecision:
+    action: Literal["restart", "escalate"]
+    reason: str
+    delay_s: float = 0.0
+
+
+def decide(
+    event: GroupEvent, restart_steps: list[int], step: int, settings: RestartSettings
+) -> RestartDecision:
+    """Restart the group (after the backoff) or escalate, and say why.
+
+    ``restart_steps``: the steps at which earlier restarts of this run happened; with
+    ``restarts.window_steps`` only those within that many steps of ``step`` count.
+    """
+    cause = event.describe()
+    window = settings.window_steps
+    counted = [s for s in restart_steps if window is None or step - s <= window]
+    scope = "in this run" if window is None else f"within restarts.window_steps={window}"
+    if len(counted) >= settings.max_restarts:
+        why = (
+            f"Deciding to ESCALATE: {cause}; {len(counted)} group restarts {scope} reached "
+            f"restarts.max_restarts={settings.max_restarts} (policy)"
+        )
+        log.warning("restart_decision", decision="escalate", cause=cause, restarts=len(counted),
+                    max_restarts=settings.max_restarts, window_steps=window)  # fmt: skip
+        return RestartDecision("escalate", why)
+    n = len(counted) + 1
+    delay = settings.backoff(n)
+    why = (
+        f"Deciding to RESTART: {cause}; restart {n} of restarts.max_restarts={settings.max_restarts} "
+        f"{scope}, after {delay:g}s (restarts.backoff_s={settings.backoff_s:g}, "
+        f"backoff_factor={settings.backoff_factor:g})"
+    )
+    log.warning("restart_decision", decision="restart", cause=cause, restart=n,
+                max_restarts=settings.max_restarts, delay_s=delay)  # fmt: skip
+    return RestartDecision("restart", why, delay)

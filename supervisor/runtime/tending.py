@@ -1,0 +1,134 @@
+"""Checkpoints the run leaves: saved -> verified -> healthy, `latest` on the timeline, retention.
+
+* A checkpoint a worker reported (``checkpoint_saved``) is verified (checksums,
+  completeness), and becomes ``healthy`` once ``healthy_after_steps`` anomaly-free steps
+  followed it with no incident acted on near it.
+* `latest` follows the training timeline: back to the target on a rollback or restart
+  (``abandon_after``), forward again to the newest healthy checkpoint when an incident's
+  block is released (``catch_up_latest``), and at the end of a clean run.
+* Retention (job.yaml ``checkpoint.keep``) runs whenever a checkpoint turns healthy and at
+  the end, through the checkpoint package's ``collect_garbage``; the steps open incidents
+  may need (rollback candidates before the onset, diagnostic snapshots) are protected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from supervisor.core.model import HealthMark
+from supervisor.errors import SupervisorError
+from supervisor.logging import get_logger
+from supervisor.runtime.state import RuntimeState
+
+log = get_logger("supervisor.runtime.tending")
+
+
+class CheckpointTending:
+    def __init__(self, store: Any, world_size: int, healthy_after_steps: int, keep: int) -> None:
+        self.store = store
+        self.world_size = world_size
+        self.window = healthy_after_steps
+        self.keep = keep
+
+    def tend(self, state: RuntimeState, current_step: int, *, quiet: bool, near_incident: Callable[[int], bool],
+             final: bool = False) -> list[int]:  # fmt: skip
+        """Verify what was saved and mark healthy what earned it; returns the newly healthy steps.
+
+        ``quiet``: no incident is being acted on. ``final``: training ended with nothing open, so a
+        verified checkpoint needs no further steps after it to count as healthy.
+        """
+        if self.store is None:
+            return []
+        self._verify(state)
+        healthy = []
+        for step in list(state.checkpoints_verified):
+            if step in state.checkpoints_healthy or not quiet or near_incident(step):
+                continue
+            if current_step < step + self.window and not (final and current_step >= step):
+                continue
+            manifest = self.store.find(step)
+            if manifest is not None and manifest.health is HealthMark.VERIFIED:
+                why = "training ended cleanly after it" if current_step < step + self.window else (
+                    f"{self.window} steps after it without anomaly (healthy_after_steps)")  # fmt: skip
+                self.store.mark(step, HealthMark.HEALTHY, why)
+                healthy.append(step)
+            state.checkpoints_healthy.append(step)
+        return healthy
+
+    def _verify(self, state: RuntimeState) -> None:
+        from supervisor.checkpoint import verify
+
+        for step in list(state.checkpoints_seen):
+            if step in state.checkpoints_verified:
+                continue
+            try:
+                result = verify(self.store, step, expected_world_size=self.world_size, by="supervisor")
+            except SupervisorError as exc:
+                log.warning("checkpoint_verify_failed", step=step, error=exc.one_line())
+                state.checkpoints_seen.remove(step)
+                continue
+            state.checkpoints_verified.append(step)
+            if not result.ok:
+                state.checkpoints_seen.remove(step)
+
+    def abandon_after(self, state: RuntimeState, step: int) -> None:
+        """Checkpoints after the step training continues from belong to the abandoned timeline:
+        quarantine them, and move `latest` back.
+
+        They must never be a resume point (they may hold the incident's state), and the new
+        timeline re-saves the same steps, which the store only allows over a quarantined one.
+        Diagnostic snapshots stay as they are: they are the incident's evidence.
+        """
+        for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):
+            setattr(state, name, [s for s in getattr(state, name) if s <= step])
+        if self.store is None:
+            return
+        keep = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
+        for manifest in self.store.manifests():
+            if manifest.step > step and manifest.health not in keep:
+                self.store.mark(
+                    manifest.step,
+                    HealthMark.QUARANTINED,
+                    f"abandoned timeline: training went back to step {step}",
+                )
+        self.store.retreat_latest(step)
+
+    def catch_up_latest(self, state: RuntimeState) -> int | None:
+        """`latest` forward to the newest healthy checkpoint of this timeline (a block was released,
+        or the run ended); never past a block another incident still holds."""
+        if self.store is None or self.store.block_state() is not None:
+            return None
+        newest = max(state.checkpoints_healthy, default=None)
+        if newest is None:
+            return None
+        current = self.store.latest()
+        if current is not None and current >= newest:
+            return current
+        self.store.advance_latest(newest)
+        log.info("latest_moved_forward", from_step=current, to_step=newest)
+        return newest
+
+    def retain(self, protected: Iterable[int]) -> None:
+        """Apply ``checkpoint.keep``; a storage error is logged and retried at the next call."""
+        if self.store is None:
+            return
+        from supervisor.checkpoint import collect_garbage
+
+        try:
+            collect_garbage(self.store, self.keep, set(protected))
+        except SupervisorError as exc:  # retention must never stop supervision
+            log.warning("retention_failed", error=exc.one_line())
+
+    def protected_for(self, onsets: Iterable[int]) -> set[int]:
+        """Steps incidents may still need: the two newest healthy checkpoints before each open
+        incident's onset (its rollback or restart target, and the one behind it should that fail
+        re-verification), and every diagnostic snapshot (an incident's evidence, kept for review)."""
+        if self.store is None:
+            return set()
+        manifests = self.store.manifests()
+        out = {m.step for m in manifests if m.health is HealthMark.DIAGNOSTIC}
+        for onset in onsets:
+            before = sorted(m.step for m in manifests if m.step < onset and m.health is HealthMark.HEALTHY)
+            out |= set(before[-2:])
+        return out

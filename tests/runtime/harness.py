@@ -1,0 +1,210 @@
+"""A harness that runs the real controller against a replayed trace, with a fake worker group.
+
+Real: the controller loop (``Controller.iterate``), the detector, the policy engine, the
+incident store (SQLite), the checkpoint store (local files), the directive log, the record
+receipts and the runtime state file. Fake: the workers. ``FakeRanks`` plays every rank: it
+sends numbered records of a synthetic trace through ``ingest_batch`` (as a worker link does),
+keeps what the supervisor has not durably accepted and sends it again when asked,
+and answers directives the way the SDK's steering does (acknowledgements as control
+messages, a freeze parks, a rollback rewinds the step counter, ranks hold at the last step
+until ``finish``/``stop``). ``FakeWorkers`` stands in for worker supervision and reports the
+events a test queues.
+
+How it differs from production:
+- no Ray, no processes: the test calls ``iterate`` and advances the ranks itself, so every
+  interleaving is deterministic; a "kill" is dropping the controller object between calls;
+- records are synthetic (loss, grad norm, LR, throughput; one spike where the test puts it);
+  no model is trained, so a rollback restores no weights -- the trace simply continues;
+- one ``ingest_batch`` call per step and rank, answered at once (the real link batches);
+- checkpoints are written by the test when it needs a rollback or restart target.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.errors import RuntimeBackendError
+from supervisor.runtime.controller import Controller
+from supervisor.runtime.restarts import GroupEvent
+
+Loss = Callable[[int, int], float]
+
+
+def calm(step: int, rank: int) -> float:
+    return 3.0 - 0.001 * step
+
+
+def spike_at(at: int, factor: float = 8.0) -> Loss:
+    """A one-step loss spike on rank 0 at step ``at`` (repeated wherever the trace reaches ``at``)."""
+
+    def loss(step: int, rank: int) -> float:
+        return calm(step, rank) * (factor if step == at and rank == 0 else 1.0)
+
+    return loss
+
+
+@dataclass
+class FakeRanks:
+    """Every rank of one worker generation, driven one step at a time."""
+
+    world_size: int
+    max_steps: int
+    loss: Loss = calm
+    step: int = 0
+    generation: int = 0
+    after_seq: int = 0
+    frozen: bool = False
+    ended: bool = False
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    _seq: dict[int, int] = field(default_factory=dict)
+    _unacked: dict[int, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+
+    def link(self, rank: int) -> str:
+        return f"g{self.generation}r{rank}"
+
+    # -- records out ----------------------------------------------------------------------------
+    def send(self, ctl: Controller, rank: int, records: list[dict[str, Any]]) -> None:
+        batch = []
+        for rec in records:
+            self._seq[rank] = self._seq.get(rank, 0) + 1
+            batch.append((self._seq[rank], rec))
+        self._call(ctl, rank, batch)
+
+    def _call(self, ctl: Controller, rank: int, batch: list[tuple[int, dict[str, Any]]]) -> None:
+        """One ingest call, answered as the link answers it: forget what is durable, resend from
+        where the supervisor asks."""
+        kept = self._unacked.get(rank, [])
+        held = ((kept or batch)[0][0], (batch or kept)[-1][0]) if kept or batch else None
+        reply = ctl.ingest_batch(rank, [r for _, r in batch], [s for s, _ in batch], self.link(rank), held)
+        everything = [(s, r) for s, r in kept + batch if s > reply["acked"]]
+        resend = reply.get("resend_from")
+        if resend is None:
+            self._unacked[rank] = everything
+            return
+        self._unacked[rank] = [(s, r) for s, r in everything if s < resend]
+        self._call(ctl, rank, [(s, r) for s, r in everything if s >= resend])
+
+    def resend(self, ctl: Controller) -> None:
+        """An idle link's acknowledgement poll (it also brings back what a new supervisor lacks)."""
+        for rank in range(self.world_size):
+            if self._unacked.get(rank):
+                self._call(ctl, rank, [])
+
+    def unacked(self, rank: int = 0) -> int:
+        return len(self._unacked.get(rank, []))
+
+    def record(self, step: int, rank: int, events: list[str] | None = None) -> dict[str, Any]:
+        loss = self.loss(step, rank)
+        return {"step": step, "rank": rank, "world_size": self.world_size, "loss": loss,
+                "grad_norm": 1.0 + self.rng.gauss(0, 0.02), "param_norm": 100.0, "update_norm": 0.1,
+                "tokens_per_s": 1000.0, "lr": 1e-3, "nonfinite": not math.isfinite(loss),
+                "events": events or []}  # fmt: skip
+
+    # -- training -----------------------------------------------------------------------------
+    def train(self, ctl: Controller, steps: int, *, checkpoint_every: int = 0) -> None:
+        """Up to ``steps`` steps (fewer when frozen, stopped, or held at the end), each followed by
+        a boundary where directives apply, and one controller iteration."""
+        for _ in range(steps):
+            self.boundary(ctl)
+            if self.frozen or self.ended or self.step >= self.max_steps:
+                return
+            self.step += 1
+            saved = checkpoint_every and self.step % checkpoint_every == 0
+            for rank in range(self.world_size):
+                self.send(ctl, rank, [self.record(self.step, rank, ["checkpoint_saved"] if saved else [])])
+            ctl.iterate()
+
+    def run(self, ctl: Controller, until: Callable[[], bool], limit: int = 2000) -> None:
+        """Train and iterate, one step or boundary at a time, until ``until()`` holds."""
+        for _ in range(limit):
+            if until():
+                return
+            self.train(ctl, 1)
+            ctl.iterate()
+        raise AssertionError(f"not reached; status {ctl.status()}")
+
+    def boundary(self, ctl: Controller) -> None:
+        for d in ctl.directives_after(0, self.after_seq):
+            self.after_seq = d["seq"]
+            self.apply(ctl, d)
+        if self.step >= self.max_steps and not self.ended:
+            self.control(ctl, [f"end_reached:{self.step}"])
+
+    def apply(self, ctl: Controller, d: dict[str, Any]) -> None:
+        kind = d["kind"]
+        if kind == "freeze":
+            self.frozen = True
+        elif kind == "continue":
+            self.frozen = False
+        elif kind == "rollback":
+            self.step = int(d["step"])
+        elif kind in ("stop", "finish") and (kind == "stop" or self.step >= self.max_steps):
+            self.ended = True
+        elif kind == "apply":
+            self.applied.append(d)
+        self.control(ctl, [f"directive_applied:{d['id']}:{kind}"])
+
+    def control(self, ctl: Controller, events: list[str]) -> None:
+        for rank in range(self.world_size):
+            self.send(ctl, rank, [{"step": self.step, "rank": rank, "world_size": self.world_size,
+                                   "control": True, "events": events}])  # fmt: skip
+
+
+class FakeWorkers:
+    """Worker supervision without Ray: reports the events a test queues, records launches."""
+
+    def __init__(self, ranks: FakeRanks | None = None) -> None:
+        self.ranks = ranks
+        self.events: list[GroupEvent] = []
+        self.launches: list[tuple[int, int | None, int]] = []
+        self.fail_launch: list[str] = []
+        self.running = False
+
+    def find(self) -> bool:
+        return self.running
+
+    def exists_on_cluster(self) -> bool:
+        return False
+
+    def launch(self, generation: int, resume: int | None, after_seq: int) -> None:
+        if self.fail_launch:
+            raise RuntimeBackendError(self.fail_launch.pop(0))
+        self.launches.append((generation, resume, after_seq))
+        self.running = True
+        if self.ranks is not None:  # the new generation starts from the resume point
+            self.ranks.generation, self.ranks.after_seq = generation, after_seq
+            self.ranks.step, self.ranks.frozen, self.ranks.ended = resume or 0, False, False
+
+    def watch(self, silent_ranks: list[int]) -> GroupEvent | None:
+        if self.events:
+            return self.events.pop(0)
+        if self.ranks is not None and self.ranks.ended and self.running:
+            self.running = False
+            return GroupEvent("finished")
+        return None
+
+    def link_acks(self) -> list[tuple[int, dict[str, Any], int | None]]:
+        return []
+
+    def shutdown(self) -> None:
+        self.running = False
+
+    def replay(self, step: int, suspects: list[str], numeric: bool) -> Any:
+        raise RuntimeBackendError("the harness runs no replay tasks")
+
+    @staticmethod
+    def ray_result(ref: Any) -> tuple[bool, Any] | None:
+        return None
+
+
+def spin(ctl: Controller, until: Callable[[], bool], limit: int = 200) -> None:
+    for _ in range(limit):
+        ctl.iterate()
+        if until():
+            return
+    raise AssertionError(f"not reached; status {ctl.status()}")
