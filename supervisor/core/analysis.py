@@ -35,6 +35,9 @@ from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
 
+#: Excursions kept for the periodic look-back (at one per step, the last 4,096 steps at least).
+EXCURSIONS = 4096
+
 log = get_logger("supervisor.detect")
 
 
@@ -72,6 +75,9 @@ class StreamingAnalyzer:
         self.last_step: int | None = None
         self.last_resume: int | None = None
         self.known = Interventions()
+        #: Steps whose loss (or one rank's) left its band, opened or not: earlier occurrences of a
+        #: periodic fault that stayed under the alarm threshold are found here.
+        self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -94,6 +100,7 @@ class StreamingAnalyzer:
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline
         self.recent.append(sig)
+        self._note_excursion(sig)
         if self.open is not None:
             updates += self._continue(self.open, sig)
         else:
@@ -102,6 +109,16 @@ class StreamingAnalyzer:
             self.detector.learn(summary, mult)
         self._reanchor_on_events(summary.events, step)
         return updates
+
+    def _note_excursion(self, sig: Signals) -> None:
+        st, s = self.settings, sig.summary
+        rank_out = sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold / 2
+        loss_out = sig.loss_z >= max(st.band_z, st.z_threshold / 2) and sig.jump >= st.min_loss_jump
+        if s.nonfinite or loss_out or rank_out:
+            excess = sig.loss_excess if math.isfinite(sig.loss_excess) else 10.0
+            if rank_out and s.worst_rank is not None:
+                excess = max(excess, s.worst_dev)
+            self.excursions.append((sig.step, s.worst_rank if rank_out else None, excess))
 
     def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
         trig = decide(sig, self.recent, self.settings)
@@ -112,10 +129,10 @@ class StreamingAnalyzer:
             return []
         self.watch.cancel()
         inc = self._new_incident(sig, trig)
-        head, merged = attach_periodic(self.incidents, inc, self.settings)
-        updates: list[IncidentUpdate] = []
-        if merged is not None:
-            updates.append(self._update("closed", merged))
+        head, merged = attach_periodic(
+            self.incidents, inc, self.settings, self.excursions, self.detector_interval()
+        )
+        updates = [self._update("closed", m) for m in merged]
         if head is not inc:
             head.observe(sig, self._in_band(head, sig), self.settings)
             self.open = head
@@ -272,14 +289,18 @@ class StreamingAnalyzer:
         return self._emitted.get(inc.key) != _fingerprint(diag)
 
     # -- the supervisor's own interventions (docs/detection.md) -----------------------------
-    def notify_rollback(self, to_step: int, *, from_step: int | None = None, reason: str = "") -> list[IncidentUpdate]:
+    def notify_rollback(
+        self, to_step: int, *, from_step: int | None = None, reason: str = ""
+    ) -> list[IncidentUpdate]:
         """Training went back to checkpoint ``to_step``; returns the updates (an open incident closes).
 
         Steps after ``to_step`` are taken back from every baseline, so the re-run steps are compared
         with the healthy history before the target, never with the abandoned timeline; overrides
         noted at or after ``to_step`` are dropped (the workers restore the target's own).
         """
-        self.known.add(Intervention("rollback", to_step, from_step=from_step or self.last_step, reason=reason))
+        self.known.add(
+            Intervention("rollback", to_step, from_step=from_step or self.last_step, reason=reason)
+        )
         return self._rewind(to_step)
 
     def note_overrides(
@@ -344,6 +365,8 @@ class StreamingAnalyzer:
         self.detector.forget_after(to_step)
         while self.recent and self.recent[-1].step > to_step:
             self.recent.pop()
+        while self.excursions and self.excursions[-1][0] > to_step:
+            self.excursions.pop()
         self.watch.cancel()
         self.last_step = to_step
         return updates
@@ -366,6 +389,7 @@ class StreamingAnalyzer:
             "benign": [b.to_json() for b in self.benign],
             "last_step": self.last_step,
             "last_resume": self.last_resume,
+            "excursions": [list(e) for e in self.excursions],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -377,6 +401,9 @@ class StreamingAnalyzer:
         self.last_step = state.get("last_step")
         self.last_resume = state.get("last_resume")
         self.known.load_state_dict(state.get("interventions", []))
+        self.excursions = deque(
+            ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS
+        )
         self.recent.clear()
         self.watch.cancel()
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}

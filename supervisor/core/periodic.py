@@ -1,48 +1,120 @@
-"""Recurring incidents: the third onset at the same spacing makes a chain with a period.
+"""Recurring incidents: three onsets at one spacing make a chain with a period.
 
 A chain is one incident (the first occurrence, "the head") whose ``period`` is set and whose
-``facts.occurrences`` lists every onset. The second occurrence, opened before the period was
-known, is merged into the head; later occurrences attach to the head directly.
+``facts.occurrences`` lists every onset. Occurrences opened before the period was known are
+merged into the head; later occurrences attach to the head directly.
+
+A long period must neither be missed nor found late, so:
+
+* the earlier two occurrences are searched among the recent incidents, not only the last two
+  (an unrelated incident in between does not break a chain);
+* the spacing tolerance grows with the logging interval (a log every 10 steps cannot be ±1);
+* smaller excursions the detector saw but did not open (the loss out of its band, e.g. during
+  the first ``min_history`` steps, or a first occurrence below the alarm threshold) count as
+  occurrences when they sit exactly on the chain: the first occurrence is where the chain starts,
+  and two incidents plus one such excursion are already a chain.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from supervisor.core.detect import DetectorSettings
 from supervisor.core.diagnose import Incident
 
 #: Shortest period we call periodic: anything closer is one incident's aftershock.
 MIN_PERIOD = 4
+#: Earlier incidents searched for the first two occurrences of a chain.
+SEARCH = 32
+
+#: (step, worst rank or None, loss excess in log units) of a step whose loss left its band.
+Excursion = tuple[int, int | None, float]
+#: An excursion counts as an occurrence when its excess is at least this share of the incident's.
+LIKENESS = 0.5
 
 
 def attach_periodic(
-    incidents: list[Incident], new: Incident, st: DetectorSettings
-) -> tuple[Incident, Incident | None]:
-    """Returns (the incident the new occurrence belongs to, an incident merged away or None)."""
+    incidents: list[Incident],
+    new: Incident,
+    st: DetectorSettings,
+    excursions: Sequence[Excursion] = (),
+    interval: int = 1,
+) -> tuple[Incident, list[Incident]]:
+    """Returns (the incident the new occurrence belongs to, incidents merged away into it)."""
     # Only earlier onsets: after a rollback the abandoned timeline's incidents lie ahead of a
     # re-run step, and a fault that recurs at its old step is a recurrence, not a period.
-    live = [i for i in incidents if i.merged_into is None and i.onset_step < new.onset_step]
-    if not live:
-        return new, None
-    onset, tol = new.onset_step, st.period_tolerance
-    last = live[-1]
-    if last.period is not None:
-        if abs(onset - last.facts.occurrences[-1] - last.period) <= tol:
-            _reopen(last, new)
-            return last, None
-        return new, None
-    if len(live) < 2:
-        return new, None
-    a, b = live[-2], live[-1]
-    gap1, gap2 = b.onset_step - a.onset_step, onset - b.onset_step
-    if gap1 < MIN_PERIOD or abs(gap2 - gap1) > tol or a.period is not None:
-        return new, None
-    a.period = gap2
-    a.facts.occurrences = [a.onset_step, b.onset_step]
-    b.merged_into, b.period = a.key, gap2
-    b.closed = True
-    _absorb(a, b)
-    _reopen(a, new)
-    return a, b
+    live = [i for i in incidents if i.merged_into is None and i.onset_step < new.onset_step][-SEARCH:]
+    onset, tol = new.onset_step, max(st.period_tolerance, interval)
+    for head in reversed(live):  # an established chain this onset continues
+        if head.period is not None and _fits(onset - head.facts.occurrences[-1], head.period, tol):
+            _reopen(head, new)
+            return head, []
+    for j in range(len(live) - 1, -1, -1):  # two earlier incidents at the same spacing
+        b = live[j]
+        gap = onset - b.onset_step
+        if gap < MIN_PERIOD or b.period is not None or not _alike(b, new):
+            continue
+        a = next(
+            (
+                x
+                for x in live[:j]
+                if x.period is None and _fits(b.onset_step - x.onset_step, gap, tol) and _alike(x, new)
+            ),
+            None,
+        )
+        if a is not None:
+            return _chain(a, [b], new, gap, excursions, tol), [b]
+        if (
+            _excursion_at(excursions, b.onset_step - gap, tol, b) is not None
+        ):  # a first occurrence below threshold
+            return _chain(b, [], new, gap, excursions, tol), []
+    return new, []
+
+
+def _chain(
+    head: Incident, others: list[Incident], new: Incident, period: int,
+    excursions: Sequence[Excursion], tol: int,
+) -> Incident:  # fmt: skip
+    head.period = period
+    head.facts.occurrences = [head.onset_step, *(o.onset_step for o in others)]
+    for o in others:
+        o.merged_into, o.period, o.closed = head.key, period, True
+        _absorb(head, o)
+    _extend_back(head, excursions, tol, min([head, *others], key=lambda i: i.peak_excess))
+    _reopen(head, new)
+    return head
+
+
+def _extend_back(head: Incident, excursions: Sequence[Excursion], tol: int, like: Incident) -> None:
+    """``like``: the weakest occurrence seen as an incident; an excursion must look like it."""
+    # Earlier excursions on the chain's spacing are its first occurrences: the onset moves back.
+    while True:
+        hit = _excursion_at(excursions, head.facts.occurrences[0] - head.period, tol, like)  # type: ignore[operator]
+        if hit is None:
+            return
+        head.facts.occurrences.insert(0, hit)
+        head.onset_step = hit
+
+
+def _excursion_at(excursions: Sequence[Excursion], step: int, tol: int, like: Incident) -> int | None:
+    size = like.peak_excess if like.peak_excess > 0 else 0.0
+    for s, rank, excess in excursions:
+        if abs(s - step) > tol or excess < LIKENESS * size:
+            continue
+        if not like.rank_local or rank is None or rank == like.first_rank:
+            return s
+    return None
+
+
+def _fits(gap: int, period: int, tol: int) -> bool:
+    return abs(gap - period) <= tol
+
+
+def _alike(a: Incident, b: Incident) -> bool:
+    """Occurrences of one fault: rank-local ones on the same rank (others are not told apart)."""
+    if a.rank_local and b.rank_local:
+        return a.first_rank == b.first_rank
+    return True
 
 
 def _absorb(head: Incident, other: Incident) -> None:
@@ -50,6 +122,7 @@ def _absorb(head: Incident, other: Incident) -> None:
         head.peak_excess, head.peak_step = other.peak_excess, other.peak_step
         head.facts.peak_loss = other.facts.peak_loss
     head.trajectory.extend(other.trajectory)
+    head.trajectory.sort(key=lambda p: p.step)
     if head.facts.source is None:
         head.facts.source = other.facts.source
 
