@@ -105,7 +105,8 @@ def write(
 
 def _save(state: dict[str, Any], path: Path, group: Any) -> None:
     try:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(path, sync_files=True), process_group=group)
+        writer = dcp.FileSystemWriter(path, sync_files=True)
+        dcp.save(state, storage_writer=writer, process_group=group, no_dist=_single())
     except (Exception, CheckpointException) as exc:  # DCP: every rank's failure in one CheckpointException
         raise CheckpointError(f"dcp.save failed: {type(exc).__name__}: {_first_line(exc)}") from None
 
@@ -172,11 +173,11 @@ def load(
     try:
         if isinstance(backend, LocalBackend):
             reader: dcp.StorageReader = dcp.FileSystemReader(backend.path(store.key(manifest.step, dirname)))
-            dcp.load(state, storage_reader=reader, process_group=group)
+            dcp.load(state, storage_reader=reader, process_group=group, no_dist=_single())
         else:
             with tempfile.TemporaryDirectory(prefix="dcp-fetch-") as tmp:
                 reader = FetchingReader(store, manifest.step, dirname, Path(tmp))
-                dcp.load(state, storage_reader=reader, process_group=group)
+                dcp.load(state, storage_reader=reader, process_group=group, no_dist=_single())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as exc:
@@ -238,6 +239,11 @@ def check_metadata(path: Path, listed: dict[str, int]) -> list[str]:
         if len(problems) >= 5:
             break
     return sorted(set(problems))
+
+
+def _single() -> bool:
+    """No process group: DCP saves / loads this process alone (and says so, unasked, unless told)."""
+    return not (dist.is_available() and dist.is_initialized())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -109,6 +109,7 @@ class Probe:
         return self.steering.stopped
 
     def close(self) -> None:
+        self.steering.close()  # a checkpoint save still in flight commits (and is reported) first
         self.flush()
         self.transport.close()
 

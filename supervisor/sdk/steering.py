@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.core.model import HealthMark
 from supervisor.errors import SupervisorError
+from supervisor.observability import hooks
 from supervisor.sdk.control import ControlChannel
 from supervisor.sdk.directives import (
     END_REACHED,
@@ -205,6 +206,7 @@ class Steering:
         if p.loader is not None and d.exclusions:
             p.loader.exclude(d.exclusions)
         p.next_events.append(f"rolled_back:{before}:{d.step}")
+        hooks.notify_rollback(before, d.step)  # the user's logger, before training resumes
 
     def restore(self, step: int) -> None:
         """Load every piece of training state from checkpoint ``step`` into the live objects."""
