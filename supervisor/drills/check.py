@@ -57,6 +57,8 @@ class RunOutcome:
     reference_loss: float | None = None
     error: str | None = None
     reports: list[Path] = field(default_factory=list)
+    killed: str | None = None
+    """What a kill drill killed, and at which point (None: nothing, or the point was never reached)."""
 
 
 def _taken(events: list[Event], action: str) -> list[Event]:
@@ -104,6 +106,18 @@ class Checker:
         if e.resumed_from is not None:
             out.append(self._resumed_from(e.resumed_from))
         out += [self._quarantined(step) for step in e.quarantined]
+        if e.killed:
+            out.append(
+                Check(
+                    "killed",
+                    self.run.killed is not None,
+                    self.run.killed or "the kill point was never reached",
+                )
+            )
+        if e.rollbacks is not None:
+            out.append(self._rollbacks(e.rollbacks))
+        if e.latest_healthy:
+            out.append(self._latest_healthy())
         if e.restarts:
             got = int(self.run.status.get("group_restarts") or 0)
             out.append(
@@ -112,6 +126,30 @@ class Checker:
                 )
             )
         return out
+
+    def _rollbacks(self, expected: int) -> Check:
+        done = [e for i in self.incidents for e in self.store.timeline(i.id)
+                if e.kind is EventKind.ROLLED_BACK and e.action_id and e.status.value == "done"]  # fmt: skip
+        moves = ", ".join(
+            f"{(e.result or {}).get('from_step')}->{(e.result or {}).get('to_step')}" for e in done
+        )
+        return Check(
+            "rollbacks", len(done) == expected, f"{len(done)} rollback(s) [{moves}], expected {expected}"
+        )
+
+    def _latest_healthy(self) -> Check:
+        from supervisor.runtime.stores import open_checkpoint_store
+
+        store = open_checkpoint_store(self.job)
+        healthy = [m.step for m in store.manifests() if m.health is HealthMark.HEALTHY]
+        latest, block = store.latest(), store.block_state()
+        newest = max(healthy, default=None)
+        ok = block is None and latest is not None and latest == newest
+        return Check(
+            "latest_healthy",
+            ok,
+            f"latest {latest}, newest healthy {newest}, block {'held' if block else 'none'}",
+        )
 
     # -- the job and its incidents -----------------------------------------------------------
     def _phase(self) -> Check:

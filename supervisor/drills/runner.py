@@ -114,8 +114,15 @@ def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> 
     status: dict[str, Any] = {}
     error = None
     handle = None
+    killed = None
     try:
-        handle = api.launch(job)
+        kill = sc.scenario.kill
+        # A kill drill runs the supervisor as in production with --detach: restarted by Ray.
+        handle = api.launch(job, detached=kill is not None)
+        if kill is not None:
+            from supervisor.drills.kill import kill_at
+
+            killed = kill_at(handle, job.name, kill, sc.scenario.timeout_s)
         status = api.wait(handle, timeout_s=sc.scenario.timeout_s)
         if not status.get("terminal"):
             error = f"not finished after {sc.scenario.timeout_s:.0f}s (phase {status.get('phase')})"
@@ -126,7 +133,7 @@ def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> 
     finally:
         _release(handle)
     wall = time.monotonic() - t0
-    outcome = RunOutcome(sc, job, status, wall, work, reference_loss, error)
+    outcome = RunOutcome(sc, job, status, wall, work, reference_loss, error, killed=killed)
     with open_for_job(job) as store:
         checks = Checker(outcome, store).checks()
     res = DrillResult(sc.name, sc.scenario.description, checks, wall, status.get("phase"),

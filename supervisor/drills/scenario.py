@@ -68,7 +68,7 @@ class Expect(BaseModel):
     incident_state: list[IncidentState] = Field(
         default_factory=lambda: [IncidentState.RESOLVED], description="Accepted final states of the incident."
     )
-    job_phase: Literal["finished", "escalated", "failed", "stopped"] = Field(
+    job_phase: Literal["finished", "unfinished", "escalated", "failed", "stopped"] = Field(
         "finished", description="How the job must end (`finished`: every step trained)."
     )
     report: bool = Field(True, description="An HTML postmortem renders from the incident store.")
@@ -91,6 +91,14 @@ class Expect(BaseModel):
         description="The first restart resumed from this checkpoint step (e.g. not a corrupt one).",
     )
 
+    rollbacks: int | None = Field(
+        None, ge=0, description="Exactly this many rollbacks in the whole run (the fault handled once)."
+    )
+    latest_healthy: bool = Field(
+        False, description="At the end `latest` names the newest healthy checkpoint and no block holds it."
+    )
+    killed: bool = Field(False, description="The scenario's `kill:` point was reached and the kill done.")
+
     quarantined: list[int] = Field(
         default_factory=list,
         description="Checkpoint steps holding a save that failed verification and is kept quarantined "
@@ -111,6 +119,27 @@ class Expect(BaseModel):
         return v
 
 
+KillPoint = Literal["before_detection", "open", "frozen", "acting", "observing", "resuming"]
+
+
+class Kill(BaseModel):
+    """Kill a process of the run when its incident reaches a state (the kill-anywhere family).
+
+    ``supervisor``: the supervisor actor's process is killed; Ray restarts it and it resumes
+    from its state file, the incident store and the records the workers still hold.
+    ``worker``: rank ``rank``'s actor is killed; the group restarts.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: Literal["supervisor", "worker"] = Field("supervisor", description="The process to kill.")
+    at: KillPoint = Field(description="The incident state at which it is killed.")
+    step: int | None = Field(
+        None, ge=1, description="`before_detection`: kill once the job reports this step (before the fault)."
+    )
+    rank: int = Field(1, ge=0, description="`worker`: the rank whose actor is killed.")
+
+
 class Scenario(BaseModel):
     """One drill scenario file."""
 
@@ -124,6 +153,7 @@ class Scenario(BaseModel):
         default_factory=list, description="Faults (see `supervisor drill --list`)."
     )
     expect: Expect = Field(default_factory=Expect)  # type: ignore[arg-type]
+    kill: Kill | None = Field(None, description="Kill a process at an incident state (see `Kill`).")
     timeout_s: float = Field(600.0, gt=0, description="Wall-clock limit of the run.")
 
 

@@ -57,7 +57,8 @@ class RestartSettings:
         section = getattr(policy, "restarts", None)
         if section is None:
             return cls()
-        return cls(**{f.name: getattr(section, f.name, f.default) for f in fields(cls)})
+        values: dict[str, Any] = {f.name: getattr(section, f.name, f.default) for f in fields(cls)}
+        return cls(**values)
 
     def backoff(self, restart: int) -> float:
         """Seconds to wait before restart number ``restart`` (1 = the first)."""
