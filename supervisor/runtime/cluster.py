@@ -12,6 +12,7 @@ fails in seconds instead of Ray's minutes of retries.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -71,7 +72,9 @@ def _init(
     try:
         ray.init(**kwargs)  # type: ignore[arg-type]
     except Exception as exc:  # any failure inside Ray's start-up is one line, never a traceback
-        raise RuntimeBackendError(f"cannot connect to Ray at {where}: {_first_line(exc)}") from None
+        raise RuntimeBackendError(
+            f"cannot connect to Ray at {where}: {_first_line(exc)}{_auth_hint(address)}"
+        ) from None
     log.info("ray_connected", address=address, resources=ray.cluster_resources(), logs=_local_logs_dir())
 
 
@@ -125,6 +128,15 @@ def _probe(address: str) -> None:
     except (OSError, ValueError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         raise RuntimeBackendError(f"no Ray cluster reachable at {target} ({detail})") from None
+
+
+def _auth_hint(address: str) -> str:
+    """Ray sends its token only to clusters it found itself: an explicit address needs RAY_AUTH_MODE."""
+    if address in ("local", "auto") or os.environ.get("RAY_AUTH_MODE"):
+        return ""
+    if not (os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").is_file()):
+        return ""
+    return " (if the cluster uses token authentication, the default of `ray start`, set RAY_AUTH_MODE=token)"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,134 @@
+"""Which Ray `launch` uses, with a real `ray start --head` running on the machine (issue 18).
+
+Reported: with a local cluster started by `ray start --head`, `supervisor launch job.yaml`
+failed with "When connecting to an existing cluster, num_cpus and num_gpus must not be
+provided", and `ray.address: local` was rejected. The head here is started by the test in
+its own temp folder (``RAY_TMPDIR``), so only processes given that folder can see it, and
+it is stopped by the PID of its `ray start --block` process (never `ray stop`, which kills
+every Ray on the machine by name).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ours(base: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + str((proc.info["environ"] or {}).get("RAY_TMPDIR"))
+        except (psutil.Error, TypeError):
+            continue
+        if base in text and proc.pid != os.getpid():
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[tuple[str, dict[str, str]]]:
+    """(GCS address, environment that sees it) of a real `ray start --head` on loopback."""
+    base = tempfile.mkdtemp(prefix="g1r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = {**os.environ, "RAY_TMPDIR": base}
+    env.pop("RAY_ADDRESS", None)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    current = Path(base) / "ray" / "ray_current_cluster"
+    try:
+        deadline = time.monotonic() + 120
+        while not (current.is_file() and current.read_text().strip()):
+            assert proc.poll() is None, "ray start --head exited"
+            assert time.monotonic() < deadline, "ray start --head did not come up in 120 s"
+            time.sleep(0.5)
+        address = current.read_text().strip()  # Ray names loopback by the node's IP
+        assert address.endswith(f":{port}")
+        yield address, env
+    finally:
+        proc.send_signal(signal.SIGTERM)  # --block: ray start stops the processes it started
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        leftovers = _ours(base)
+        for p in leftovers:
+            p.kill()
+
+
+def test_fresh_local_instance_or_join_and_say_which(head: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    address, env = head
+    jobs = {}
+    for name, section in (("none", {}), ("auto", {"address": "auto"})):
+        jobs[name] = tmp_path / f"{name}.yaml"
+        jobs[name].write_text(yaml.safe_dump({"name": name, "entrypoint": "m:f", "storage": {"path": str(tmp_path)},
+                                              "max_steps": 1, "ray": section}))  # fmt: skip
+    script = textwrap.dedent(f"""
+        import ray
+        from supervisor.config.job import load_job
+        from supervisor.runtime import cluster
+        try:  # what `launch` did before: Ray's default joins the head, and refuses num_cpus there
+            ray.init(num_cpus=2)
+        except ValueError as exc:
+            print("reproduced:", exc)
+        for name in ("none", "auto"):
+            print(cluster.connect(load_job({str(tmp_path)!r} + "/" + name + ".yaml")))
+            print(ray.get_runtime_context().gcs_address)
+            ray.shutdown()
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.strip().splitlines()[-5:]
+    assert "num_cpus and num_gpus must not be provided" in out[0], out
+    assert (
+        out[1].startswith("ray: started a fresh local instance for this job (4 CPUs)") and out[2] != address
+    )
+    assert out[3] == f"ray: joined the existing cluster at {address} (1 node, 1 CPUs)" and out[4] == address
+
+
+def test_ray_failures_are_one_line_exit_3(head: tuple[str, dict[str, str]]) -> None:
+    address, env = head
+    exe = [sys.executable, "-m", "supervisor.cli.main"]
+
+    def run(*args: str, **extra: str) -> tuple[int, list[str]]:
+        done = subprocess.run(
+            [*exe, *args], env={**env, **extra}, capture_output=True, text=True, timeout=120
+        )
+        assert "Traceback" not in done.stderr
+        return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+
+    started = time.monotonic()
+    code, errors = run("status", "--address", f"127.0.0.1:{_free_port()}")
+    assert code == 3 and len(errors) == 1 and "no Ray cluster reachable at 127.0.0.1:" in errors[0]
+    assert time.monotonic() - started < 60  # not Ray's minutes of retries
+    code, errors = run("stop", "nosuchjob", "--address", address)
+    assert code == 3 and len(errors) == 1 and "set RAY_AUTH_MODE=token" in errors[0]
+    code, errors = run("stop", "nosuchjob", "--address", address, RAY_AUTH_MODE="token")
+    assert code == 3 and errors == ["error: no supervisor running for job 'nosuchjob'"]
