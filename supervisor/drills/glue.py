@@ -71,8 +71,8 @@ class FaultTransport:
         for rec in batch:
             if "loss" in rec and "step" in rec:  # control messages carry no loss and pass untouched
                 rec = self.plan.record(int(rec["step"]), rec)
-                if "checkpoint_saved" in rec.get("events", []) and self.checkpoint_store is not None:
-                    self.plan.on_checkpoint_saved(int(rec["step"]), self.checkpoint_store)
+                for saved in _saved_steps(rec) if self.checkpoint_store is not None else ():
+                    self.plan.on_checkpoint_saved(saved, self.checkpoint_store)
             out.append(rec)
         if self.trace is not None:
             # One flushed line per record: a SIGKILLed worker loses nothing it already sent.
@@ -194,3 +194,15 @@ def plan_dataset(plan: FaultPlan, dataset: Any) -> Any:
     if "mixture_shift" not in plan.kinds or not callable(getattr(dataset, "source", None)):
         return dataset
     return MixtureDataset(dataset, plan)
+
+
+def _saved_steps(rec: dict[str, Any]) -> list[int]:
+    """Steps a record says were committed: ``checkpoint_saved`` (this step) or, for an asynchronous
+    save that committed later, ``checkpoint_saved:<step>``."""
+    out = []
+    for ev in rec.get("events", []):
+        if ev == "checkpoint_saved":
+            out.append(int(rec["step"]))
+        elif isinstance(ev, str) and ev.startswith("checkpoint_saved:") and ev[17:].isdigit():
+            out.append(int(ev[17:]))
+    return out

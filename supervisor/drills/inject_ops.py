@@ -77,10 +77,10 @@ Shard = tuple[str, int, Callable[[], bytes], Callable[[bytes], Any]]
 
 
 def _store_shards(store: Any, step: int, rank: int) -> list[Shard]:
-    """This rank's committed files of checkpoint ``step`` (its rank files; the model file on rank 0)."""
+    """This rank's committed files of checkpoint ``step`` (its rank files and DCP shard; the model file on rank 0)."""
     out: list[Shard] = []
     for name in store.step_dirs().get(step, []):
-        mine = f"rank{rank:05d}" in name or (rank == 0 and name.startswith("model-"))
+        mine = f"rank{rank:05d}" in name or f"/__{rank}_" in name or (rank == 0 and name.startswith("model-"))
         if name == "MANIFEST.json" or name.startswith(".") or not mine:
             continue
         key, backend = store.key(step, name), store.backend
