@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, PlannedAction, Policy, plan
+from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.logging import get_logger
@@ -127,18 +128,23 @@ class IncidentFlow:
         return int(incident.id)
 
     def _recurrence_of(self, d: Diagnosis) -> int | None:
-        """The resolved incident this one repeats (onsets within ``recurrence.reopen_within_steps``)."""
-        within = int(getattr(getattr(self.host.policy, "recurrence", None), "reopen_within_steps", 0) or 0)
-        if not within:
+        """The resolved incident this one repeats (``recurrence.reopen_within_steps`` of its onset or
+        of the end of its observation window: ``core.policy.recurrence.reopens`` decides)."""
+        rec = getattr(self.host.policy, "recurrence", None)
+        if rec is None or not getattr(rec, "reopen_within_steps", 0):
             return None
-        for inc in sorted(self.store.list_incidents(job=self.host.job.name), key=lambda i: -i.id):
-            if inc.state is not IncidentState.RESOLVED or inc.onset_step is None:
-                continue
-            if inc.diagnosis is not None and inc.diagnosis.top_cause is Cause.DISTRIBUTED:
+        resolved = []
+        for inc in self.store.list_incidents(job=self.host.job.name, state=IncidentState.RESOLVED):
+            if inc.onset_step is None or (
+                inc.diagnosis is not None and inc.diagnosis.top_cause is Cause.DISTRIBUTED
+            ):
                 continue  # a worker-group restart is not a fault that comes back
-            if abs(d.onset_step - inc.onset_step) <= within:
-                return int(inc.id)
-        return None
+            obs = self.store.last_done(inc.id, EventKind.OBSERVATION)
+            window = ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
+            attempts = self.state.attempts_of.get(str(inc.id), 1)
+            resolved.append(Resolved(int(inc.id), int(inc.onset_step), window, attempts))
+        found = reopens(resolved, d.onset_step, rec)
+        return None if found is None else found[0].incident_id
 
     def finalize_open(self) -> bool:
         """No more steps will come: an incident the detector still holds open is judged now
@@ -286,22 +292,19 @@ class IncidentFlow:
         )
 
     def _maybe_replan(self, active: ActivePlan, d: Diagnosis) -> None:
-        """Re-make the plan when the diagnosis changes class before anything irreversible ran."""
-        old = self._diagnosis
-        if old is None or active.irreversible:
+        """Re-make the plan when the diagnosis changed so that the policy now plans differently,
+        before anything irreversible ran (``core.policy.recurrence.replan_reason``)."""
+        if active.irreversible:
             return
-        if (old.phenotype, old.top_cause) == (d.phenotype, d.top_cause):
+        new = plan(d, self._job_state(active.incident_id, d, active.observation_failures), self.host.policy)
+        why = replan_reason(active.plan, new, active.index)
+        if why is None:
             return
-        was = f"{old.phenotype.value}/{old.top_cause.value if old.top_cause else '-'}"
-        now = f"{d.phenotype.value}/{d.top_cause.value if d.top_cause else '-'}"
-        why = f"diagnosis changed from {was} to {now} before the plan's first irreversible action"
         self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
                           payload={"plan_remade": why})  # fmt: skip
         log.warning("plan_remade", incident=active.incident_id, why=why)
         self._start_plan(active.incident_id, d, plan_no=active.plan_no + 1,
                          observation_failures=active.observation_failures)  # fmt: skip
-        assert self.state.active is not None
-        self.state.active.index = 0
 
     def _attach_series(self, incident_id: int, d: Diagnosis) -> None:
         rows = [h.to_json() for h in self.host.history if h.step >= d.onset_step - 200]
