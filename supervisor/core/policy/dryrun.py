@@ -51,6 +51,13 @@ def checkpoints_from_records(
         steps = set(range(0, last + 1, every))
     else:
         steps = {r.step for r in recs if "checkpoint_saved" in r.events}
+        # An asynchronous save is reported when it committed, in a later record: checkpoint_saved:<step>.
+        steps |= {
+            int(e[17:])
+            for r in recs
+            for e in r.events
+            if e.startswith("checkpoint_saved:") and e[17:].isdigit()
+        }
     windows = [(d.onset_step, d.end_step if d.end_step is not None else d.peak_step) for d in incidents]
 
     def mark(step: int) -> HealthMark:
