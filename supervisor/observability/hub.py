@@ -65,14 +65,14 @@ class Observability:
         if self._last_step is not None and step <= self._last_step:
             self._guard("rewind", self._rewind, step - 1)
         self._last_step = step
-        self._guard("series", self.series.on_step, step, records, agg)
-        self._guard("metrics", self.metrics.on_step, step, records, agg)
-        if self.tensorboard is not None:
-            self._guard("tensorboard", self.tensorboard.on_step, step, records, agg)
         now = time.monotonic()
         if now - self._refreshed >= INCIDENT_REFRESH_S:
             self._refreshed = now
             self._guard("incidents", self._refresh_incidents, step)
+        self._guard("series", self.series.on_step, step, records, agg)
+        self._guard("metrics", self.metrics.on_step, step, records, agg)
+        if self.tensorboard is not None:
+            self._guard("tensorboard", self.tensorboard.on_step, step, records, agg)
 
     def close(self) -> None:
         self._stop.set()
