@@ -303,6 +303,11 @@ class IncidentFlow:
         self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
                           payload={"plan_remade": why})  # fmt: skip
         log.warning("plan_remade", incident=active.incident_id, why=why)
+        prefix = f"i{active.incident_id}-p{active.plan_no}-"
+        for ev in self.store.pending_events(active.incident_id):  # the old plan's action in flight
+            if (ev.action_id or "").startswith(prefix):
+                self.store.finish(ev.id, result={"reason": f"superseded by plan {active.plan_no + 1}: {why}"},
+                                  failed=True)  # fmt: skip
         self._start_plan(active.incident_id, d, plan_no=active.plan_no + 1,
                          observation_failures=active.observation_failures)  # fmt: skip
 
