@@ -76,7 +76,7 @@ def test_explain_divergence_prints_the_procedure(trace: Path) -> None:
     ]
     rollback = next(line for line in out.splitlines() if " rollback " in line)
     assert "target step 200" in rollback or "target step 300" in rollback
-    assert "margin 100 steps" in rollback
+    assert "margin 50 steps" in rollback  # optimizer_state: the evidence dates the onset
     assert "then: resume if the observation window passes, else escalate" in out
 
 
@@ -91,8 +91,8 @@ def test_explain_json(trace: Path) -> None:
     assert plan["rule"] == "optimizer_state" and plan["escalate_reason"] is None
     assert {"lr_jump", "update_jump"} & set(plan["evidence"]) and plan["recovery"] == "in_place"
     rollback = next(a for a in plan["actions"] if a["name"] == "rollback")
-    assert rollback["params"]["margin_steps"] == 100
-    assert rollback["params"]["target_step"] <= first["diagnosis"]["onset_step"] - 100
+    assert rollback["params"]["margin_steps"] == 50
+    assert rollback["params"]["target_step"] <= first["diagnosis"]["onset_step"] - 50
     assert data["checkpoints"]["source"] == "checkpoint_saved events"
 
 

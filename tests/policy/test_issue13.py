@@ -62,7 +62,9 @@ def test_point1_lr_jump_always_gets_rollback_before_onset_and_a_fix(
     assert p.rule == "optimizer_state" and "lr_jump" in p.evidence
     rollback, apply = p.action("rollback"), p.action("apply")
     assert rollback is not None and apply is not None
-    assert isinstance(rollback.args, RollbackArgs) and rollback.args.target_step == 150  # <= onset 252 - 100
+    assert (
+        isinstance(rollback.args, RollbackArgs) and rollback.args.target_step == 150
+    )  # newest healthy <= onset 252 - 50
     assert isinstance(apply.args, ApplyArgs) and apply.args.warmup_steps == 100
     assert p.action_names.index("rollback") < p.action_names.index("apply") < p.action_names.index("resume")
     assert "learning rate changed 29.7x" in p.matched_because
@@ -221,7 +223,7 @@ class Holder(BaseModel):
 def test_plan_is_a_pydantic_field_and_old_recorded_plans_load(default_policy: Policy) -> None:
     p = plan(lr_bug("divergence"), state(), default_policy)
     again = Holder.model_validate_json(Holder(plan=p).model_dump_json()).plan
-    assert again == p and again.action("rollback").args.target_step == 100  # type: ignore[union-attr]
+    assert again == p and again.action("rollback").args.target_step == 200  # type: ignore[union-attr]
     old = {"policy": "default", "rule": "divergence", "actions": [
         {"name": "observe", "params": {"steps": 100, "pass": {"throughput_min_ratio": 0.8}, "baseline_until_step": 5},
          "reason": "r", "on_failure": "escalate"}]}  # fmt: skip

@@ -1,0 +1,3 @@
+from bench.matrix.run import main
+
+raise SystemExit(main())

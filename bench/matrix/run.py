@@ -1,0 +1,286 @@
+"""Run the scenario matrix through the real runtime and print the table.
+
+    python -m bench.matrix                          # everything: 3 families x 2 optimizers x 6 faults x idle/busy
+    python -m bench.matrix --families gru --faults clean,lr_cured --loads idle --jobs 2
+
+1. One local Ray for the whole matrix; ``--jobs`` jobs run at once (each has 2 workers).
+2. ``busy`` cells run while another process (started here, killed by its PID afterwards)
+   keeps one core busy; ``idle`` cells run without it.
+3. Each cell: ``runtime.api.launch`` of its job under the *default* policy, wait for a
+   terminal phase, then read back what the system recorded: the job's phase and reason, the
+   incident store (incidents, severities, plans, escalations), and the loss curve of the
+   records every rank sent (drills' trace, ``SUPERVISOR_DRILL_TRACE``).
+4. Verdicts: clean runs finish with no incident of severity >= medium; the persistent LR bug
+   escalates (with its reason); every other cell finishes with a final loss within 5% of
+   the clean run of the same family, optimizer and load.
+
+Results go to ``<out>/results.json`` and the table to stdout (Markdown with ``--markdown``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.matrix.cells import FAMILIES, FAULTS, LOADS, OPTIMIZERS, Cell, cells
+
+LOSS_TOLERANCE = 0.05
+
+
+@dataclass
+class Result:
+    cell: str
+    family: str
+    optimizer: str
+    fault: str
+    load: str
+    phase: str | None = None
+    reason: str = ""
+    final_loss: float | None = None
+    reference_loss: float | None = None
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    error: str | None = None
+    verdict: str = ""
+    ok: bool = False
+
+    @property
+    def loss_ratio(self) -> float | None:
+        if self.final_loss is None or not self.reference_loss:
+            return None
+        return self.final_loss / self.reference_loss
+
+
+def run_cell(cell: Cell, out: Path, max_steps: int, timeout_s: float) -> Result:
+    from supervisor.runtime import api
+
+    work = (out / cell.name).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    job = cell.job(work / "storage", max_steps)
+    res = Result(cell.name, cell.family, cell.optimizer, cell.fault, cell.load)
+    t0 = time.monotonic()
+    handle = None
+    try:
+        handle = api.launch(job)
+        status = api.wait(handle, timeout_s=timeout_s)
+        if not status.get("terminal"):
+            res.error = f"not finished after {timeout_s:.0f}s (phase {status.get('phase')}, step {status.get('step')})"
+            api.stop(handle, "matrix timeout")
+            status = api.wait(handle, timeout_s=60)
+        res.phase, res.reason = status.get("phase"), str(status.get("reason") or "")
+    except Exception as exc:  # a cell that cannot run is a failed cell, not a crashed matrix
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        _release(handle)
+    res.wall_s = round(time.monotonic() - t0, 1)
+    res.final_loss = _final_loss(job)
+    res.incidents = _incidents(job)
+    return res
+
+
+def _release(handle: Any) -> None:
+    if handle is None:
+        return
+    import ray
+
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # already gone: nothing to release
+        return
+
+
+def _final_loss(job: Any) -> float | None:
+    from supervisor.drills import series
+
+    ws = job.resources.num_workers
+    records = series.read_trace(Path(job.storage.path), job.name, ws)
+    return series.final_loss(series.step_losses(records, ws, "last"), job.max_steps)
+
+
+def _incidents(job: Any) -> list[dict[str, Any]]:
+    from supervisor.incidents.paths import open_for_job
+
+    out = []
+    try:
+        with open_for_job(job) as store:
+            for inc in reversed(store.list_incidents(job=job.name)):
+                plans = [a for a in store.artifacts(inc.id) if a.kind == "plan"]
+                made = [a.meta.get("plan") or {} for a in plans]
+                rules = [p.get("rule") for p in made]
+                escalation = next(
+                    (p["escalate_reason"] for p in reversed(made) if p.get("escalate_reason")), None
+                )
+                out.append(
+                    {
+                        "id": inc.id,
+                        "state": inc.state.value,
+                        "severity": inc.severity,
+                        "phenotype": inc.phenotype,
+                        "top_cause": inc.top_cause,
+                        "onset": inc.onset_step,
+                        "rules": [r or "fallback" for r in rules],
+                        "escalation": escalation,
+                    }
+                )
+    except Exception as exc:  # no store (the job never started): reported as no incidents, with why
+        out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
+def judge(res: Result) -> None:
+    """Set ``ok`` and a one-line ``verdict`` from the matrix's criteria."""
+    fault = FAULTS[res.fault]
+    serious = [i for i in res.incidents if i.get("severity") in ("medium", "high", "critical")]
+    if res.error:
+        res.ok, res.verdict = False, res.error
+    elif fault.name == "clean":
+        res.ok = res.phase == "finished" and not serious
+        res.verdict = "finished" if res.ok else f"{res.phase}; {len(serious)} incident(s) >= medium"
+    elif fault.escalates:
+        attempts = sum(len(i.get("rules", [])) for i in res.incidents)
+        why = next((i["escalation"] for i in res.incidents if i.get("escalation")), None) or res.reason
+        res.ok = res.phase == "escalated" and bool(why)
+        res.verdict = f"{res.phase} after {attempts} plan(s): {why}"
+    else:
+        ratio = res.loss_ratio
+        within = ratio is not None and abs(ratio - 1) <= LOSS_TOLERANCE
+        res.ok = res.phase == "finished" and within
+        shown = f"{ratio:.3f}" if ratio is not None else "n/a"
+        res.verdict = f"{res.phase}; loss {shown} x clean" + (
+            "" if res.phase == "finished" else f" ({res.reason})"
+        )
+
+
+class BusyCore:
+    """Another process spinning on one core, started and killed by its PID."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> BusyCore:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # by PID: only the process started here
+            self.proc.wait(timeout=10)
+
+
+def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeout_s: float) -> list[Result]:
+    import ray
+
+    from supervisor.drills.glue import TRACE_ENV
+    from supervisor.runtime.names import NAMESPACE
+
+    os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
+    ray.init(num_cpus=2 * jobs, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    results: dict[str, Result] = {}
+    try:
+        for load in LOADS:
+            batch = [c for c in selected if c.load == load]
+            if not batch:
+                continue
+            busy = BusyCore() if load == "busy" else None
+            if busy:
+                busy.__enter__()
+            try:
+                with ThreadPoolExecutor(max_workers=jobs) as pool:
+                    for res in pool.map(lambda c: run_cell(c, out, max_steps, timeout_s), batch):
+                        results[res.cell] = res
+                        print(f"  {res.cell}: {res.phase} in {res.wall_s:.0f}s", file=sys.stderr, flush=True)
+            finally:
+                if busy:
+                    busy.__exit__()
+    finally:
+        ray.shutdown()
+    for res in results.values():
+        ref = results.get(Cell(res.family, res.optimizer, "clean", res.load).name)
+        res.reference_loss = ref.final_loss if ref else None
+        judge(res)
+    return [results[c.name] for c in selected if c.name in results]
+
+
+def table(results: list[Result]) -> str:
+    head = "| cell | outcome | final loss | vs clean | incidents (severity: rules) | wall s | ok |"
+    rows = [head, "|---|---|---|---|---|---|---|"]
+    for r in results:
+        incs = "; ".join(
+            f"{i.get('severity')}/{i.get('phenotype')}: {'+'.join(i.get('rules') or ['-'])} [{i.get('state')}]"
+            for i in r.incidents
+            if "error" not in i
+        )
+        loss = f"{r.final_loss:.3f}" if r.final_loss is not None else "n/a"
+        ratio = f"{r.loss_ratio:.3f}" if r.loss_ratio is not None else "n/a"
+        rows.append(
+            f"| {r.cell} | {r.verdict.replace('|', '/')} | {loss} | {ratio} | {incs or 'none'} | {r.wall_s:.0f} | "
+            f"{'yes' if r.ok else '**no**'} |"
+        )
+    passed = sum(r.ok for r in results)
+    rows.append(f"\n{passed}/{len(results)} cells pass.")
+    return "\n".join(rows)
+
+
+def _csv(value: str, valid: tuple[str, ...], what: str) -> tuple[str, ...]:
+    items = tuple(v for v in value.split(",") if v)
+    bad = [v for v in items if v not in valid]
+    if bad:
+        raise SystemExit(f"error: --{what}: unknown {', '.join(bad)} (valid: {', '.join(valid)})")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.matrix", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--loads", default=",".join(LOADS))
+    ap.add_argument("--jobs", type=int, default=3, help="Jobs running at once (each has 2 workers).")
+    ap.add_argument("--max-steps", type=int, default=240)
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="Per cell.")
+    ap.add_argument("--out", type=Path, default=Path("runs/matrix"))
+    ap.add_argument("--markdown", action="store_true", help="Print the table as Markdown only.")
+    args = ap.parse_args(argv)
+    selected = cells(
+        _csv(args.families, FAMILIES, "families"),
+        _csv(args.optimizers, OPTIMIZERS, "optimizers"),
+        _csv(args.faults, tuple(FAULTS), "faults"),
+        _csv(args.loads, LOADS, "loads"),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()
+    results = run_matrix(selected, args.out, max(1, args.jobs), args.max_steps, args.timeout_s)
+    wall = time.monotonic() - t0
+    meta = {
+        "started": started,
+        "wall_s": round(wall),
+        "cores": os.cpu_count(),
+        "loadavg_before": [round(x, 1) for x in load_before],
+        "loadavg_after": [round(x, 1) for x in os.getloadavg()],
+        "jobs": args.jobs,
+        "max_steps": args.max_steps,
+    }
+    (args.out / "results.json").write_text(
+        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1), encoding="utf-8"
+    )
+    print(
+        f"matrix {started}: {len(results)} cells in {wall / 60:.1f} min on {meta['cores']} cores, "
+        f"load average before {meta['loadavg_before'][0]}, after {meta['loadavg_after'][0]}"
+    )
+    print(table(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
