@@ -108,16 +108,16 @@ class Telemetry(Section):
         50, ge=4, le=1_000_000, description="Steps of history before any alarm can be raised."
     )
     z_threshold: float = Field(
-        6.0, gt=0, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm."
+        6.0, gt=0, le=1e6, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm."
     )
     grad_z_threshold: float = Field(
-        6.0, gt=0, description="Robust-z for grad norm / update ratio to co-move."
+        6.0, gt=0, le=1e6, description="Robust-z for grad norm / update ratio to co-move."
     )
     rank_z_threshold: float = Field(
-        8.0, gt=0, description="Robust-z of a rank vs the other ranks at one step."
+        8.0, gt=0, le=1e6, description="Robust-z of a rank vs the other ranks at one step."
     )
     hang_timeout_s: float = Field(
-        120.0, gt=0, description="No record from a rank for this long: a hung worker."
+        120.0, gt=0, le=7 * 86_400, description="No record from a rank for this long: a hung worker."
     )
     fingerprint_every: int = Field(50, ge=1, le=MAX_STEPS, description="Parameter fingerprint every K steps.")
     canary_every: int = Field(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import stat
 import zlib
 from collections.abc import Sequence
@@ -179,6 +180,13 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+# YAML 1.2 floats: PyYAML (YAML 1.1) reads `3e-4` and `1e12` as strings, which then fail a
+# number field with a puzzling message; read them as the numbers a person meant.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _expanded_size(root: yaml.Node) -> int:
