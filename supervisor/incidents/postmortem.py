@@ -166,6 +166,12 @@ def _impact(incident: Incident, events: list[Event], series: list[dict[str, Any]
     resumed = _done(events, EventKind.RESUMED)
     end = resumed[-1].wall_time if resumed else incident.closed_at
     impact.downtime_s = (end - detected) if end is not None else None
+    # The runtime measures it when the incident closes: wall time training did not advance.
+    measured = [
+        e.payload["downtime_s"] for e in events if e.kind == EventKind.NOTE and "downtime_s" in e.payload
+    ]
+    if measured:
+        impact.downtime_s = float(measured[-1])
     step_time = _median_step_time(series)
     if step_time is not None:
         impact.recompute_s = impact.steps_lost * step_time
