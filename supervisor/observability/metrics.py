@@ -5,7 +5,8 @@ The values are snapshots the supervisor's loop thread hands in (``on_step``, ``o
 thread, under a lock. Counts of incidents and actions are recomputed from the incident store,
 so they survive a supervisor restart (Prometheus sees a counter that never went back).
 
-Every series carries the label ``job``. Names (prefix ``spike_supervisor_``):
+Every series carries the label ``training_job`` (the job's name; ``job`` is Prometheus's own
+scrape-job label). Names (prefix ``spike_supervisor_``):
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -166,7 +167,7 @@ class SupervisorMetrics:
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, doc, labels=["job", *labels])
+    return GaugeMetricFamily(PREFIX + name, doc, labels=["training_job", *labels])
 
 
 def _incident_families(
@@ -177,7 +178,7 @@ def _incident_families(
         g.add_metric([job, state, phenotype], n)
     yield g
     c = CounterMetricFamily(
-        PREFIX + "actions", "Policy actions finished, by outcome.", labels=["job", "action", "status"]
+        PREFIX + "actions", "Policy actions finished, by outcome.", labels=["training_job", "action", "status"]
     )
     pending = _gauge("actions_pending", "Policy actions started and not finished.", ["action"])
     for (action, status), n in sorted(actions.items()):
@@ -190,7 +191,7 @@ def _incident_families(
     buckets = [(floatToGoString(b), float(sum(1 for d in delays if d <= b))) for b in DELAY_BUCKETS]
     buckets.append(("+Inf", float(len(delays))))
     h = HistogramMetricFamily(
-        PREFIX + "detection_delay_steps", "Steps from an incident's onset to its detection.", labels=["job"]
+        PREFIX + "detection_delay_steps", "Steps from an incident's onset to its detection.", labels=["training_job"]
     )
     h.add_metric([job], buckets, sum_value=float(sum(delays)))
     yield h
@@ -215,7 +216,7 @@ def _step_families(
     dropped = CounterMetricFamily(
         PREFIX + "dropped_records",
         "Records a rank's SDK dropped from its bounded buffer.",
-        labels=["job", "rank"],
+        labels=["training_job", "rank"],
     )
     for rank, r in sorted(ranks.items()):
         last.add_metric([job, str(rank)], r.step)

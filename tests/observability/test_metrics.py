@@ -125,19 +125,19 @@ def test_metrics_endpoint_serves_incidents_actions_ranks_and_checkpoints(store: 
     assert _value(m, "spike_supervisor_incidents", state="escalated", phenotype="divergence") == 1
     assert _value(m, "spike_supervisor_actions_total", action="rollback", status="done") == 1
     assert _value(m, "spike_supervisor_actions_pending", action="observe") == 1
-    assert _value(m, "spike_supervisor_detection_delay_steps_count", job="tinylm") == 2
-    assert _value(m, "spike_supervisor_detection_delay_steps_sum", job="tinylm") == 3 + 1
+    assert _value(m, "spike_supervisor_detection_delay_steps_count", training_job="tinylm") == 2
+    assert _value(m, "spike_supervisor_detection_delay_steps_sum", training_job="tinylm") == 3 + 1
     assert _value(m, "spike_supervisor_detection_delay_steps_bucket", le="1.0") == 1
-    assert _value(m, "spike_supervisor_step", job="tinylm") == 103
+    assert _value(m, "spike_supervisor_step", training_job="tinylm") == 103
     assert _value(m, "spike_supervisor_rank_last_step", rank="0") == 103
     assert _value(m, "spike_supervisor_rank_last_record_timestamp_seconds", rank="1") == 1103.0
     assert _value(m, "spike_supervisor_dropped_records_total", rank="1") == 7
     assert _value(m, "spike_supervisor_dropped_records_total", rank="0") == 0
     assert _value(m, "spike_supervisor_checkpoints", health="healthy") == 2
     assert _value(m, "spike_supervisor_checkpoints", health="quarantined") == 0
-    assert _value(m, "spike_supervisor_checkpoint_newest_healthy_step", job="tinylm") == 100
-    assert _value(m, "spike_supervisor_checkpoint_newest_healthy_age_steps", job="tinylm") == 3
-    assert 55 <= _value(m, "spike_supervisor_checkpoint_newest_healthy_age_seconds", job="tinylm") < 120
+    assert _value(m, "spike_supervisor_checkpoint_newest_healthy_step", training_job="tinylm") == 100
+    assert _value(m, "spike_supervisor_checkpoint_newest_healthy_age_steps", training_job="tinylm") == 3
+    assert 55 <= _value(m, "spike_supervisor_checkpoint_newest_healthy_age_seconds", training_job="tinylm") < 120
 
 
 def test_metrics_off_by_default_and_a_failing_sink_does_not_stop_the_loop(store: IncidentStore) -> None:
