@@ -522,6 +522,10 @@ class Controller:
             self.state.downtime_s += now - self.state.stalled_since
             self.state.stalled_since = None
 
+    def downtime_now(self) -> float:
+        since = self.state.stalled_since
+        return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
+
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property
     def incident_id(self) -> int:

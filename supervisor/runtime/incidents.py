@@ -67,6 +67,7 @@ class FlowHost(Protocol):
 
     def set_phase(self, phase: JobPhase, reason: str) -> None: ...
     def training_ended(self) -> bool: ...
+    def downtime_now(self) -> float: ...
 
 
 class IncidentFlow:
@@ -254,7 +255,13 @@ class IncidentFlow:
                                 {"plan": p.to_json(), "job_state": js.to_json(),
                                  "baseline": base.to_json() if base else None})  # fmt: skip
         self._attach_series(incident_id, d)
-        self.state.active = ActivePlan(incident_id=incident_id, plan_no=plan_no, plan=p,
+        previous = self.state.active
+        since = (
+            previous.downtime_from
+            if previous and previous.incident_id == incident_id
+            else host.downtime_now()
+        )
+        self.state.active = ActivePlan(downtime_from=since, incident_id=incident_id, plan_no=plan_no, plan=p,
                                        baseline=base.to_json() if base else None,
                                        observation_failures=observation_failures)  # fmt: skip
         self._diagnosis = d
@@ -375,6 +382,12 @@ class IncidentFlow:
             self.host.checkpoints.unblock(incident_id)
 
     def _end_plan(self) -> None:
+        active = self.state.active
+        if active is not None:
+            self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
+                              payload={"downtime_s": round(self.host.downtime_now() - active.downtime_from, 2),
+                                       "why": "wall time training did not advance while this incident was "
+                                              "handled (frozen, restarting, held at the end)"})  # fmt: skip
         self._dismiss_after = False
         self.state.active = None
         self._diagnosis = None

@@ -78,6 +78,8 @@ class ActivePlan(BaseModel):
     index: int = 0
     baseline: dict[str, Any] | None = None
     observation_failures: int = 0
+    downtime_from: float = 0.0
+    """The job's downtime total when this incident's first plan started (its own share is the rest)."""
     irreversible: bool = False
     """An action that cannot be taken back (rollback, apply, replay, escalate, stop) has started:
     from here on a changed diagnosis no longer re-makes the plan."""
