@@ -15,21 +15,31 @@ from and never contain sample text. Nothing is cached on disk.
 
     ds = build_dataset(seq_len=64, max_bytes_per_source=1_000_000, seed=0)
     ds.sample_id(0), ds.source(0), ds[0]["input_ids"]
+
+The same samples can be read as a **stream** (``data: {streaming: hf | webdataset}`` in the
+job config): ``write_shards`` writes them once to JSONL or tar shards (same IDs, same
+sources) and ``loader_source`` returns a Hugging Face streaming dataset or webdataset shards
+over those files, with ``data.loader_workers`` DataLoader workers. The replay hooks keep
+using the map-style dataset: the IDs are the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
 import re
 import sysconfig
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from supervisor.sdk.data.order import Permutation
 
 SOURCES = ("code", "docstrings", "tests")
 IGNORE_INDEX = -100
@@ -84,13 +94,21 @@ class TextDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return sorted({c.source for c in self.chunks})
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        return sample(self.raw(i), self.seq_len)
+
+    def raw(self, i: int) -> torch.Tensor:
         c = self.chunks[i]
-        raw = torch.frombuffer(self._buf[c.start : c.start + c.length], dtype=torch.uint8).long()
-        inputs = torch.zeros(self.seq_len, dtype=torch.long)
-        targets = torch.full((self.seq_len,), IGNORE_INDEX, dtype=torch.long)
-        inputs[: c.length - 1] = raw[:-1]
-        targets[: c.length - 1] = raw[1:]
-        return {"input_ids": inputs, "targets": targets, "length": c.length - 1}
+        return torch.frombuffer(self._buf[c.start : c.start + c.length], dtype=torch.uint8).long()
+
+
+def sample(raw: torch.Tensor, seq_len: int) -> dict[str, Any]:
+    """Inputs and next-byte targets of one chunk of ``<= seq_len + 1`` bytes; padding is masked."""
+    n = len(raw)
+    inputs = torch.zeros(seq_len, dtype=torch.long)
+    targets = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
+    inputs[: n - 1] = raw[:-1]
+    targets[: n - 1] = raw[1:]
+    return {"input_ids": inputs, "targets": targets, "length": n - 1}
 
 
 def stdlib_root() -> Path:
@@ -188,3 +206,96 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
         "targets": torch.stack([it["targets"] for it in items]),
         "lengths": [int(it["length"]) for it in items],
     }
+
+
+# -- the same samples as a stream ---------------------------------------------------------------
+STREAM_FORMATS = ("hf", "webdataset")
+
+
+def write_shards(
+    dataset: TextDataset, folder: Path, num_shards: int = 8, fmt: str = "hf", seed: int = 0
+) -> list[Path]:
+    """The dataset's samples, shuffled by ``seed``, in ``num_shards`` files (JSONL / tar).
+
+    Each row keeps the sample's ID and source (webdataset keys cannot hold the dots of an ID:
+    its key is the row number and the ID travels in the row's JSON). Files already there are reused (their name holds
+    a hash of the content); each is written to a temporary name and renamed, so ranks writing
+    the same folder at once never read a half-written shard.
+    """
+    digest = hashlib.sha1(
+        bytes(dataset._buf) + f"{dataset.seq_len}:{len(dataset)}:{seed}".encode()
+    ).hexdigest()
+    digest = digest[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    ext = "jsonl" if fmt == "hf" else "tar"
+    paths = [folder / f"tinylm-{digest}-{j:03d}-of-{num_shards:03d}.{ext}" for j in range(num_shards)]
+    per = -(-len(dataset) // num_shards)
+    order = Permutation(len(dataset), seed, 0).block(0, len(dataset)).tolist()  # shuffled once, at write time
+    for j, path in enumerate(paths):
+        if path.exists():
+            continue
+        rows = [
+            {"id": dataset.sample_id(i), "source": dataset.source(i), "tokens": dataset.raw(i).tolist()}
+            for i in order[j * per : (j + 1) * per]
+        ]
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+        os.close(fd)
+        if fmt == "hf":
+            Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        else:
+            import webdataset as wds
+
+            with wds.TarWriter(tmp) as sink:
+                for k, r in enumerate(rows):
+                    sink.write({"__key__": f"{j:03d}-{k:06d}", "json": r})
+        os.replace(tmp, path)
+    return paths
+
+
+class StreamCollate:
+    """Stream rows (``{"id", "source", "tokens"}``, or webdataset's ``{"json": ...}``) -> a ``collate`` batch."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [it.get("json", it) for it in items]
+        return collate([sample(torch.tensor(r["tokens"], dtype=torch.long), self.seq_len) for r in rows])
+
+
+def _webdataset_id(item: dict[str, Any]) -> str:
+    return str(item["json"]["id"])
+
+
+def _webdataset_source(item: dict[str, Any]) -> str:
+    return str(item["json"]["source"])
+
+
+def loader_source(dataset: TextDataset, data: Mapping[str, Any], seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    """What ``SupervisedLoader`` reads and its options, from the job's ``data`` config.
+
+    Without ``streaming`` that is the map-style dataset itself; with ``streaming: hf`` a
+    Hugging Face streaming dataset over JSONL shards, with ``streaming: webdataset`` tar shards.
+    ``loader_workers`` / ``prefetch_factor`` go to the DataLoader; ``shards`` (default 8) and
+    ``stream_dir`` (default: the system temp folder) say where the shards are written.
+    """
+    options: dict[str, Any] = {"num_workers": int(data.get("loader_workers", 0))}
+    if data.get("prefetch_factor") is not None:
+        options["prefetch_factor"] = int(data["prefetch_factor"])
+    fmt = data.get("streaming")
+    if not fmt:
+        return dataset, {**options, "collate_fn": collate}
+    if fmt not in STREAM_FORMATS:
+        raise ValueError(f"data.streaming: {fmt!r} is not one of {', '.join(STREAM_FORMATS)}")
+    folder = Path(data.get("stream_dir") or Path(tempfile.gettempdir()) / "tinylm-streams")
+    paths = write_shards(dataset, folder, int(data.get("shards", 8)), fmt, seed)
+    options["collate_fn"] = StreamCollate(dataset.seq_len)
+    if fmt == "webdataset":
+        from supervisor.sdk.data.shards import WebDatasetShards
+
+        return WebDatasetShards(paths), {**options, "id_fn": _webdataset_id, "source_fn": _webdataset_source}
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never ask the Hub
+    import datasets
+
+    files = [str(p) for p in paths]
+    return datasets.load_dataset("json", data_files=files, split="train", streaming=True), options

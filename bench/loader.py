@@ -1,0 +1,160 @@
+"""SupervisedLoader vs a plain torch DataLoader: start-up and per-batch time, side by side.
+
+Index spaces of 10^6 and 10^9 samples, 0 and 10^5 excluded sample IDs, 0 and 2 worker
+processes. The dataset maps index ``i`` to a real-sized sample: ``--seq`` int64 tokens read
+from a token file on disk (``np.memmap``, offset ``i * seq mod file size``), so the index
+space can be any size while the bytes are real.
+
+* **start-up**: constructing the loader and getting its first batch (fresh objects each time;
+  with workers this includes starting them, for both). Exclusions are loaded the way a
+  restore loads them (``load_state_dict``). The plain baseline shuffles with ``RandomSampler``,
+  i.e. ``torch.randperm(n)``; at 10^9 that is an 8 GB table and is not run.
+* **per batch**: mean time per batch over blocks of ``--block`` batches after warm-up; plain
+  and supervised blocks alternate so machine noise hits both alike. Median and 10th
+  percentile over ``--rounds`` blocks; overhead = supervised / plain - 1. The plain baseline
+  at 10^9 iterates sequentially (no table), which is cheaper than any shuffle.
+
+    python bench/loader.py                      # the full table (a few minutes on 2 busy cores)
+    python bench/loader.py --quick              # 10^6 only, fewer rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from supervisor.sdk import SupervisedLoader  # noqa: E402
+
+
+class IndexSpace(Dataset[torch.Tensor]):
+    """``n`` samples of ``seq`` tokens each, read from a token file on disk."""
+
+    def __init__(self, n: int, path: Path, seq: int) -> None:
+        self.n, self.path, self.seq = n, path, seq
+        self.tokens = path.stat().st_size // 2
+        self._data: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self._data is None:
+            self._data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        start = (i * self.seq) % (self.tokens - self.seq)
+        return torch.from_numpy(self._data[start : start + self.seq].astype(np.int64))
+
+
+def plain(ds: IndexSpace, args: argparse.Namespace, workers: int) -> DataLoader:
+    shuffle = len(ds) <= 10**8  # RandomSampler materializes randperm(n)
+    kw: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": True} if workers else {}
+    return DataLoader(ds, args.batch, shuffle=shuffle, num_workers=workers, **kw)
+
+
+def supervised(
+    ds: IndexSpace, args: argparse.Namespace, workers: int, excluded: dict | None
+) -> SupervisedLoader:
+    kw: dict[str, Any] = {"prefetch_factor": 2} if workers else {}
+    ld = SupervisedLoader(ds, args.batch, seed=0, rank=0, world_size=1, num_workers=workers, **kw)
+    if excluded is not None:
+        ld.load_state_dict(excluded)
+    return ld
+
+
+def exclusion_state(n: int, count: int) -> dict[str, Any] | None:
+    if not count:
+        return None
+    rng = np.random.default_rng(0)
+    ids = [str(int(i)) for i in rng.integers(0, n, size=count)]
+    return {"seed": 0, "cursor": {"epoch": 0, "pos": 0, "batch": 0}, "exclusions": {"samples": ids}}
+
+
+def startup(make: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        loader = make()
+        next(iter(loader))
+        times.append(time.perf_counter() - t)
+        if isinstance(loader, SupervisedLoader):
+            loader.close()
+        del loader
+    return statistics.median(times)
+
+
+def per_batch(loaders: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+    its = {name: iter(ld) for name, ld in loaders.items()}
+    for it in its.values():  # warm-up: workers started, first blocks mapped
+        for _ in range(args.block):
+            next(it)
+    out: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(args.rounds):
+        for name, it in its.items():
+            t = time.perf_counter()
+            for _ in range(args.block):
+                next(it)
+            out[name].append((time.perf_counter() - t) / args.block)
+    return out
+
+
+def p10(xs: list[float]) -> float:
+    return sorted(xs)[max(0, len(xs) // 10)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--block", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    sizes = [10**6] if args.quick else [10**6, 10**9]
+    if args.quick:
+        args.rounds = 6
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokens.u16"
+        np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
+        print(f"batch {args.batch} x {args.seq} tokens; per batch: {args.rounds} blocks of {args.block}")
+        print(
+            "| n | excluded | workers | start-up plain | start-up supervised | per batch plain "
+            "(median / p10) | per batch supervised (median / p10) | overhead median / p10 |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for n in sizes:
+            ds = IndexSpace(n, path, args.seq)
+            for count in (0, 100_000):
+                excluded = exclusion_state(n, count)
+                for workers in (0, 2):
+                    run_row(ds, n, count, workers, excluded, args)
+
+
+def run_row(
+    ds: IndexSpace, n: int, count: int, workers: int, excluded: Any, args: argparse.Namespace
+) -> None:
+    repeat = 3 if workers else 5
+    s_sup = startup(lambda: supervised(ds, args, workers, excluded), repeat)
+    s_plain = startup(lambda: plain(ds, args, workers), repeat) if n <= 10**8 else None
+    lds = {"plain": plain(ds, args, workers), "supervised": supervised(ds, args, workers, excluded)}
+    times = per_batch(lds, args)
+    lds["supervised"].close()
+    pm, sm = statistics.median(times["plain"]), statistics.median(times["supervised"])
+    pp, sp = p10(times["plain"]), p10(times["supervised"])
+    plain_start = f"{s_plain * 1e3:.1f} ms" if s_plain is not None else "not run (8 GB randperm)"
+    print(f"| 1e{len(str(n)) - 1} | {count:,} | {workers} | {plain_start} | {s_sup * 1e3:.1f} ms | "
+          f"{pm * 1e3:.3f} / {pp * 1e3:.3f} ms | {sm * 1e3:.3f} / {sp * 1e3:.3f} ms | "
+          f"{(sm / pm - 1) * 100:+.1f}% / {(sp / pp - 1) * 100:+.1f}% |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
