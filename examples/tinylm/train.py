@@ -9,7 +9,8 @@ and analyze the trace later (``supervisor analyze /tmp/tinylm.jsonl``).
 
 ``config`` keys (all optional): ``model`` (``TinyLMConfig`` fields), ``batch_size``, ``lr``,
 ``min_lr_ratio``, ``warmup_steps``, ``weight_decay``, ``betas``, ``grad_clip``, ``seed``,
-``max_steps``, ``data`` (``max_bytes_per_source``, ``extra_texts``), ``probe``
+``max_steps``, ``data`` (``max_bytes_per_source``, ``extra_texts``; ``streaming``, ``loader_workers``,
+``prefetch_factor``, ``shards``, ``stream_dir``: see ``examples.tinylm.data.loader_source``), ``probe``
 (``ProbeSettings`` fields), ``trace`` (offline trace path).
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from examples.tinylm.data import build_dataset, collate
+from examples.tinylm.data import build_dataset, loader_source
 from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
 from examples.tinylm.replay import replay_hooks  # the supervisor's `replay` action
 from supervisor import sdk
@@ -85,13 +86,16 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
     model, optimizer, scheduler, dataset = build(config, max_steps)
     faults = plan_for_worker(ctx)  # drills: fault injection, a no-op unless job.yaml lists `faults:`
     dataset = plan_dataset(faults, dataset)  # drills: mixture_shift
+    source, loader_options = loader_source(
+        dataset, cfg.get("data") or {}, cfg["seed"]
+    )  # a stream of it if data.streaming
     loader = sdk.SupervisedLoader(
-        dataset,
+        source,
         cfg["batch_size"],
         seed=cfg["seed"],
-        collate_fn=collate,
         rank=getattr(ctx, "rank", None),
         world_size=getattr(ctx, "world_size", None),
+        **loader_options,  # collate_fn, num_workers (data.loader_workers), ...
     )  # sdk
     probe = sdk.init(
         model,
