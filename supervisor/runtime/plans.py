@@ -14,23 +14,11 @@ from typing import Any
 
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
-from supervisor.runtime.actions import executor
+from supervisor.runtime.actions import check, entry
 from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
-
-#: The incident state an action moves an incident into (when the move is valid from where it is).
-_STATE_OF = {
-    "freeze": IncidentState.FROZEN,
-    "snapshot": IncidentState.FROZEN,
-    "block_latest": IncidentState.FROZEN,
-    "replay": IncidentState.ACTING,
-    "rollback": IncidentState.ACTING,
-    "apply": IncidentState.ACTING,
-    "observe": IncidentState.OBSERVING,
-}
-
 
 #: Actions that cannot be taken back: once one started, a changed diagnosis no longer re-makes the plan.
 IRREVERSIBLE = frozenset({"replay", "rollback", "apply", "escalate", "stop"})
@@ -41,9 +29,8 @@ def action_id(active: ActivePlan, index: int, name: str) -> str:
 
 
 def check_registry(names: Iterable[str]) -> None:
-    """Every action a policy may plan has an executor here (run at start: PolicyError naming them)."""
-    for name in names:
-        executor(name)
+    """Every action a policy may plan has a registry entry (run at start: PolicyError naming them)."""
+    check(names)
 
 
 class PlanRunner:
@@ -62,14 +49,22 @@ class PlanRunner:
             return None
         pa = actions[active.index]
         aid = action_id(active, active.index, pa.name)
-        ex = executor(pa.name)
+        reg = entry(pa.name)
+        ex = reg.executor
         params = dict(pa.params)
         event = self.incidents.event_for_action(active.incident_id, aid)
         if event is None:
-            self._enter_state(active.incident_id, pa.name)
+            if reg.state is not None:
+                move(
+                    self.incidents,
+                    active.incident_id,
+                    reg.state,
+                    f"action {pa.name} begins",
+                    self.rt.current_step,
+                )
             memo = ex.prepare(self.rt, params, aid)
             payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
-            payload |= conventions(pa.name, params, memo)
+            payload |= reg.report(params, memo)
             self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
             active.irreversible |= pa.name in IRREVERSIBLE
@@ -111,39 +106,6 @@ class PlanRunner:
             active.index += 1
             return None
         return out
-
-    def _enter_state(self, incident_id: int, action: str) -> None:
-        target = _STATE_OF.get(action)
-        if target is not None:
-            move(self.incidents, incident_id, target, f"action {action} begins", self.rt.current_step)
-
-
-def conventions(name: str, params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
-    """The top-level payload keys the incident reports read (supervisor.incidents.postmortem)."""
-    if name == "rollback" and "to_step" in memo:
-        return {
-            "from_step": memo["from_step"],
-            "to_step": memo["to_step"],
-            "checkpoint": f"step_{memo['to_step']:08d}",
-        }
-    if name == "apply":
-        ex = params.get("exclude") or {}
-        out = {
-            k: params[k]
-            for k in ("lr_scale", "warmup_steps", "grad_clip", "precision", "skip_batches")
-            if params.get(k)
-        }
-        for key, src in (
-            ("exclude_samples", "samples"),
-            ("exclude_sources", "sources"),
-            ("exclude_batches", "batch_range"),
-        ):
-            if ex.get(src):
-                out[key] = ex[src]
-        return out
-    if name == "observe":
-        return {"window": [memo["from_step"] + 1, memo["from_step"] + memo["steps"]], "steps": memo["steps"]}
-    return {}
 
 
 def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:

@@ -1,8 +1,20 @@
-"""Action executors by name (STYLE.md point 7): the names are the policy's action names."""
+"""One registry entry per policy action (STYLE.md point 7), checked when the controller starts.
+
+Each entry names, for the policy action of the same name: its executor, the incident state
+it moves the incident into when it begins, and the top-level payload keys of its timeline
+event that the incident reports read (``supervisor.incidents.postmortem``). Its parameters
+are the policy's (``supervisor.core.policy.actions``); ``check`` fails at start, naming the
+valid actions, when the policy language has an action the runtime cannot carry out.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
 from supervisor.errors import PolicyError
+from supervisor.incidents import IncidentState
 from supervisor.runtime.actions.base import Executor, Outcome, Runtime
 from supervisor.runtime.actions.checkpoints import BlockLatestAction, RollbackAction, SnapshotAction
 from supervisor.runtime.actions.control import EscalateAction, FreezeAction, ResumeAction, StopAction
@@ -10,29 +22,98 @@ from supervisor.runtime.actions.fix import ApplyAction, ObserveAction
 from supervisor.runtime.actions.notify import AlertAction
 from supervisor.runtime.actions.replay import ReplayAction
 
-EXECUTORS: dict[str, Executor] = {
-    "alert": AlertAction(),
-    "freeze": FreezeAction(),
-    "snapshot": SnapshotAction(),
-    "block_latest": BlockLatestAction(),
-    "replay": ReplayAction(),
-    "rollback": RollbackAction(),
-    "apply": ApplyAction(),
-    "observe": ObserveAction(),
-    "resume": ResumeAction(),
-    "escalate": EscalateAction(),
-    "stop": StopAction(),
+Report = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+def _no_report(params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _rollback_report(params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
+    if "to_step" not in memo:
+        return {}
+    return {
+        "from_step": memo["from_step"],
+        "to_step": memo["to_step"],
+        "checkpoint": f"step_{memo['to_step']:08d}",
+    }
+
+
+def _apply_report(params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
+    ex = params.get("exclude") or {}
+    out = {
+        k: params[k]
+        for k in ("lr_scale", "warmup_steps", "grad_clip", "precision", "skip_batches")
+        if params.get(k)
+    }
+    for key, src in (
+        ("exclude_samples", "samples"),
+        ("exclude_sources", "sources"),
+        ("exclude_batches", "batch_range"),
+    ):
+        if ex.get(src):
+            out[key] = ex[src]
+    return out
+
+
+def _observe_report(params: dict[str, Any], memo: dict[str, Any]) -> dict[str, Any]:
+    return {"window": [memo["from_step"] + 1, memo["from_step"] + memo["steps"]], "steps": memo["steps"]}
+
+
+@dataclass(frozen=True)
+class ActionEntry:
+    executor: Executor
+    state: IncidentState | None = None
+    """The incident state the action moves the incident into when it begins (when that move is valid)."""
+    report: Report = _no_report
+
+
+S = IncidentState
+REGISTRY: dict[str, ActionEntry] = {
+    "alert": ActionEntry(AlertAction()),
+    "freeze": ActionEntry(FreezeAction(), S.FROZEN),
+    "snapshot": ActionEntry(SnapshotAction(), S.FROZEN),
+    "block_latest": ActionEntry(BlockLatestAction(), S.FROZEN),
+    "replay": ActionEntry(ReplayAction(), S.ACTING),
+    "rollback": ActionEntry(RollbackAction(), S.ACTING, _rollback_report),
+    "apply": ActionEntry(ApplyAction(), S.ACTING, _apply_report),
+    "observe": ActionEntry(ObserveAction(), S.OBSERVING, _observe_report),
+    "resume": ActionEntry(ResumeAction()),
+    "escalate": ActionEntry(EscalateAction()),
+    "stop": ActionEntry(StopAction()),
 }
+del S
+EXECUTORS: dict[str, Executor] = {name: e.executor for name, e in REGISTRY.items()}
 
 
-def executor(name: str) -> Executor:
-    """The executor of a policy action, or PolicyError naming the valid ones."""
+def entry(name: str) -> ActionEntry:
+    """The registry entry of a policy action, or PolicyError naming the valid ones."""
     try:
-        return EXECUTORS[name]
+        return REGISTRY[name]
     except KeyError:
         raise PolicyError(
-            f"the runtime cannot execute action {name!r} (valid: {', '.join(sorted(EXECUTORS))})"
+            f"the runtime cannot execute action {name!r} (valid: {', '.join(sorted(REGISTRY))})"
         ) from None
 
 
-__all__ = ["EXECUTORS", "Executor", "Outcome", "Runtime", "executor"]
+def executor(name: str) -> Executor:
+    return entry(name).executor
+
+
+def check(names: Iterable[str]) -> None:
+    """Every action the policy language has is registered here (run when the controller starts)."""
+    for name in names:
+        entry(name)
+
+
+__all__ = [
+    "EXECUTORS",
+    "REGISTRY",
+    "ActionEntry",
+    "Executor",
+    "Outcome",
+    "Runtime",
+    "check",
+    "entry",
+    "executor",
+]
