@@ -43,8 +43,7 @@ class SupervisorActor:
         except BaseException as exc:  # the loop died: report it; workers keep training meanwhile
             self.error = f"{type(exc).__name__}: {exc}"
             self.log.error("supervisor_loop_crashed", error=self.error, tb=traceback.format_exc()[-3000:])
-            self.ctl.state.phase = JobPhase.FAILED
-            self.ctl.state.reason = self.error
+            self.ctl.set_phase(JobPhase.FAILED, f"the supervisor loop crashed: {self.error}")
         finally:
             self.done.set()
 
