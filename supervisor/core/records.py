@@ -21,6 +21,8 @@ RECORD_FIELDS = (
 
 _FLOATS = ("time", "loss", "loss_sum", "batch_mean_loss", "lr", "grad_norm", "param_norm",
            "update_norm", "loss_scale", "seq_len_mean", "step_time", "tokens_per_s")  # fmt: skip
+MAX_STEP = 10**12
+"""Largest step a record may carry (a job's `max_steps` bound); beyond it the record is unusable."""
 _INTS = ("tokens", "seq_len_max")
 
 
@@ -70,7 +72,16 @@ class Record:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         """Build from a JSON object; raises ValueError/TypeError/KeyError on unusable input."""
+        try:
+            return cls._from_dict(d)
+        except OverflowError as exc:  # int(inf), float(10**400): unusable like any other bad value
+            raise ValueError(str(exc)) from None
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> Record:
         kw: dict[str, Any] = {"step": int(d["step"]), "loss": float(d["loss"])}
+        if not -MAX_STEP <= kw["step"] <= MAX_STEP:  # 1e30 is no step; it would size ranges downstream
+            raise ValueError(f"step {kw['step']} is out of range")
         for name in _FLOATS:
             v = d.get(name)
             if v is not None and name not in kw:
@@ -92,7 +103,12 @@ class Record:
             if v is not None and v != "":
                 kw[name] = str(v)
         if isinstance(d.get("sources"), dict):
-            kw["sources"] = {str(k): dict(v) for k, v in d["sources"].items() if isinstance(v, dict)}
+            # Only numbers survive: a hostile `"tokens": "many"` must not reach the summaries.
+            kw["sources"] = {
+                str(k): {kk: float(vv) for kk, vv in v.items() if _is_number(vv)}
+                for k, v in d["sources"].items()
+                if isinstance(v, dict)
+            }
         if isinstance(d.get("samples"), list):
             kw["samples"] = [str(s) for s in d["samples"]]
         if isinstance(d.get("events"), list):
@@ -110,6 +126,12 @@ class Record:
                 continue
             out[f.name] = v
         return out
+
+
+def _is_number(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, float) or (isinstance(v, int) and abs(v) < 2**63)
 
 
 def _as_bool(v: Any) -> bool:
