@@ -47,8 +47,9 @@ def checkpoints_from_records(
     """Checkpoints seen in the trace (or every `every` steps when given); inside an incident: verified only."""
     recs = list(records)
     if every:
-        last = max((r.step for r in recs), default=0)
-        steps = set(range(0, last + 1, every))
+        # The multiples of `every` that training passed through, one per record at most:
+        # never a range sized by the largest step (a hostile step 1e30 once took 5.6 GB).
+        steps = {0} | {r.step - r.step % every for r in recs if r.step >= 0}
     else:
         steps = {r.step for r in recs if "checkpoint_saved" in r.events}
         # An asynchronous save is reported when it committed, in a later record: checkpoint_saved:<step>.
