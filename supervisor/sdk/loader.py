@@ -201,9 +201,15 @@ class SupervisedLoader:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the cursor; the saved exclusions are *added* to the live ones.
+
+        Exclusions only grow: rolling back to a checkpoint older than an exclusion must not
+        let the excluded samples back in (a new process starts with none, so it gets exactly
+        the checkpoint's, plus whatever the supervisor re-delivers).
+        """
         self.seed = int(state.get("seed", self.seed))
         cur = state["cursor"]
-        self.excluded.load(state.get("exclusions"))
+        self.excluded.add(Exclusions.from_dict(state.get("exclusions")))
         skip = int(state.get("skip_pending", 0))
         if self._map is not None:
             self._map.schedule.seed = self.seed

@@ -74,6 +74,16 @@ def test_rollback_exclusion_never_reappears_on_any_rank_and_restart_replays(toke
             ld.close()
 
 
+def test_rollback_to_a_checkpoint_older_than_an_exclusion_keeps_it(token_file):
+    ld = make(token_file, world_size=1)
+    old = ld.state_dict()  # saved before the exclusion
+    first = ids(ld, 3)
+    ld.exclude(Exclusions(samples=(first[2][0],)))
+    ld.load_state_dict(old)
+    again = [s for b in ids(ld, 3) for s in b]
+    assert first[2][0] not in again and ld.exclusions().samples == (first[2][0],)
+
+
 def test_exclusions_and_skips_reach_prefetched_batches(token_file):
     ref = make(token_file)
     ahead = make(token_file, num_workers=2, prefetch_factor=4)  # 8 batches sampled ahead
