@@ -1,0 +1,81 @@
+"""The scenario matrix's pieces (bench/matrix), without Ray: cells, jobs, verdicts, the training job.
+
+The matrix itself (`python -m bench.matrix`) is a benchmark-style run through the real
+runtime; these tests keep its definitions honest at `make test` cost.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.matrix.cells import FAULTS, Cell, cells
+from bench.matrix.run import Result, judge, table
+
+
+def test_every_cell_is_a_valid_job_under_the_default_policy(tmp_path: Path) -> None:
+    selected = cells()
+    assert len(selected) == 3 * 2 * 6 * 2
+    assert len({c.name for c in selected}) == len(selected)
+    for c in selected:
+        job = c.job(tmp_path / c.name)
+        assert job.policy == "default" and job.resources.num_workers == 2
+    persistent = Cell("gru", "sgd", "lr_persistent", "idle").job(tmp_path)
+    assert persistent.config["lr_bug"] == {"step": 120, "factor": 30} and not persistent.faults
+    assert [f.kind for f in Cell("encoder", "adamw", "garbage_rank", "busy").job(tmp_path).faults] == [
+        "garbage_batch"
+    ]
+
+
+def test_subsets_keep_their_clean_reference_first() -> None:
+    picked = cells(("convnet",), ("sgd",), ("nan_step",), ("idle",))
+    assert [c.fault for c in picked] == ["clean", "nan_step"]
+
+
+def _result(fault: str, phase: str, loss: float | None, ref: float | None, **kw: object) -> Result:
+    r = Result(f"gru-adamw-{fault}-idle", "gru", "adamw", fault, "idle", phase=phase, final_loss=loss)
+    r.reference_loss = ref
+    for k, v in kw.items():
+        setattr(r, k, v)
+    judge(r)
+    return r
+
+
+def test_verdicts_follow_the_matrix_criteria() -> None:
+    assert _result("lr_cured", "finished", 2.04, 2.0).ok  # within 5%
+    assert not _result("lr_cured", "finished", 2.2, 2.0).ok
+    assert not _result("garbage_rank", "escalated", 2.0, 2.0, reason="replay failed").ok
+    serious = [{"severity": "medium", "rules": ["transient"]}]
+    assert not _result("clean", "finished", 2.0, 2.0, incidents=serious).ok
+    assert _result("clean", "finished", 2.0, 2.0, incidents=[{"severity": "low", "rules": []}]).ok
+    why = [{"severity": "high", "rules": ["optimizer_state", "optimizer_state"], "escalation": "recurrence"}]
+    esc = _result("lr_persistent", "escalated", None, 2.0, incidents=why)
+    assert esc.ok and "after 2 plan(s): recurrence" in esc.verdict
+    assert not _result("lr_persistent", "finished", 2.0, 2.0).ok
+    assert "**no**" in table([_result("nan_step", "failed", None, 2.0, reason="x")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gru", "encoder", "convnet"])
+def test_the_job_trains_offline_and_lowers_the_loss(tmp_path: Path, family: str) -> None:
+    from bench.matrix.job import main
+
+    trace = tmp_path / "t.jsonl"
+    cfg = {"family": family, "data": "synthetic", "d_model": 16, "seq_len": 16, "bytes_per_source": 8192,
+           "extra_source": "web", "max_steps": 30, "lr_bug": {"step": 25, "factor": 30}, "trace": str(trace)}  # fmt: skip
+    import bench.matrix.job as job
+
+    real_init = job.sdk.init
+    job.sdk.init = lambda *a, **k: real_init(*a, **k, trace=str(trace))  # type: ignore[assignment]
+    try:
+        assert main(cfg)["steps"] == 30
+    finally:
+        job.sdk.init = real_init  # type: ignore[assignment]
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    losses = [r["loss"] for r in recs if "loss" in r]
+    lrs = {r["step"]: r["lr"] for r in recs if "lr" in r}
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert lrs[26] > 10 * lrs[24]  # the persistent LR bug is in the job's own schedule
+    assert FAULTS["lr_persistent"].escalates
