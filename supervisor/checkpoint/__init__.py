@@ -5,6 +5,7 @@ The torch side (``save_training_state`` / ``load_training_state``) lives in
 supervisor can use the store without importing torch.
 """
 
+from supervisor.checkpoint.adopt import adopt
 from supervisor.checkpoint.lifecycle import (
     GcReport,
     RollbackTarget,
@@ -28,6 +29,7 @@ __all__ = [
     "StoreSettings",
     "Verification",
     "VerifyResult",
+    "adopt",
     "collect_garbage",
     "select_restart_target",
     "select_rollback_target",

@@ -75,6 +75,11 @@ class Manifest(_Model):
         description="dcp: model + optimizer in a torch.distributed.checkpoint directory (any world size); "
         "replicated: one torch.save model copy (DDP); sharded: each rank's torch.save shard.",
     )
+    source: str | None = Field(
+        None,
+        description="Adopted checkpoint: the storage key of the directory a framework wrote its files in "
+        "(file names are relative to it); None: the files are in the step directory.",
+    )
     files: list[FileEntry]
     components: list[str] = Field(default_factory=list)
     metrics: dict[str, float | None] = Field(default_factory=dict, description="Metrics at save time.")

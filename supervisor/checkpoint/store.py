@@ -176,8 +176,12 @@ class CheckpointStore:
         extra: dict | None = None,
         mark: HealthMark = HealthMark.UNVERIFIED,
         layout: str = "replicated",
+        source: str | None = None,
     ) -> Manifest:
-        """Write MANIFEST.json (the commit), then advance `latest` unless blocked."""
+        """Write MANIFEST.json (the commit), then advance `latest` unless blocked.
+
+        ``source``: the files are not in the step directory but under this key (an adopted
+        checkpoint a framework wrote; ``supervisor.checkpoint.adopt``)."""
         log = self.log.bind(step=step)
         previous = self.find(step)
         if previous is not None and previous.health in _NO_REPLACE:
@@ -185,9 +189,10 @@ class CheckpointStore:
                 f"step {step} already holds a {previous.health.value} checkpoint; it is never replaced",
                 source=self.where(step),
             )
-        present = {o.key: o.size for o in self.backend.list(join_key(self.root, step_dir(step)))}
+        folder = source or join_key(self.root, step_dir(step))
+        present = {o.key: o.size for o in self.backend.list(folder)}
         for entry in files:
-            if present.get(self.key(step, entry.name)) != entry.size:
+            if present.get(join_key(folder, entry.name)) != entry.size:
                 raise CheckpointError(
                     f"{entry.name}: missing or wrong size, not committing", source=self.where(step)
                 )
@@ -205,6 +210,7 @@ class CheckpointStore:
             metrics=dict(metrics or {}),
             extra=dict(extra or {}),
             layout=layout,  # type: ignore[arg-type]
+            source=source,
         )
         if mark != HealthMark.UNVERIFIED:
             manifest = manifest.with_health(mark, "marked at save")
@@ -323,11 +329,20 @@ class CheckpointStore:
         live = self.find(step)
         return [*self.history(step), *([live] if live is not None else [])]
 
+    def folder(self, manifest: Manifest) -> str:
+        """The key under which a checkpoint's files are: its step directory, or an adopted source."""
+        return manifest.source or join_key(self.root, step_dir(manifest.step))
+
+    def file_key(self, manifest: Manifest, name: str) -> str:
+        return join_key(self.folder(manifest), name)
+
     @contextmanager
-    def local_file(self, step: int, name: str) -> Iterator[Path]:
-        """A local path with the file's bytes (for torch.load with mmap)."""
+    def local_file(self, step: int, name: str, manifest: Manifest | None = None) -> Iterator[Path]:
+        """A local path with the file's bytes (for torch.load with mmap); ``manifest`` locates
+        the files of an adopted checkpoint."""
+        key = self.file_key(manifest, name) if manifest is not None else self.key(step, name)
         try:
-            with self.backend.local_path(self.key(step, name)) as path:
+            with self.backend.local_path(key) as path:
                 yield path
         except ObjectNotFound:
             raise CheckpointError(f"{name}: file missing", source=self.where(step)) from None

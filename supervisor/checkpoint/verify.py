@@ -21,10 +21,12 @@ from supervisor.checkpoint.manifest import Manifest, Verification
 from supervisor.checkpoint.store import MANIFEST, CheckpointStore
 from supervisor.core.model import HealthMark
 from supervisor.errors import SupervisorError
-from supervisor.storage.base import ObjectNotFound, join_key
+from supervisor.storage.base import ObjectNotFound
 from supervisor.storage.local import LocalBackend
 
 PER_RANK = ("optimizer", "rng")
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+"""Files of an adopted checkpoint that the deep check opens with torch."""
 
 
 @dataclass(slots=True)
@@ -74,11 +76,10 @@ def verify(
 
 
 def _files_and_checksums(store: CheckpointStore, manifest: Manifest) -> list[str]:
-    step = manifest.step
-    present = {o.key: o.size for o in store.backend.list(join_key(store.root, f"step_{step:08d}"))}
+    present = {o.key: o.size for o in store.backend.list(store.folder(manifest))}
     problems = []
     for entry in manifest.files:
-        size = present.get(store.key(step, entry.name))
+        size = present.get(store.file_key(manifest, entry.name))
         if size is None:
             problems.append(f"{entry.name}: file missing")
             continue
@@ -87,7 +88,7 @@ def _files_and_checksums(store: CheckpointStore, manifest: Manifest) -> list[str
             continue
         try:
             algo, _ = split_checksum(entry.checksum)
-            read, checksum = _hash(store, store.key(step, entry.name), algo)
+            read, checksum = _hash(store, store.file_key(manifest, entry.name), algo)
         except ObjectNotFound:
             problems.append(f"{entry.name}: file missing")
             continue
@@ -152,8 +153,9 @@ def _loadable(store: CheckpointStore, manifest: Manifest) -> list[str]:
         head, _, tail = entry.name.rpartition("/")
         if tail != dcp_state.METADATA:
             continue
-        listed = {f.name.rpartition("/")[2]: f.size for f in manifest.files if f.name.startswith(head + "/")}
-        with store.local_file(manifest.step, entry.name) as path:
+        prefix = f"{head}/" if head else ""
+        listed = {f.name[len(prefix) :]: f.size for f in manifest.files if f.name.startswith(prefix)}
+        with store.local_file(manifest.step, entry.name, manifest) as path:
             problems += dcp_state.check_metadata(path, listed)
     return problems
 
@@ -169,7 +171,9 @@ def _each_file(
     for entry in manifest.files:
         if skip_dirs and "/" in entry.name:
             continue
-        with store.local_file(manifest.step, entry.name) as path:
+        if manifest.source is not None and Path(entry.name).suffix not in TORCH_SUFFIXES:
+            continue  # an adopted framework file torch does not read (safetensors, json): checksum only
+        with store.local_file(manifest.step, entry.name, manifest) as path:
             problem = check(path)
         if problem:
             problems.append(f"{entry.name}: not loadable: {problem}")
