@@ -93,6 +93,8 @@ class SupervisedLoader:
             "num_workers": num_workers, "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
             "multiprocessing_context": multiprocessing_context,
         }  # fmt: skip
+        self._id_of = getattr(dataset, "sample_id", None)
+        self._source_of = getattr(dataset, "source", None)
         self.streaming = not is_map_style(dataset)
         self._map: MapPipeline | None = None
         self._stream: StreamPipeline | None = None
@@ -120,11 +122,11 @@ class SupervisedLoader:
 
     # -- metadata ------------------------------------------------------------------------------
     def sample_id(self, i: int) -> str:
-        f = getattr(self.dataset, "sample_id", None)
+        f = self._id_of
         return str(f(i)) if f is not None else str(i)
 
     def source(self, i: int) -> str:
-        f = getattr(self.dataset, "source", None)
+        f = self._source_of
         return str(f(i)) if f is not None else "default"
 
     def batch_meta(self, batch: Any) -> BatchMeta | None:

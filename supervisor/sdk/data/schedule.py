@@ -11,7 +11,7 @@ Skipped batches and excluded batch ranges are drawn and dropped, so batch indice
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.sdk.data.exclusions import ExclusionSet
@@ -65,13 +65,14 @@ class Schedule:
         self._perm: tuple[tuple[int, int], Permutation] | None = None
         self._block: tuple[int, int, Any] | None = None  # (epoch, start, indices)
 
-    def _index_at(self, epoch: int, pos: int) -> int:
+    def _block_at(self, epoch: int, pos: int) -> tuple[int, list[int]]:
+        """The mapped block holding position ``pos`` of ``epoch``: (its first position, indices)."""
         blk = self._block
         if blk is None or blk[0] != epoch or not blk[1] <= pos < blk[1] + len(blk[2]):
             if self._perm is None or self._perm[0] != (self.seed, epoch):
                 self._perm = ((self.seed, epoch), Permutation(self.n, self.seed, epoch, shuffle=self.shuffle))
             blk = self._block = (epoch, pos, self._perm[1].block(pos, BLOCK).tolist())
-        return int(blk[2][pos - blk[1]])
+        return blk[1], blk[2]
 
     def _allowed(self, i: int) -> bool:
         ex = self.exclusions
@@ -86,9 +87,15 @@ class Schedule:
         while len(picked) < need:
             if c.pos >= self.n:
                 c.epoch, c.pos = c.epoch + 1, 0
-            i = self._index_at(c.epoch, c.pos)
+            start, block = self._block_at(c.epoch, c.pos)
+            if not check:  # fast path: a slice of the mapped block
+                k = min(need - len(picked), start + len(block) - c.pos)
+                picked.extend(block[c.pos - start : c.pos - start + k])
+                c.pos += k
+                continue
+            i = block[c.pos - start]
             c.pos += 1
-            if not check or self._allowed(i):
+            if self._allowed(i):
                 picked.append(i)
                 scanned = 0
             elif (scanned := scanned + 1) > self.n:
@@ -108,4 +115,4 @@ class Schedule:
                 continue
             mine = picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
             ids = [self.sample_id(i) for i in mine]
-            return Draw(index, mine, ids, [self.source(i) for i in mine], Cursor(**asdict(c)))
+            return Draw(index, mine, ids, [self.source(i) for i in mine], replace(c))
