@@ -50,9 +50,7 @@ def _open(db: Path | None, job_file: Path | None) -> tuple[IncidentStore, str | 
         raise IncidentStoreError(
             f"no incident database given: pass --db PATH or --job job.yaml (or set ${ENV_DB})"
         )
-    if not db.is_file():
-        raise IncidentStoreError("no incident database here (nothing recorded yet?)", source=str(db))
-    return IncidentStore(db), job_name
+    return IncidentStore(db, read_only=True), job_name  # refuses what is not an incident database
 
 
 @click.group()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from supervisor.errors import IncidentStoreError
+from supervisor.errors import IncidentStoreError, SupervisorError
 from supervisor.incidents.models import strict
 from supervisor.incidents.postmortem import build_postmortem
 from supervisor.incidents.store import IncidentStore
@@ -52,14 +52,35 @@ def read_export(backend: Backend, job: str, incident_id: int) -> dict[str, Any]:
     return doc
 
 
-def import_incident(store: IncidentStore, doc: dict[str, Any]) -> int:
-    """Recreate an exported incident in ``store`` under a new id: state, diagnosis, the whole timeline
-    (times, statuses, results), the telemetry window and artifact references."""
+def import_incident(store: IncidentStore, doc: dict[str, Any], *, keep_ids: bool = False) -> int:
+    """Recreate an exported incident in ``store`` under a new id (or its own, ``keep_ids``): state,
+    diagnosis, the whole timeline (times, statuses, results), the telemetry window and artifact references."""
     with store.transaction():
-        new_id = store.restore(doc["incident"], doc["timeline"])
+        new_id = store.restore(doc["incident"], doc["timeline"], keep_ids=keep_ids)
         store.attach_series(new_id, doc.get("series") or [])
         for replay in sorted({int(r["replay"]) for r in doc.get("replayed") or []}):
             store.attach_series(new_id, [r for r in doc["replayed"] if r["replay"] == replay], replay=replay)
         for art in doc.get("artifacts") or []:
             store.add_artifact(new_id, art["kind"], art["ref"], art.get("meta"))
     return new_id
+
+
+def rebuild_from_exports(store: IncidentStore, backend: Backend, job: str) -> list[int]:
+    """Re-import every exported incident of ``job`` into ``store`` under its own ids; returns them.
+
+    An export that cannot be read is logged and skipped: what is readable comes back."""
+    log = get_logger("incidents", job=job)
+    prefix = join_key(job, "incidents") + "/"
+    found = []
+    for info in backend.list(prefix):
+        name = info.key[len(prefix) :]
+        if name.endswith(".json") and name[:-5].isdigit():
+            found.append(int(name[:-5]))
+    restored = []
+    for incident_id in sorted(found):
+        try:
+            doc = read_export(backend, job, incident_id)
+            restored.append(import_incident(store, doc, keep_ids=True))
+        except (SupervisorError, ValueError, KeyError, TypeError) as exc:
+            log.error("incident_export_unreadable", incident=incident_id, error=str(exc)[:300])
+    return restored

@@ -21,7 +21,7 @@ from typing import Any
 from supervisor.core.model import Diagnosis
 from supervisor.errors import IncidentStoreError
 from supervisor.incidents import scrub
-from supervisor.incidents.db import Database
+from supervisor.incidents.db import Database, DatabaseLost
 from supervisor.incidents.models import Artifact, Event, Incident, dumps, loads
 from supervisor.incidents.states import (
     TRANSITIONS,
@@ -37,15 +37,46 @@ _AGGREGATE_RANK = -1
 
 
 class IncidentStore:
-    """Incidents of any number of jobs in one SQLite file (safe across threads and processes)."""
+    """Incidents of any number of jobs in one SQLite file (safe across threads and processes).
+
+    ``read_only=True`` (the review commands): never creates, migrates or writes the file.
+    ``rebuild``: called with this store when its file was lost under it (vanished, replaced,
+    truncated; see ``db.py``) after the remnants were moved aside and a fresh file created;
+    it re-imports the exported incidents (``export.rebuild_from_exports``) and returns their
+    ids. Without it, a lost file fails every use with exit code 3.
+    """
 
     def __init__(
-        self, path: str | Path, *, busy_timeout_s: float = 30.0, clock: Callable[[], float] = time.time
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        read_only: bool = False,
+        rebuild: Callable[[IncidentStore], list[int]] | None = None,
     ):
         self.path = Path(path)
         self._clock = clock
         self._log = get_logger("incidents", db=str(self.path))
-        self._db = Database(self.path, busy_timeout_s)
+        self._rebuild = rebuild
+        self.rebuilt: list[dict[str, Any]] = []  # one entry per loss: what happened and what came back
+        self._db = Database(
+            self.path, busy_timeout_s, read_only=read_only, on_lost=self._on_lost if rebuild else None
+        )
+
+    def _on_lost(self, lost: DatabaseLost) -> None:
+        """The file went away under us: say so loudly, keep the remnants, rebuild from the exports."""
+        assert self._rebuild is not None
+        aside = self.path.with_name(f"{self.path.name}.lost-{int(self._clock())}")
+        self._log.error("incident_database_lost", problem=lost.message, remnants=str(aside))
+        self._db.recreate(aside)
+        ids = self._rebuild(self)
+        self.rebuilt.append({"problem": lost.message, "remnants": str(aside), "restored": ids})
+        self._log.error("incident_database_rebuilt", restored=ids, count=len(ids), remnants=str(aside))
+
+    def check_intact(self) -> None:
+        """Check the file now (the supervisor's loop also checks on every use, at most twice a second)."""
+        self._db.check_intact(force=True)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction; the store's writes inside it join it (all or nothing)."""
@@ -337,13 +368,17 @@ class IncidentStore:
         )
         return Event.from_row(rows[0]) if rows else None
 
-    def restore(self, incident: dict[str, Any], events: list[dict[str, Any]]) -> int:
-        """Insert an exported incident and its timeline verbatim (times, statuses, results) under a new id."""
+    def restore(
+        self, incident: dict[str, Any], events: list[dict[str, Any]], *, keep_ids: bool = False
+    ) -> int:
+        """Insert an exported incident and its timeline verbatim (times, statuses, results) under a new
+        id, or under its own ids (``keep_ids``: rebuilding a lost database the runtime state refers to)."""
         with self.transaction() as conn:
             cur = conn.execute(
-                "INSERT INTO incidents (job, state, opened_at, updated_at, closed_at, analyzer_key) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO incidents (id, job, state, opened_at, updated_at, closed_at, analyzer_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
+                    incident.get("id") if keep_ids else None,
                     incident["job"],
                     parse_enum(IncidentState, incident["state"], "incident state").value,
                     incident["opened_at"],
@@ -355,10 +390,11 @@ class IncidentStore:
             new_id = int(cur.lastrowid or 0)
             self._set_diagnosis(conn, new_id, incident.get("diagnosis") or {}, incident["updated_at"])
             conn.executemany(
-                "INSERT INTO events (incident_id, kind, wall_time, step, actor, payload, status, result, "
-                "finished_at, action_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO events (id, incident_id, kind, wall_time, step, actor, payload, status, result, "
+                "finished_at, action_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
+                        e.get("id") if keep_ids else None,
                         new_id,
                         parse_enum(EventKind, e["kind"], "event kind").value,
                         e["wall_time"],

@@ -187,3 +187,112 @@ def test_a_jobs_database_sits_in_its_local_storage_root(tmp_path: Path) -> None:
     assert db_path_for_job(s3).name == "incidents.sqlite" and "spike-supervisor" in str(db_path_for_job(s3))
     explicit = JobSpec.model_validate({**spec, "incidents": {"db": str(tmp_path / "x.sqlite")}})
     assert db_path_for_job(explicit) == tmp_path / "x.sqlite"
+
+
+# -- a database lost or foreign (issue 18) ----------------------------------------------------
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from supervisor.cli.main import cli
+
+    res = CliRunner().invoke(cli, list(args))
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, res.output
+
+
+def test_read_commands_never_create_or_change_a_database(tmp_path: Path) -> None:
+    """Reported: `incidents list` on a 0-byte file printed "no incidents" and wrote a schema into it."""
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not sqlite at all\n" * 10)
+    for path, needle in ((empty, "empty file, 0 bytes"), (junk, "file is not a database")):
+        before = path.read_bytes()
+        for args in (["incidents", "list", "--db", str(path)], ["incidents", "show", "1", "--db", str(path)]):
+            code, out = _cli(*args)
+            assert code == 2 and out.strip() == f"error: {path}: not an incident database ({needle})"
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(path.name)) == [path.name]
+    missing = tmp_path / "missing.sqlite"
+    assert _cli("incidents", "list", "--db", str(missing))[0] == 2 and not missing.exists()
+    with pytest.raises(IncidentStoreError, match="no incident database here"):
+        IncidentStore(missing, read_only=True)
+
+
+def test_read_only_store_refuses_old_schemas_and_writes(tmp_path: Path) -> None:
+    import sqlite3
+
+    from supervisor.incidents.schema import MIGRATIONS, _statements
+
+    old = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(old)
+    for statement in _statements(MIGRATIONS[0]):
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    before = old.read_bytes()
+    code, out = _cli("incidents", "list", "--db", str(old))
+    assert code == 2 and "schema version 1, this release reads 2" in out
+    assert old.read_bytes() == before  # not migrated by a reader
+    live = tmp_path / "live.sqlite"
+    writer = IncidentStore(live)
+    inc = writer.open_incident("job-a", diagnosis())
+    reader = IncidentStore(live, read_only=True)
+    assert [i.id for i in reader.list_incidents()] == [inc.id]
+    with pytest.raises(IncidentStoreError, match="read-only"):
+        reader.transition(inc.id, "frozen", "no", actor="cli")
+    code, out = _cli("incidents", "list", "--db", str(live))
+    assert code == 0 and "job-a" in out
+
+
+def _exported_store(tmp_path: Path, rebuild: bool = True) -> tuple[IncidentStore, int, list]:
+    from supervisor.incidents.export import export_incident, rebuild_from_exports
+    from supervisor.storage import open_backend
+
+    backend = open_backend(str(tmp_path / "storage"))
+    hook = (lambda s: rebuild_from_exports(s, backend, "job-a")) if rebuild else None
+    store = IncidentStore(tmp_path / "incidents.sqlite", rebuild=hook)
+    first = store.open_incident("job-a", diagnosis())
+    store.transition(first.id, "frozen", "policy says freeze", actor="supervisor", step=103)
+    second = store.open_incident("job-a", diagnosis())
+    for inc in (first, second):
+        export_incident(store, inc.id, backend, "job-a")
+    return store, first.id, [(e.id, e.kind, e.payload) for e in store.timeline(first.id)]
+
+
+@pytest.mark.parametrize("how", ["truncated", "deleted", "replaced"])
+def test_a_lost_database_is_noticed_and_rebuilt_from_the_exports(tmp_path: Path, how: str) -> None:
+    """Reported: truncating the live database mid-run went unnoticed (writes went on into the WAL)."""
+    store, first, timeline = _exported_store(tmp_path)
+    path = tmp_path / "incidents.sqlite"
+    if how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(0)
+    elif how == "deleted":
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+    else:
+        other = tmp_path / "other.sqlite"
+        IncidentStore(other).close()
+        other.replace(path)
+    store.check_intact()
+    [loss] = store.rebuilt
+    assert loss["restored"] == [first, first + 1] and Path(loss["remnants"]).name.startswith(
+        "incidents.sqlite.lost-"
+    )
+    assert [(e.id, e.kind, e.payload) for e in store.timeline(first)] == timeline  # same ids, same history
+    assert store.get(first).state is IncidentState.FROZEN
+    third = store.open_incident("job-a", diagnosis())  # and it goes on writing to the rebuilt file
+    assert third.id == first + 2 and IncidentStore(path, read_only=True).get(third.id).job == "job-a"
+
+
+def test_without_exports_a_lost_database_fails_loudly(tmp_path: Path) -> None:
+    store, first, _ = _exported_store(tmp_path, rebuild=False)
+    with open(tmp_path / "incidents.sqlite", "r+b") as f:
+        f.truncate(0)
+    with pytest.raises(IncidentStoreError, match=r"incident database shrank from \d+ to 0 bytes") as err:
+        store.check_intact()
+    assert err.value.exit_code == 3
