@@ -32,11 +32,16 @@ def runtime_state_path(job: JobSpec) -> Path:
 
 
 def open_incident_store(job: JobSpec) -> Any:
+    """The job's incident store; if its file is lost under the supervisor it is rebuilt from the
+    incidents exported to the job's storage (``incidents.export.rebuild_from_exports``)."""
     from supervisor.incidents import IncidentStore
+    from supervisor.incidents.export import rebuild_from_exports
+    from supervisor.storage import open_backend
 
     path = incident_db_path(job)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return IncidentStore(path)
+    backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
+    return IncidentStore(path, rebuild=lambda store: rebuild_from_exports(store, backend, job.name))
 
 
 def pick_rollback_target(
