@@ -73,3 +73,23 @@ def _kill(handle: Any, job_name: str, kill: Kill, generation: int) -> str:
     name = worker_actor_name(job_name, generation, kill.rank)
     ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
     return f"worker rank {kill.rank} (generation {generation})"
+
+
+def wait_through_restarts(handle: Any, timeout_s: float, poll_s: float = 1.0) -> dict[str, Any]:
+    """``api.wait`` that outlives a supervisor restart: a call in flight when the process died
+    fails, and is made again once Ray has started the supervisor again."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            last = ray.get(handle.wait.remote(left), timeout=left + 30)
+        except (RayActorError, GetTimeoutError):
+            time.sleep(poll_s)
+            continue
+        if last.get("terminal"):
+            return last
+    return last

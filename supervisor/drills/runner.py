@@ -120,10 +120,12 @@ def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> 
         # A kill drill runs the supervisor as in production with --detach: restarted by Ray.
         handle = api.launch(job, detached=kill is not None)
         if kill is not None:
-            from supervisor.drills.kill import kill_at
+            from supervisor.drills.kill import kill_at, wait_through_restarts
 
             killed = kill_at(handle, job.name, kill, sc.scenario.timeout_s)
-        status = api.wait(handle, timeout_s=sc.scenario.timeout_s)
+            status = wait_through_restarts(handle, sc.scenario.timeout_s)
+        else:
+            status = api.wait(handle, timeout_s=sc.scenario.timeout_s)
         if not status.get("terminal"):
             error = f"not finished after {sc.scenario.timeout_s:.0f}s (phase {status.get('phase')})"
             api.stop(handle, "drill timeout")
