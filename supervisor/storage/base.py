@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar, runtime_checkable
 
-from supervisor.errors import StorageError
+from supervisor.errors import EXIT_BAD_INPUT, StorageError
 
 T = TypeVar("T")
 
@@ -28,6 +28,8 @@ TEMP_MARKER = ".tmp-"
 
 class ObjectNotFound(StorageError):
     """The key does not exist (a normal answer for readers: a checkpoint without a manifest)."""
+
+    exit_code = EXIT_BAD_INPUT  # escaping a command, it names something a person asked for
 
 
 @dataclass(frozen=True, slots=True)

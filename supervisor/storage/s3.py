@@ -23,7 +23,7 @@ from botocore import exceptions as bex
 from botocore.config import Config
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.errors import StorageError
+from supervisor.errors import EXIT_BAD_INPUT, StorageError
 from supervisor.storage.base import TEMP_MARKER, ObjectInfo, ObjectNotFound, join_key
 from supervisor.storage.retry import RetrySettings, call_with_retry, describe, is_retryable
 
@@ -94,13 +94,16 @@ class S3Backend:
             raise StorageError(
                 "no AWS credentials found in the standard chain (environment, ~/.aws, instance role)",
                 source=self.uri,
+                exit_code=EXIT_BAD_INPUT,
             ) from None
         except bex.ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("404", "NoSuchKey", "NotFound"):
                 raise ObjectNotFound(f"no such object: {key}", source=self.uri) from None
             if code == "NoSuchBucket":
-                raise StorageError(f"bucket {self.bucket!r} does not exist", source=self.uri) from None
+                raise StorageError(  # a bucket name a person gave: bad input, exit 2
+                    f"bucket {self.bucket!r} does not exist", source=self.uri, exit_code=EXIT_BAD_INPUT
+                ) from None
             raise StorageError(f"{what}: {describe(exc)}", source=self.uri) from None
         except (bex.BotoCoreError, OSError) as exc:
             cause = exc.__cause__
