@@ -14,7 +14,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from supervisor.config.job import JobSpec
-from supervisor.errors import RuntimeBackendError
+from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.names import NAMESPACE, supervisor_name
 from supervisor.runtime.settings import RuntimeSettings
@@ -65,7 +65,9 @@ def find(job_name: str) -> Any:
     try:
         return ray.get_actor(supervisor_name(job_name), namespace=NAMESPACE)
     except ValueError:
-        raise RuntimeBackendError(f"no supervisor running for job {job_name!r}") from None
+        raise RuntimeBackendError(  # a job name a person gave: bad input (exit 2), not a failure
+            f"no supervisor running for job {job_name!r}", exit_code=EXIT_BAD_INPUT
+        ) from None
 
 
 def list_jobs() -> list[str]:
