@@ -143,8 +143,23 @@ class Finish(Directive):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Replay(Directive):
+    """Run the suspect batch and a control batch on every rank from checkpoint ``step``'s state,
+    loaded in place of the live state, which is put back afterwards (``supervisor.sdk.replay``)."""
+
+    kind: ClassVar[str] = "replay"
+    step: int = 0
+    suspects: tuple[str, ...] = ()
+    """Stable sample IDs of the suspect batch."""
+    numeric: bool = False
+    """Also run the suspect batch in fp32 with the math SDPA backend."""
+    deadline_s: float = 300.0
+    """The replay gives up (live state put back, directive failed) when it runs longer."""
+
+
 DIRECTIVES: dict[str, type[Directive]] = {
-    c.kind: c for c in (Continue, Freeze, Snapshot, RollbackInPlace, ApplyOverrides, Stop, Finish)
+    c.kind: c for c in (Continue, Freeze, Snapshot, RollbackInPlace, ApplyOverrides, Stop, Finish, Replay)
 }
 
 END_REACHED = "end_reached"
