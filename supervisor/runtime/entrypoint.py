@@ -24,7 +24,9 @@ def resolve(entrypoint: str) -> Callable[..., Any]:
         fn = namespace.get(SCRIPT_FUNCTION)
         if not callable(fn):
             raise ConfigError(
-                f"script {entrypoint} defines no `{SCRIPT_FUNCTION}(config, ctx)`", field="entrypoint"
+                f"script {entrypoint} defines no `{SCRIPT_FUNCTION}(config, ctx)`; to run it as a command "
+                "(torchrun-style, its own process per rank) add `args: []` to job.yaml",
+                field="entrypoint",
             )
         return fn
     module_name, _, attr = entrypoint.partition(":")
