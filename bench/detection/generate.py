@@ -43,6 +43,10 @@ SEQ = 64
 BASE_LR = 3e-3
 WARMUP = 20
 SOURCES = ("code", "docstrings", "tests")
+LONG = 3000  # steps of the long runs
+#: Model sizes: (d_model, n_layers, n_heads). "tiny" is the original corpus; the others check that
+#: nothing was tuned to one model's noise.
+SIZES = {"tiny": (64, 2, 4), "small": (128, 4, 4), "wide": (192, 2, 6)}
 
 
 @dataclass
@@ -57,6 +61,13 @@ class Fault:
     seed: int = 0
     mixture: Callable[[int], dict[str, float]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    size: str = "tiny"
+    steps: int = STEPS
+    ranks: int = RANKS
+    kind: str = ""  # the fault injected (defaults to the name; variants share one injection)
+
+    def __post_init__(self) -> None:
+        self.kind = self.kind or self.name
 
     def label(self) -> dict[str, Any]:
         return {
@@ -68,6 +79,9 @@ class Fault:
             "first_rank": self.first_rank,
             "seed": self.seed,
             "params": self.params,
+            "size": self.size,
+            "steps": self.steps,
+            "ranks": self.ranks,
         }
 
 
@@ -112,6 +126,33 @@ FAULTS = [
         params={"crash": 200, "ckpt": 150},
     ),
     Fault("misreduced_metric", 200, "transient", "metric_artifact", 3, seed=12, params={"rank": 3}),
+    # One rank's computation corrupted from the onset on, for good (a failing device): its loss
+    # stays far above the others'. One incident that does not go away: divergence, rank-local.
+    Fault(
+        "rank_corrupt_persistent", 150, "divergence", "distributed", 2, seed=13, kind="rank_corrupt_range",
+        params={"rank": 2, "steps": 10**6},
+    ),  # fmt: skip
+    # Two more model sizes.
+    *[
+        Fault(f"{base}_{size}", onset, phen, cause, rank, seed=seed, params=params, size=size, kind=base)
+        for size in ("small", "wide")
+        for base, onset, phen, cause, rank, seed, params in (
+            ("clean", None, None, None, None, 30, {}),
+            ("bad_batch", 200, "transient", "data", 1, 31, {"rank": 1}),
+            ("oversized_update", 200, "slow_recovery", "optimizer", None, 33, {"lr_mult": 60.0}),
+            ("lr_too_high", 200, "divergence", "optimizer", None, 32, {"lr_growth": 1.25}),
+        )
+    ],
+    # Long runs (one rank, to keep generation affordable): a quiet one, a long-period fault, a late divergence.
+    Fault("clean_long", seed=40, steps=LONG, ranks=1),
+    Fault(
+        "periodic_long", 1000, "periodic", "data", None, seed=41, steps=LONG, ranks=1,
+        kind="periodic_junk_source", params={"every": 450, "rank": 0},
+    ),  # fmt: skip
+    Fault(
+        "lr_too_high_long", 2400, "divergence", "optimizer", seed=42, steps=LONG, ranks=1, kind="lr_too_high",
+        params={"lr_growth": 1.2},
+    ),  # fmt: skip
 ]
 
 
@@ -121,9 +162,10 @@ class Run:
     def __init__(self, fault: Fault, dataset: TextDataset) -> None:
         self.fault, self.ds = fault, dataset
         torch.manual_seed(fault.seed)
-        cfg = TinyLMConfig(seq_len=SEQ, d_model=64, n_layers=2, n_heads=4)
+        d_model, n_layers, n_heads = SIZES[fault.size]
+        cfg = TinyLMConfig(seq_len=SEQ, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
         base = TinyLM(cfg)
-        self.models = [copy.deepcopy(base) for _ in range(RANKS)]
+        self.models = [copy.deepcopy(base) for _ in range(fault.ranks)]
         self.opts = [self._optimizer(m) for m in self.models]
         self.by_source: dict[str, list[int]] = {s: [] for s in SOURCES}
         for i, c in enumerate(dataset.chunks):
@@ -138,7 +180,7 @@ class Run:
     def lr_at(self, step: int) -> float:
         if step <= WARMUP:
             return BASE_LR * step / WARMUP
-        progress = (step - WARMUP) / (STEPS - WARMUP)
+        progress = (step - WARMUP) / (self.fault.steps - WARMUP)
         return BASE_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     # -- data ----------------------------------------------------------------------------
@@ -164,11 +206,11 @@ class Run:
 
     def _junk(self, step: int, rank: int) -> str | None:
         f, p = self.fault, self.fault.params
-        if f.name == "bad_batch" and step == f.onset and rank == p["rank"]:
+        if f.kind == "bad_batch" and step == f.onset and rank == p["rank"]:
             return "corrupt"
-        if f.name == "rank_corrupt_range" and f.onset is not None and f.onset <= step < f.onset + p["steps"]:
+        if f.kind == "rank_corrupt_range" and f.onset is not None and f.onset <= step < f.onset + p["steps"]:
             return "corrupt" if rank == p["rank"] else None
-        if f.name == "periodic_junk_source" and f.onset is not None and step >= f.onset and rank == p["rank"]:
+        if f.kind == "periodic_junk_source" and f.onset is not None and step >= f.onset and rank == p["rank"]:
             return "junk" if (step - f.onset) % p["every"] == 0 else None
         return None
 
@@ -176,14 +218,14 @@ class Run:
     def step(self, step: int, events: list[str]) -> None:
         f, p = self.fault, self.fault.params
         lr = self.lr_at(step)
-        if f.name == "lr_too_high" and step >= (f.onset or 0):
+        if f.kind == "lr_too_high" and step >= (f.onset or 0):
             lr *= p["lr_growth"] ** (step - (f.onset or 0) + 1)  # a warmup that never stops growing
-        if f.name == "oversized_update" and step == f.onset:
+        if f.kind == "oversized_update" and step == f.onset:
             lr *= p["lr_mult"]
         per_rank = []
         for rank, model in enumerate(self.models):
             batch, ids, srcs = self.batch(step, rank)
-            hook = self._overflow_hook(model) if f.name == "fp16_overflow" and step == f.onset else None
+            hook = self._overflow_hook(model) if f.kind == "fp16_overflow" and step == f.onset else None
             out = lm_loss(model, batch)
             if hook is not None:
                 hook.remove()
@@ -205,7 +247,7 @@ class Run:
             for rank, (model, opt) in enumerate(zip(self.models, self.opts, strict=True)):
                 for q, g in zip(model.parameters(), grads, strict=True):
                     q.grad = (g * clip).clone()
-                    if f.name == "replica_divergence" and step == f.onset and rank == p["rank"]:
+                    if f.kind == "replica_divergence" and step == f.onset and rank == p["rank"]:
                         q.grad += p["noise"] * torch.randn_like(g) * (g.abs().mean() + 1e-8) / 1e-3
                 for group in opt.param_groups:
                     group["lr"] = lr
@@ -224,7 +266,7 @@ class Run:
         loss = loss_sum / max(tokens, 1)
         sample_means = (out.sample_loss_sum / out.sample_tokens.clamp_min(1)).tolist()
         f = self.fault
-        if f.name == "misreduced_metric" and step == f.onset and rank == f.params["rank"]:
+        if f.kind == "misreduced_metric" and step == f.onset and rank == f.params["rank"]:
             loss = loss_sum / BATCH  # a reduction bug: summed over tokens, averaged over sequences
         sources: dict[str, dict[str, float]] = {}
         for s, ls, tk in zip(srcs, out.sample_loss_sum.tolist(), out.sample_tokens.tolist(), strict=True):
@@ -233,7 +275,7 @@ class Run:
             acc["loss_sum"] += float(ls)
         lengths = batch["lengths"]
         rec: dict[str, Any] = {
-            "step": step, "rank": rank, "world_size": RANKS, "loss": loss, "loss_sum": loss_sum, "tokens": tokens,
+            "step": step, "rank": rank, "world_size": self.fault.ranks, "loss": loss, "loss_sum": loss_sum, "tokens": tokens,
             "batch_mean_loss": sum(sample_means) / len(sample_means), "lr": lr, "grad_norm": gnorm,
             "param_norm": pnorm, "update_norm": upd, "loss_scale": self.loss_scale,
             "overflow": bool(where), "sources": sources, "samples": ids,
@@ -256,7 +298,7 @@ class Run:
         """Re-run rank 0's forward with hooks: the first module whose output is not finite."""
         model, found = self.models[0], []
         # The injected overflow is registered first so the checking hooks see its output.
-        extra = self._overflow_hook(model) if self.fault.name == "fp16_overflow" else None
+        extra = self._overflow_hook(model) if self.fault.kind == "fp16_overflow" else None
         hooks = [
             m.register_forward_hook(
                 lambda mod, _i, o, n=n: found.append(n) if not torch.isfinite(o).all() else None
@@ -277,8 +319,8 @@ class Run:
     # -- the run -------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         f, p = self.fault, self.fault.params
-        if f.name != "resume_without_optimizer":
-            for step in range(1, STEPS + 1):
+        if f.kind != "resume_without_optimizer":
+            for step in range(1, f.steps + 1):
                 self.step(step, ["checkpoint_saved"] if step % 50 == 0 else [])
             return self.records
         ckpt = None
@@ -290,7 +332,7 @@ class Run:
         for m, sd in zip(self.models, ckpt, strict=True):  # model restored, optimizer state lost
             m.load_state_dict(sd)
         self.opts = [self._optimizer(m) for m in self.models]
-        for step in range(p["ckpt"] + 1, STEPS + 1):
+        for step in range(p["ckpt"] + 1, f.steps + 1):
             self.step(step, ["resumed"] if step == p["ckpt"] + 1 else [])
         return self.records
 

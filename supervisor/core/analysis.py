@@ -30,7 +30,7 @@ from supervisor.core.model import BenignShift, Diagnosis
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
-from supervisor.core.trigger import Trigger, decide, locate_first
+from supervisor.core.trigger import Trigger, decide, locate_first, rise_start
 from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
@@ -156,7 +156,10 @@ class StreamingAnalyzer:
         if inc.in_band_run >= st.close_steps:
             inc.end_step = inc.trajectory[-inc.in_band_run].step
             return updates + self._close(inc)
-        if sig.step - inc.facts.occurrences[-1] > st.max_incident_steps:  # the latest occurrence if periodic
+        persisting = (
+            inc.trajectory and inc.trajectory[-1].rank_out
+        )  # a failing rank: one incident while it lasts
+        if sig.step - inc.facts.occurrences[-1] > st.max_incident_steps and not persisting:
             updates += self._close(inc)
             self.detector.reset()  # a level that never came back is the new normal; relearn it
             return updates
@@ -222,6 +225,8 @@ class StreamingAnalyzer:
             facts=facts,
         )
         facts.occurrences.append(first.step)
+        if first.metric == "loss":
+            facts.rise_from = rise_start(self.recent, first.step, self.detector_interval())
         if self.last_resume is not None and -1 <= first.step - self.last_resume <= st.resume_window:
             inc.after_resume = True
             facts.resume_step = self.last_resume

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from supervisor.core.detect import DetectorSettings
 from supervisor.core.model import Cause, CauseScore, Phenotype
 
 
@@ -38,6 +39,7 @@ W = {
     "lr_jump": 0.3,
     "grad_lead": 0.2,
     "rank_local": 0.3,
+    "rank_persistent": 0.6,
     "source_local": 0.3,
     "metric_mismatch": 0.6,
     "token_collapse": 0.3,
@@ -81,7 +83,10 @@ class _Board:
         return out
 
 
-def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
+def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | None = None) -> list[CauseScore]:
+    from supervisor.core.diagnose import persistent_rank_fault
+
+    settings = settings or DetectorSettings()
     f = inc.facts
     b = _Board()
     prior = _PRIOR[phen]
@@ -128,6 +133,14 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
             step, rank, loss, med = f.rank
             text = f"rank {rank} loss {_g(loss)} vs ranks' median {_g(med)} at step {step}"
         b.add(Cause.DATA, "rank_local", text)
+        if phen is Phenotype.DIVERGENCE and persistent_rank_fault(inc, settings):
+            since = inc.trajectory[-1].step - inc.onset_step
+            b.add(
+                Cause.DISTRIBUTED,
+                "rank_persistent",
+                f"rank {inc.first_rank} has stood out from the other ranks at every step for {since} steps "
+                "since onset: a failing rank (device, link or its data pipeline), not one bad batch",
+            )
     if f.source is not None:
         name, z, loss = f.source
         b.add(
@@ -136,7 +149,16 @@ def rank_causes(inc: Incident, phen: Phenotype) -> list[CauseScore]:
             f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band",
         )
     _metric(inc, b, calm)
+    if not any(b.evidence[c] for c in Cause if c is not prior) and len(b.evidence[prior]) == 1:
+        b.evidence[prior].append(THIN)
     return b.ranked()
+
+
+#: Said when the loss curve is all there is: the cause is the phenotype's prior, not a finding.
+THIN = (
+    "less certain: only the loss curve is evidence (no grad norm, update ratio, LR or per-rank "
+    "metric confirms it); log them to tell data from optimizer from rank"
+)
 
 
 def _phenotype_text(inc: Incident, phen: Phenotype) -> str:

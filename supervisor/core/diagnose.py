@@ -32,6 +32,7 @@ class Point:
     grad: float | None = None  # grad norm / its level
     update: float | None = None  # update ratio / its level
     loss_in_band: bool = True  # the loss alone (the phenotype is the loss curve's shape)
+    rank_out: bool = False  # the incident's rank still stands out from the others (loss or fingerprint)
 
 
 @dataclass(slots=True)
@@ -66,6 +67,7 @@ class Facts:
     source: tuple[str, float, float] | None = None  # (name, z, loss) when one source carries the spike
     resume_step: int | None = None
     rising_steps: int = 0  # steps after onset that set a new loss peak
+    rise_from: int | None = None  # where a sustained rise began, before its first out-of-band step
     occurrences: list[int] = field(default_factory=list)
 
 
@@ -102,8 +104,17 @@ class Incident:
         grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
         upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
         loss_in_band = not s.nonfinite and not sig.loss_z >= settings.band_z
+        rank_out = (
+            self.rank_local
+            and self.first_rank is not None
+            and (
+                (s.worst_rank == self.first_rank and sig.rank_z is not None and sig.rank_z >= settings.band_z)
+                or (self.first_rank in s.checksum_minority and sig.loss_z >= settings.band_z)
+                or self.first_rank in s.nonfinite_ranks
+            )
+        )
         self.trajectory.append(
-            Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd, loss_in_band)
+            Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd, loss_in_band, rank_out)
         )
         if len(self.trajectory) > settings.max_incident_steps + 8:
             del self.trajectory[0]
@@ -129,15 +140,22 @@ class Incident:
             f.rose_before_nonfinite = self.onset_step < s.step - 1 and f.rising_steps >= 1
 
     # -- verdicts ------------------------------------------------------------------------
+    def onset(self, phen: Phenotype) -> int:
+        """The onset; for a sustained rise first seen in the loss, where that rise began."""
+        sustained = phen in (Phenotype.DIVERGENCE, Phenotype.SLOW_RECOVERY) and self.facts.rising_steps >= 2
+        if sustained and self.facts.rise_from is not None and self.first_anomaly.metric == "loss":
+            return min(self.onset_step, self.facts.rise_from)
+        return self.onset_step
+
     def classify(self, settings: DetectorSettings) -> Phenotype:
         return classify(self, settings)
 
     def diagnosis(self, settings: DetectorSettings) -> Diagnosis:
         phen = self.classify(settings)
-        causes = rank_causes(self, phen)
+        causes = rank_causes(self, phen, settings)
         nonfinite = self.facts.nonfinite_step is not None
         return Diagnosis(
-            onset_step=self.onset_step,
+            onset_step=self.onset(phen),
             peak_step=self.peak_step,
             end_step=self.end_step,
             phenotype=phen,
@@ -244,6 +262,8 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
     """The phenotype from the trajectory after onset (the shape of the curve, not its cause)."""
     if inc.period is not None:
         return Phenotype.PERIODIC
+    if persistent_rank_fault(inc, settings):
+        return Phenotype.DIVERGENCE  # one rank broke and stays broken: it never comes back by itself
     traj = inc.trajectory
     if not traj:
         return Phenotype.TRANSIENT
@@ -266,10 +286,33 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
     since_onset = last.step - inc.onset_step
     if inc.facts.rising_steps >= 2 and inc.peak_step >= last.step - 1 and since_onset >= 2:
         return Phenotype.DIVERGENCE
+    if inc.facts.rising_steps >= 2 and last.excess >= DIVERGED and last.excess >= 0.5 * inc.peak_excess:
+        return Phenotype.DIVERGENCE  # rose step after step to 10x its level and stays there: broken
     if last.step - inc.peak_step <= settings.transient_steps and last.excess >= 0.5 * inc.peak_excess:
         # Still up and not yet falling: too early to tell a plateau from the start of a recovery.
         return Phenotype.TRANSIENT if since_onset <= 1 else Phenotype.SLOW_RECOVERY
     return Phenotype.SLOW_RECOVERY
+
+
+#: A rank-local fault still present after this many steps (and at the latest step) is persistent.
+PERSIST_STEPS = 20
+
+
+def persistent_rank_fault(inc: Incident, settings: DetectorSettings) -> bool:
+    """The incident's rank has stood out from the others at (nearly) every step since onset, for
+    ``PERSIST_STEPS`` steps and up to now: a failing rank, not a bad batch."""
+    if not inc.rank_local:
+        return False
+    traj = [p for p in inc.trajectory if p.step >= inc.onset_step]
+    if len(traj) < 2 or traj[-1].step - traj[0].step < PERSIST_STEPS:
+        return False
+    tail = traj[-settings.transient_steps :]
+    return all(p.rank_out for p in tail) and sum(p.rank_out for p in traj) >= 0.8 * len(traj)
+
+
+#: A loss this far above its level (log units: 10x) that does not come back has diverged, even once
+#: it stops rising (a saturated loss plateaus; a slow recovery is on its way down).
+DIVERGED = math.log(10.0)
 
 
 def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
@@ -317,7 +360,8 @@ def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and calm_grads(inc):
         return Severity.LOW  # gradients and updates stayed normal: the weights were not hurt
     unconfirmed = not inc.facts.grad_known and inc.facts.checksum is None and not inc.rank_local
-    if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and unconfirmed:
+    brief = sum(1 for p in inc.trajectory if not p.loss_in_band) <= 2
+    if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and unconfirmed and brief:
         return Severity.LOW  # a one-off loss blip with nothing logged to confirm it: heavy tails do this
     if phen is Phenotype.TRANSIENT and top not in ("distributed", "resume_state") and _blip(inc):
         return Severity.LOW  # one step out and straight back, on every rank: a note, not a page

@@ -211,3 +211,33 @@ def _rose(recent: Sequence[Signals], st: DetectorSettings) -> bool:
         _ge(r.loss_z, st.band_z) or _ge(r.grad_z, st.grad_z_threshold) or _ge(r.update_z, st.grad_z_threshold)
         for r in prior
     )
+
+
+#: A sustained rise is usually under way before its first out-of-band step: the loss sits above its
+#: level (z >= RISE_Z) for several steps. Where such a run leads into the onset, it is where the rise began.
+RISE_Z = 1.0
+RISE_MIN_STEPS = 3
+
+
+def rise_start(recent: Sequence[Signals], onset: int, interval: int = 1) -> int | None:
+    """The first step of an unbroken run of loss above its level leading into ``onset`` (one dip
+    of a single step allowed), when that run is at least ``RISE_MIN_STEPS`` long and clearly up
+    on average; None otherwise. Used only when the incident turns out to be a sustained rise."""
+    before = [r for r in recent if r.step < onset]
+    run: list[Signals] = []
+    dip = False
+    prev = onset
+    for sig in reversed(before):
+        if prev - sig.step > interval:
+            break
+        z = sig.loss_z
+        if math.isfinite(z) and z >= RISE_Z:
+            run.append(sig)
+        elif not dip and run and math.isfinite(z) and z >= 0.0:
+            dip = True
+        else:
+            break
+        prev = sig.step
+    if len(run) < RISE_MIN_STEPS or sum(r.loss_z for r in run) / len(run) < 1.5 * RISE_Z:
+        return None
+    return run[-1].step
