@@ -121,9 +121,18 @@ def collect_garbage(
     abort = getattr(store.backend, "abort_stale_uploads", None)  # S3: parts of killed multipart uploads
     if abort is not None and not dry_run:
         report.uploads_aborted = abort(store.root, time.time() - store.settings.stale_uncommitted_s)
-    store.log.info(
-        "retention applied", deleted=report.deleted, kept=report.kept, orphans=len(orphans), keep=keep
-    )
+    if dry_run:  # nothing was deleted: say what would be
+        store.log.info(
+            "retention dry run",
+            would_delete=report.deleted,
+            kept=report.kept,
+            orphans=len(orphans),
+            keep=keep,
+        )
+    else:
+        store.log.info(
+            "retention applied", deleted=report.deleted, kept=report.kept, orphans=len(orphans), keep=keep
+        )
     return report
 
 
