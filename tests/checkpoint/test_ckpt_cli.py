@@ -112,7 +112,10 @@ def test_gc_dry_run_then_delete(tmp_path: Path) -> None:
         assert _run("checkpoints", "verify", root, str(step))[0] == 0
         assert _run("checkpoints", "mark", root, str(step), "healthy", "--reason", "ok")[0] == 0
     code, out, _ = _run("checkpoints", "gc", root, "--keep", "1", "--dry-run", "--json")
-    assert code == 0 and json.loads(out)["deleted"] == [100] and store.steps() == [100, 200]
+    assert code == 0 and json.loads(out)["would_delete"] == [100] and store.steps() == [100, 200]
+    assert "deleted" not in json.loads(out)  # issue 18: a dry run never reports anything as deleted
+    code, out, _ = _run("checkpoints", "gc", root, "--keep", "1", "--dry-run")
+    assert code == 0 and out.startswith("would delete [100]; kept [200]")
     code, out, _ = _run("checkpoints", "gc", root, "--keep", "1", "--protect", "100", "--json")
     assert code == 0 and json.loads(out)["deleted"] == [] and store.steps() == [100, 200]
     assert _run("checkpoints", "gc", root, "--keep", "1")[0] == 0
