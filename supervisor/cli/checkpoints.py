@@ -221,11 +221,12 @@ def gc_cmd(
         keep = _job_keep(job_or_path)
     report = collect_garbage(store, keep, protect, dry_run=dry_run)
     if as_json:
+        done = "would_delete" if dry_run else "deleted"  # a dry run never reports anything as deleted
         print_json(
             {
-                "deleted": report.deleted,
+                done: report.deleted,
                 "kept": report.kept,
-                "orphans_deleted": report.orphans_deleted,
+                f"orphans_{done}": report.orphans_deleted,
                 "uploads_aborted": report.uploads_aborted,
                 "dry_run": dry_run,
             }
