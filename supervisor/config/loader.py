@@ -229,8 +229,9 @@ def _expanded_size(root: yaml.Node) -> int:
 
 def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigError) -> Any:
     """Parse YAML text within the limits above; every failure is one ``error`` line."""
-    loader = _BoundedLoader(text)
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)  # the reader already refuses control characters
         node = loader.get_single_node()
         if node is None:
             return None
@@ -246,7 +247,8 @@ def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigE
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         raise error(f"invalid YAML: {' '.join(str(exc).split())[:200]}", source=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _where(mark: Any) -> str:

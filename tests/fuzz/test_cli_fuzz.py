@@ -185,6 +185,7 @@ ATTACKS = [
     ("huge-values", b"".join(json.dumps({"step": s, "loss": v}).encode() + b"\n" for s, v in enumerate([1e308] * 60 + [-1e308] * 60))),
     ("tokens-string", b"".join(json.dumps({"step": s, "loss": 2.0, "sources": {"a": {"tokens": "many", "loss_sum": "x"}}}).encode() + b"\n" for s in range(80))),
     ("nul", b"\x00" * 100),
+    ("control-char", b"\x01"),
     ("empty", b""),
     ("csv", b"step,loss\n" + b"".join(f"{s},{'nan' if s % 5 else 1e308}\n".encode() for s in range(100))),
 ]  # fmt: skip
