@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -149,6 +149,14 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Kill every rank and release the placement; safe to call twice."""
+        if self.job.is_command and self.workers:
+            # A command's process gets SIGTERM and a grace period to exit before its actor (and,
+            # through PDEATHSIG, anything it left behind) is killed.
+            from supervisor.runtime.process import STOP_GRACE_S
+
+            refs = [w.terminate.remote(STOP_GRACE_S) for w in self.workers]
+            with contextlib.suppress(RayError):
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S + 5.0)
         for w in self.workers:
             with contextlib.suppress(RayActorError, ValueError):
                 ray.kill(w, no_restart=True)
