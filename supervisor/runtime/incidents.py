@@ -287,6 +287,9 @@ class IncidentFlow:
             "grad_norm": grads[len(grads) // 2] if grads else None,
             "incident_attempt": self.state.attempts_of.get(str(incident_id), 0),
         }
+        mult = getattr(self.analyzer, "lr_multiplier", None)
+        if mult is not None:  # the supervisor's own LR override in force (a fix is relative to it)
+            extra["lr_scale"] = float(mult(host.current_step + 1))
         fields = getattr(JobState, "__dataclass_fields__", {})
         return JobState(
             step=host.current_step,
