@@ -139,7 +139,9 @@ class Signals:
     @property
     def jump(self) -> float:
         """Relative loss excess over the level (0.5 = 50% above)."""
-        return math.expm1(self.loss_excess) if math.isfinite(self.loss_excess) else math.inf
+        if not math.isfinite(self.loss_excess) or self.loss_excess > 700:  # expm1 overflows past ~709
+            return math.inf
+        return math.expm1(self.loss_excess)
 
 
 def _unscaled(x: float | None, mult: float) -> float | None:
