@@ -28,10 +28,15 @@ class Measure:
 
 def _data(d: Diagnosis) -> Measure:
     where = f"source `{d.source_local}`" if d.source_local else "the suspect batch"
-    samples = ", ".join(d.suspect_samples[:5]) or "none recorded"
+    n = len(d.suspect_samples)
+    samples = (
+        f"the {n} suspect sample{'s' if n != 1 else ''} (IDs under root cause)"
+        if n
+        else "the suspect samples"
+    )
     return Measure(
         "data_rule",
-        f"Add a data rule for {where}: quarantine the suspect samples ({samples}) and filter their pattern "
+        f"Add a data rule for {where}: quarantine {samples} and filter their pattern "
         "(length, repetition, token-id range) in the loader; keep a per-source loss monitor.",
         "the top cause is data: one batch or source carried the spike",
     )

@@ -3,18 +3,21 @@
 Every renderer (terminal, Markdown, JSON, HTML) formats the same ``Postmortem``; nothing
 here formats text for a particular output.
 
-Payload conventions read from the timeline (written by the runtime):
-``rolled_back``: ``from_step``, ``to_step``, ``checkpoint``; ``fix_applied``: ``exclude_samples``,
+Fields read from the timeline (``timeline.field``: the action's result, memo, params, then the
+payload): ``rolled_back``: ``from_step``, ``to_step``, ``checkpoint``; ``fix_applied``: the
+applied ``overrides`` (``exclusions``: samples, sources, batch ranges) or ``exclude_samples``,
 ``exclude_sources``, ``exclude_batches`` ([first, last] step), ``skip_batches``, and any
 override (``lr_scale``, ``warmup_steps``, ``grad_clip``, ``precision``); ``observation``:
-``window`` ([first, last] step) or ``steps``, result ``passed`` and ``checks``.
+``window`` ([first, last] step) or ``from_step`` + ``steps``, result ``passed``, ``checks``
+(``value``/``limit`` per criterion) and the ``baseline`` they were judged against.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from supervisor.core.model import Diagnosis
@@ -23,7 +26,7 @@ from supervisor.incidents.models import Event, Incident, strict
 from supervisor.incidents.signals import Crossing, aggregate, first_crossings
 from supervisor.incidents.states import EventKind, EventStatus
 from supervisor.incidents.store import IncidentStore
-from supervisor.incidents.timeline import describe
+from supervisor.incidents.timeline import Context, describe, field
 
 
 @dataclass(slots=True)
@@ -33,7 +36,7 @@ class Impact:
     rollback_to: int | None = None
     downtime_s: float | None = None
     recompute_s: float | None = None
-    data_excluded: list[str] = field(default_factory=list)
+    data_excluded: list[str] = dataclass_field(default_factory=list)
 
     @property
     def wall_time_lost_s(self) -> float | None:
@@ -54,6 +57,16 @@ class DetectionGap:
     note: str
 
 
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """One pass criterion drawn on a plot: ``value`` in the signal's units, over the window."""
+
+    value: float
+    upper: bool
+    ok: bool
+    label: str
+
+
 @dataclass(slots=True)
 class Markers:
     """What the plots mark: steps of the incident's landmarks and ranges."""
@@ -63,8 +76,11 @@ class Markers:
     first_rank: int | None = None
     detected_step: int | None = None
     rollback_to: int | None = None
-    excluded: list[tuple[int, int]] = field(default_factory=list)
+    excluded: list[tuple[int, int]] = dataclass_field(default_factory=list)
     observation: tuple[int, int] | None = None
+    rank_local: bool = False
+    thresholds: dict[str, Threshold] = dataclass_field(default_factory=dict)
+    """Pass criteria of the last judged observation, per plotted signal, in the signal's units."""
 
 
 @dataclass(slots=True)
@@ -93,7 +109,9 @@ class Postmortem:
                     "top_cause": self.incident.top_cause,
                     "causes": [c.to_json() for c in self.diagnosis.causes] if self.diagnosis else [],
                     "attributes": self.diagnosis.attributes if self.diagnosis else [],
-                    "suspect_samples": self.diagnosis.suspect_samples if self.diagnosis else [],
+                    "suspect_samples": self.diagnosis.suspect_samples
+                    if suspects_relevant(self.diagnosis) and self.diagnosis
+                    else [],
                 },
                 "impact": {**asdict(self.impact), "wall_time_lost_s": self.impact.wall_time_lost_s},
                 "detection_gap": {
@@ -122,13 +140,14 @@ def build_postmortem(store: IncidentStore, incident_id: int, *, z_threshold: flo
     events = store.timeline(incident_id)
     series = store.series(incident_id)
     diagnosis = incident.diagnosis
-    impact = _impact(incident, events, series)
+    impact = _impact(incident, diagnosis, events, series)
     detection = _detection(incident, diagnosis, events, series, z_threshold)
     markers = _markers(incident, diagnosis, events, impact, detection)
+    ctx = Context(world_size=_world_size(series, events), closed=incident.state.is_terminal)
     return Postmortem(
         incident=incident,
         summary=_summary(incident, diagnosis, impact),
-        timeline=[(e, describe(e)) for e in events],
+        timeline=[(e, describe(e, ctx)) for e in events],
         diagnosis=diagnosis,
         impact=impact,
         detection=detection,
@@ -141,27 +160,41 @@ def build_postmortem(store: IncidentStore, incident_id: int, *, z_threshold: flo
     )
 
 
+def suspects_relevant(diag: Diagnosis | None) -> bool:
+    """Suspect samples matter to a reader only when the data is blamed: never for an optimizer,
+    numeric or metric incident, where listing them would send a person after the wrong thing."""
+    if diag is None or not diag.suspect_samples or not diag.causes:
+        return False
+    return diag.causes[0].cause.value == "data"
+
+
+def _world_size(series: list[dict[str, Any]], events: list[Event]) -> int | None:
+    sizes = [int(r["world_size"]) for r in series if isinstance(r.get("world_size"), int)]
+    if sizes:
+        return max(sizes)
+    ranks = {int(r["rank"]) for r in series if isinstance(r.get("rank"), int)}
+    acked = [len(field(e, "ranks")) for e in events if isinstance(field(e, "ranks"), list)]
+    return max([len(ranks)] * bool(ranks) + acked, default=None)
+
+
 def _done(events: list[Event], kind: EventKind) -> list[Event]:
     return [e for e in events if e.kind == kind and e.status == EventStatus.DONE]
 
 
-def _pick(d: dict[str, Any] | None, *names: str) -> Any:
-    for name in names:
-        if d and d.get(name) is not None:
-            return d[name]
-    return None
-
-
-def _impact(incident: Incident, events: list[Event], series: list[dict[str, Any]]) -> Impact:
+def _impact(
+    incident: Incident, diag: Diagnosis | None, events: list[Event], series: list[dict[str, Any]]
+) -> Impact:
     impact = Impact()
     for ev in _done(events, EventKind.ROLLED_BACK):
-        src = _pick(ev.payload, "from_step", "from") or ev.step
-        dst = _pick(ev.payload, "to_step", "to", "target_step")
+        src = field(ev, "from_step")
+        src = src if src is not None else ev.step
+        dst = field(ev, "to_step")
         if src is not None and dst is not None:
             impact.steps_lost += max(0, int(src) - int(dst))
             impact.rollback_from, impact.rollback_to = int(src), int(dst)
+    suspects = set(diag.suspect_samples) if suspects_relevant(diag) and diag is not None else set()
     for ev in _done(events, EventKind.FIX_APPLIED):
-        impact.data_excluded += _excluded_text(ev.payload)
+        impact.data_excluded += _excluded_text(ev, suspects)
     detected = next((e.wall_time for e in events if e.kind == EventKind.DETECTED), incident.opened_at)
     resumed = _done(events, EventKind.RESUMED)
     end = resumed[-1].wall_time if resumed else incident.closed_at
@@ -178,18 +211,38 @@ def _impact(incident: Incident, events: list[Event], series: list[dict[str, Any]
     return impact
 
 
-def _excluded_text(p: dict[str, Any]) -> list[str]:
-    out = []
-    if p.get("exclude_samples"):
-        ids = [str(s) for s in p["exclude_samples"]]
-        out.append(f"{len(ids)} samples: {', '.join(ids[:8])}{' …' if len(ids) > 8 else ''}")
-    if p.get("exclude_sources"):
-        out.append("sources: " + ", ".join(str(s) for s in p["exclude_sources"]))
-    rng = p.get("exclude_batches")
+def _exclusions(ev: Event) -> tuple[list[str], list[str], list[tuple[int, int]]]:
+    """(samples, sources, step ranges) a fix excluded: what the runtime applied, else what was asked."""
+    overrides = field(ev, "overrides")
+    applied = overrides.get("exclusions") if isinstance(overrides, dict) else None
+    asked = field(ev, "exclude") if isinstance(field(ev, "exclude"), dict) else {}
+    samples = (applied or {}).get("samples") or field(ev, "exclude_samples") or asked.get("samples") or []
+    sources = (applied or {}).get("sources") or field(ev, "exclude_sources") or asked.get("sources") or []
+    ranges = []
+    rng = field(ev, "exclude_batches") or asked.get("batch_range")
     if isinstance(rng, list | tuple) and len(rng) == 2:
-        out.append(f"batches of steps {rng[0]}–{rng[1]}")
-    if p.get("skip_batches"):
-        out.append(f"skipped {p['skip_batches']} batches")
+        ranges.append((int(rng[0]), int(rng[1])))
+    return (
+        [str(x) for x in samples] if isinstance(samples, list | tuple) else [],
+        [str(x) for x in sources] if isinstance(sources, list | tuple) else [],
+        ranges,
+    )
+
+
+def _excluded_text(ev: Event, suspects: set[str]) -> list[str]:
+    samples, sources, ranges = _exclusions(ev)
+    out = []
+    if samples and set(samples) == suspects:
+        out.append(
+            f"the {len(samples)} suspect sample{'s' if len(samples) != 1 else ''} (IDs under root cause)"
+        )
+    elif samples:
+        out.append(f"{len(samples)} samples: {', '.join(samples[:8])}{' …' if len(samples) > 8 else ''}")
+    if sources:
+        out.append("sources: " + ", ".join(sources))
+    out += [f"batches of steps {a}–{b}" for a, b in ranges]
+    if field(ev, "skip_batches"):
+        out.append(f"skipped {field(ev, 'skip_batches')} batches")
     return out
 
 
@@ -264,22 +317,47 @@ def _markers(
         first_rank=det.first_rank,
         detected_step=det.detected_step,
         rollback_to=impact.rollback_to,
+        rank_local=bool(diag and diag.rank_local),
     )
     for ev in _done(events, EventKind.FIX_APPLIED):
-        rng = ev.payload.get("exclude_batches")
-        if isinstance(rng, list | tuple) and len(rng) == 2:
-            m.excluded.append((int(rng[0]), int(rng[1])))
-        elif ev.payload.get("skip_batches") and ev.step is not None:
-            m.excluded.append((ev.step, ev.step + int(ev.payload["skip_batches"]) - 1))
+        m.excluded += _exclusions(ev)[2]
+        if field(ev, "skip_batches") and ev.step is not None:
+            m.excluded.append((ev.step, ev.step + int(field(ev, "skip_batches")) - 1))
     resumed = _done(events, EventKind.RESUMED)
     start_default = resumed[0].step if resumed and resumed[0].step is not None else impact.rollback_to
     for ev in [e for e in events if e.kind == EventKind.OBSERVATION]:
-        window = ev.payload.get("window")
+        window, start, steps = field(ev, "window"), field(ev, "from_step"), field(ev, "steps")
+        start = start if start is not None else start_default
         if isinstance(window, list | tuple) and len(window) == 2:
             m.observation = (int(window[0]), int(window[1]))
-        elif ev.payload.get("steps") and start_default is not None:
-            m.observation = (start_default, start_default + int(ev.payload["steps"]))
+        elif steps and start is not None:
+            m.observation = (int(start), int(start) + int(steps))
+        if isinstance(field(ev, "checks"), dict):
+            m.thresholds = _thresholds(field(ev, "checks"), field(ev, "baseline") or {})
     return m
+
+
+def _thresholds(checks: dict[str, Any], base: dict[str, Any]) -> dict[str, Threshold]:
+    """The observation's criteria in each plotted signal's units (grad norm and update ratio are
+    judged as a ratio to the baseline)."""
+    out: dict[str, Threshold] = {}
+    loss = checks.get("loss")
+    if isinstance(loss, dict) and _num(loss.get("limit")):
+        out["loss"] = Threshold(
+            float(loss["limit"]), True, bool(loss.get("ok")), "loss limit (baseline median + MADs)"
+        )
+    for name in ("grad_norm", "update_ratio"):
+        c = checks.get(name)
+        if isinstance(c, dict) and _num(c.get("limit")) and _num(base.get(name)):
+            value = float(c["limit"]) * float(base[name])
+            out[name] = Threshold(
+                value, True, bool(c.get("ok")), f"{name.replace('_', ' ')} limit ({c['limit']:g}x baseline)"
+            )
+    return out
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _summary(incident: Incident, diag: Diagnosis | None, impact: Impact) -> str:

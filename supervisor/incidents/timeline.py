@@ -1,81 +1,431 @@
-"""One-line descriptions of timeline events, one describer per kind (a registry; unknown kinds fall back)."""
+"""Timeline events in words a person reads: "Froze all 2 ranks at step 259.", never a memo dict.
+
+One describer per event kind (a registry; an unknown kind gets a generic sentence). Action
+events carry ``{"action", "params", "memo", "reason"}`` as their payload and the action's
+outcome as their result (``supervisor/runtime/actions``); older records and hand-made ones keep
+the same fields at the top of the payload. ``field`` looks in that order: result, memo, params,
+payload.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from supervisor.incidents.models import Event
 from supervisor.incidents.states import EventKind, EventStatus
 
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list | tuple):
-        return f"[{', '.join(_fmt(v) for v in value[:6])}{', …' if len(value) > 6 else ''}]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}={_fmt(v)}" for k, v in list(value.items())[:6]) + "}"
-    return str(value)
-
-
-def _pairs(d: dict[str, Any] | None, skip: tuple[str, ...] = ()) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in (d or {}).items() if k not in skip)
-
-
-def _detected(e: Event) -> str:
-    d = e.payload.get("diagnosis") or {}
-    return f"{d.get('phenotype', 'loss')} spike detected (onset step {d.get('onset_step')}, severity {d.get('severity')})"
-
-
-def _diagnosed(e: Event) -> str:
-    d = e.payload.get("diagnosis") or {}
-    causes = ", ".join(f"{c['cause']} {c['score']:.2f}" for c in d.get("causes", [])[:3]) or "no causes"
-    return f"diagnosis: {d.get('phenotype')}; causes {causes}"
-
-
-def _state(e: Event) -> str:
-    return f"{e.payload.get('from')} → {e.payload.get('to')}: {e.payload.get('reason', '')}"
-
-
-def _rolled_back(e: Event) -> str:
-    p, r = e.payload, e.result or {}
-    verified = "" if "verified" not in r else (", verified" if r["verified"] else ", NOT verified")
-    ckpt = f" ({p['checkpoint']})" if p.get("checkpoint") else ""
-    return f"rolled back from step {p.get('from_step', e.step)} to step {p.get('to_step')}{ckpt}{verified}"
-
-
-def _observation(e: Event) -> str:
-    r = e.result or {}
-    passed = r.get("passed")
-    verdict = "running" if passed is None else ("passed" if passed else "failed")
-    checks = r.get("checks") or {}
-    detail = ", ".join(
-        f"{k} {'ok' if (v.get('ok') if isinstance(v, dict) else v) else 'FAILED'}" for k, v in checks.items()
-    )
-    window = e.payload.get("window") or (f"{e.payload['steps']} steps" if e.payload.get("steps") else "")
-    return f"observation {_fmt(window)}: {verdict}{f' ({detail})' if detail else ''}"
-
-
-def _generic(e: Event) -> str:
-    body = _pairs(e.payload)
-    result = _pairs(e.result)
-    return f"{e.kind.value.replace('_', ' ')}{f': {body}' if body else ''}{f' → {result}' if result else ''}"
-
-
-DESCRIBERS: dict[EventKind, Callable[[Event], str]] = {
-    EventKind.DETECTED: _detected,
-    EventKind.DIAGNOSED: _diagnosed,
-    EventKind.STATE_CHANGED: _state,
-    EventKind.ROLLED_BACK: _rolled_back,
-    EventKind.OBSERVATION: _observation,
+#: Longest free text (a failure reason, evidence) quoted in one sentence.
+MAX_QUOTE = 240
+_METRIC_WORDS = {
+    "loss": "the loss",
+    "grad_norm": "the grad norm",
+    "update_ratio": "the update ratio",
+    "lr": "the learning rate",
+    "loss_scale": "the loss scale",
+    "param_checksum": "the parameter fingerprints",
+}
+_CHECK_WORDS = {
+    "loss": "loss",
+    "grad_norm": "grad norm",
+    "update_ratio": "update ratio",
+    "throughput": "throughput",
+    "no_new_anomaly": "no new anomaly",
 }
 
 
-def describe(event: Event) -> str:
-    text = DESCRIBERS.get(event.kind, _generic)(event)
-    if event.status == EventStatus.PENDING:
-        return text + " (pending: started, not finished)"
-    if event.status == EventStatus.FAILED:
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Facts about the job that make a sentence complete."""
+
+    world_size: int | None = None
+    closed: bool = False
+    """The incident reached a terminal state: a pending event there never finished."""
+
+
+def field(e: Event, name: str) -> Any:
+    """An event's field: from its result, then the action's memo, params, then the payload itself."""
+    p = e.payload or {}
+    for src in (e.result or {}, p.get("memo") or {}, p.get("params") or {}, p):
+        if isinstance(src, dict) and src.get(name) is not None:
+            return src[name]
+    return None
+
+
+def quote(text: Any, limit: int = MAX_QUOTE) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 1].rstrip() + "…"
+
+
+def num(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def metric_words(metric: Any) -> str:
+    return _METRIC_WORDS.get(str(metric), f"the {str(metric).replace('_', ' ')}")
+
+
+def ranks_words(ranks: Any, ctx: Context) -> str:
+    """ "all 2 ranks", "ranks 0, 1 of 4", "rank 3"."""
+    if not isinstance(ranks, list) or not ranks:
+        return f"all {ctx.world_size} ranks" if ctx.world_size else "all ranks"
+    if ctx.world_size is not None and len(ranks) == ctx.world_size:
+        return f"all {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    of = f" of {ctx.world_size}" if ctx.world_size else ""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}{of}"
+    shown = ", ".join(str(r) for r in ranks[:8]) + (", …" if len(ranks) > 8 else "")
+    return f"ranks {shown}{of}"
+
+
+def _at(e: Event) -> str:
+    step = field(e, "acked_at_step")
+    step = step if step is not None else e.step
+    return f" at step {step}" if step is not None else ""
+
+
+def _diagnosis(e: Event) -> dict[str, Any]:
+    d = field(e, "diagnosis")
+    return d if isinstance(d, dict) else {}
+
+
+def _where(d: dict[str, Any]) -> str:
+    if d.get("first_rank") is not None and d.get("rank_local"):
+        return f" on rank {d['first_rank']}"
+    return " on all ranks"
+
+
+def _detected(e: Event, ctx: Context) -> str:
+    d = _diagnosis(e)
+    fa = d.get("first_anomaly") or {}
+    first = ""
+    if fa.get("metric"):
+        on = f" on rank {fa['rank']}" if fa.get("rank") is not None else ""
+        level = ""
+        if isinstance(fa.get("value"), int | float) and isinstance(fa.get("baseline"), int | float):
+            level = f" ({num(fa['value'])} against a level of {num(fa['baseline'])}"
+            level += f", z {num(fa['z'])})" if isinstance(fa.get("z"), int | float) else ")"
+        first = f": {metric_words(fa['metric'])} left its band at step {fa.get('step')}{on}{level}"
+    elif d.get("onset_step") is not None:
+        first = f": onset at step {d['onset_step']}"
+    call = f"; first reading {d['phenotype'].replace('_', ' ')}" if d.get("phenotype") else ""
+    sev = f", severity {d['severity']}" if d.get("severity") else ""
+    return f"Detected a loss spike{_at(e)}{first}{call}{sev}."
+
+
+def _diagnosed(e: Event, ctx: Context) -> str:
+    d = _diagnosis(e)
+    causes = d.get("causes") or []
+    phen = str(d.get("phenotype", "unknown")).replace("_", " ")
+    text = f"Diagnosed {phen}{_where(d)}"
+    if d.get("nonfinite"):
+        text += ", NaN/Inf" + (f" first at {d['nonfinite_at']}" if d.get("nonfinite_at") else "")
+    if d.get("source_local"):
+        text += f", confined to source {d['source_local']}"
+    if causes:
+        top = causes[0]
+        text += f"; top cause {top['cause']} ({float(top['score']):.2f})"
+        if top.get("evidence"):
+            text += f": {quote(top['evidence'][0], 160)}"
+    return text + "."
+
+
+def _state(e: Event, ctx: Context) -> str:
+    p = e.payload
+    why = f": {quote(p['reason'])}" if p.get("reason") else ""
+    return f"Incident {p.get('from')} → {p.get('to')}{why}."
+
+
+def _note(e: Event, ctx: Context) -> str:
+    p = e.payload
+    if "plan" in p:
+        rule, _, actions = str(p["plan"]).partition(": ")
+        steps = " → ".join(a.strip().replace("_", " ") for a in actions.split(",") if a.strip())
+        attempt = f" (attempt {p['attempt']})" if p.get("attempt") else ""
+        text = f"Policy {rule}{attempt} plans: {steps or 'nothing'}"
+        if p.get("escalate"):
+            text += f"; escalates because {quote(p['escalate'])}"
+        return text + "."
+    if "plan_remade" in p:
+        return f"Plan remade: {quote(p['plan_remade'])}."
+    if "downtime_s" in p:
+        return f"Training stood still for {float(p['downtime_s']):.1f} s while the incident was handled."
+    if "recurrence_of" in p:
+        return f"Recurrence of incident {p['recurrence_of']}: {quote(p.get('why', ''))}."
+    if "recurred_as" in p:
+        return f"Recurred as incident {p['recurred_as']}: {quote(p.get('why', ''))}."
+    if "skipped" in p:
+        left = p["skipped"]
+        names = ", ".join(str(x) for x in left) if isinstance(left, list) else str(left)
+        return f"Not carried out ({quote(p.get('reason', 'training ended'))}): {names}."
+    if "unfinished" in p:
+        return f"Left unfinished: {quote(p['unfinished'])}."
+    return "Note: " + "; ".join(f"{k.replace('_', ' ')} {quote(v, 120)}" for k, v in p.items()) + "."
+
+
+def _alert(e: Event, ctx: Context) -> str:
+    if e.status == EventStatus.PENDING:
+        return "Sending the alert."
+    channels = field(e, "channels") or ["log"]
+    where = " and ".join("the log" if c == "log" else f"the {c}" for c in channels)
+    status = field(e, "http_status")
+    detail = f" (HTTP {status}, {field(e, 'format') or 'json'} payload)" if status is not None else ""
+    if e.status == EventStatus.FAILED:
+        return f"Alert written to the log; the webhook failed: {quote(_reason(e))}."
+    return f"Alert sent to {where}{detail}."
+
+
+def _froze(e: Event, ctx: Context) -> str:
+    if e.status == EventStatus.PENDING:
+        return "Freezing every rank at the next step boundary."
+    if e.status == EventStatus.FAILED:
+        return f"Freeze failed: {quote(_reason(e))}."
+    return f"Froze {ranks_words(field(e, 'ranks'), ctx)}{_at(e)}."
+
+
+def _snapshot(e: Event, ctx: Context) -> str:
+    if e.status == EventStatus.FAILED:
+        return f"Diagnostic snapshot failed: {quote(_reason(e))}."
+    what = " (model and optimizer)" if field(e, "include_optimizer") else ""
+    if e.status == EventStatus.PENDING:
+        return f"Saving a diagnostic snapshot{what}."
+    where = field(e, "checkpoint")
+    ref = f" to {where}" if where else ""
+    return f"Saved a diagnostic snapshot{what} of {ranks_words(field(e, 'ranks'), ctx)}{_at(e)}{ref}."
+
+
+def _blocked(e: Event, ctx: Context) -> str:
+    at = field(e, "latest_at_block")
+    holders = field(e, "holders") or []
+    held = f", held by incident {', '.join(str(h) for h in holders)}" if holders else ""
+    return f"Blocked `latest`{f' at step {at}' if at is not None else ''}{held}."
+
+
+def _rolled_back(e: Event, ctx: Context) -> str:
+    src = field(e, "from_step")
+    src = src if src is not None else e.step
+    dst = field(e, "to_step")
+    if e.status == EventStatus.FAILED:
+        return f"Rollback from step {src} failed: {quote(_reason(e))}."
+    ver = field(e, "verification")
+    kind = ""
+    if isinstance(ver, dict):
+        kind = f"{ver.get('health', 'verified')} " if ver.get("ok") else "UNVERIFIED "
+        rejected = ver.get("rejected") or []
+        if rejected:
+            kind = f"{kind}(after rejecting {', '.join(str(r[0] if isinstance(r, list) else r) for r in rejected)}) "
+    elif field(e, "verified") is not None:
+        kind = "verified " if field(e, "verified") else "UNVERIFIED "
+    if e.status == EventStatus.PENDING:
+        return f"Rolling back from step {src} to {kind}checkpoint {dst}."
+    lost = (
+        f" ({int(src) - int(dst)} steps to train again)"
+        if isinstance(src, int) and isinstance(dst, int)
+        else ""
+    )
+    ckpt = field(e, "checkpoint")
+    return f"Rolled back from step {src} to {kind}checkpoint {dst}{f' ({ckpt})' if ckpt else ''}{lost}."
+
+
+def _exclusion_words(e: Event) -> list[str]:
+    out = []
+    applied = (
+        (field(e, "overrides") or {}).get("exclusions") if isinstance(field(e, "overrides"), dict) else None
+    )
+    samples = (applied or {}).get("samples") or field(e, "exclude_samples")
+    if not samples and isinstance(field(e, "exclude"), dict):
+        samples = field(e, "exclude").get("samples")
+    if isinstance(samples, list) and samples:
+        out.append(f"excluded {len(samples)} sample{'s' if len(samples) != 1 else ''}")
+    elif samples == "suspects":
+        out.append("excluded the suspect samples")
+    sources = (applied or {}).get("sources") or field(e, "exclude_sources")
+    if sources:
+        out.append("excluded source " + ", ".join(str(s) for s in sources))
+    ranges = (applied or {}).get("batch_ranges") or (
+        [field(e, "exclude_batches")] if field(e, "exclude_batches") else []
+    )
+    for r in ranges:
+        if isinstance(r, list | tuple) and len(r) == 2:
+            out.append(f"excluded batches {r[0]}–{r[1]}")
+    return out
+
+
+def _fix(e: Event, ctx: Context) -> str:
+    parts = []
+    if field(e, "lr_scale") is not None:
+        parts.append(f"LR ×{num(field(e, 'lr_scale'))}")
+    if field(e, "warmup_steps"):
+        parts.append(f"re-warm the LR over {field(e, 'warmup_steps')} steps")
+    if field(e, "grad_clip") is not None:
+        parts.append(f"clip the grad norm at {num(field(e, 'grad_clip'))}")
+    if field(e, "precision"):
+        parts.append(f"precision {field(e, 'precision')}")
+    parts += _exclusion_words(e)
+    if field(e, "skip_batches"):
+        parts.append(f"skip {field(e, 'skip_batches')} batches")
+    unsupported = field(e, "unsupported") or []
+    what = ", ".join(parts) or "no change"
+    if e.status == EventStatus.FAILED:
+        return f"Fix ({what}) failed: {quote(_reason(e))}."
+    if e.status == EventStatus.PENDING:
+        return f"Applying the fix: {what}."
+    tail = f"; not supported by this job: {', '.join(unsupported)}" if unsupported else ""
+    return f"Applied the fix{_at(e)}: {what}{tail}."
+
+
+def _check_words(name: str, c: Any) -> str:
+    label = _CHECK_WORDS.get(name, name.replace("_", " "))
+    if not isinstance(c, dict):
+        return f"{label} {'ok' if c else 'FAILED'}"
+    verdict = "ok" if c.get("ok") else "FAILED"
+    if c.get("detail"):
+        return f"{label} {verdict} ({quote(c['detail'], 80)})"
+    if isinstance(c.get("value"), int | float) and isinstance(c.get("limit"), int | float):
+        return f"{label} {verdict} ({num(c['value'])}, limit {num(c['limit'])})"
+    return f"{label} {verdict}"
+
+
+def _observation(e: Event, ctx: Context) -> str:
+    window = field(e, "window")
+    if isinstance(window, list | tuple) and len(window) == 2:
+        span = f"steps {window[0]}–{window[1]}"
+    elif field(e, "steps") is not None:
+        start = field(e, "from_step")
+        span = f"{field(e, 'steps')} steps" + (f" from step {start}" if start is not None else "")
+    else:
+        span = "the window"
+    if e.status == EventStatus.PENDING:
+        return f"Observing {span} against the baseline before the onset."
+    checks = field(e, "checks") or {}
+    detail = "; ".join(_check_words(k, v) for k, v in checks.items())
+    passed = field(e, "passed")
+    if e.status == EventStatus.FAILED or passed is False:
+        verdict = "failed" if not field(e, "skipped") else "not judged"
+        why = detail or quote(_reason(e))
+        return f"Observation of {span} {verdict}: {why}."
+    return f"Observation of {span} passed{f': {detail}' if detail else ''}."
+
+
+def _resumed(e: Event, ctx: Context) -> str:
+    released = " and released `latest`" if field(e, "latest_unblocked") else ""
+    return f"Resumed training{_at(e)}{released}."
+
+
+def _escalated(e: Event, ctx: Context) -> str:
+    reason = field(e, "reason") or _reason(e)
+    saved = field(e, "state_saved_at_step")
+    tail = f"; state saved at step {saved}, training stopped" if saved is not None else ""
+    if e.status == EventStatus.PENDING:
+        return f"Escalating to a person: {quote(reason)}."
+    return f"Escalated to a person: {quote(reason)}{tail}."
+
+
+def _replayed(e: Event, ctx: Context) -> str:
+    if e.status == EventStatus.PENDING:
+        return "Replaying the suspect batch and a control batch from the last verified checkpoint."
+    verdict = field(e, "verdict")
+    why = field(e, "why")
+    text = "Replayed the suspect batch" + (f": verdict {verdict}" if verdict else "")
+    if e.status == EventStatus.FAILED:
+        return f"Replay did not implicate the data: {quote(why or _reason(e))}."
+    return text + (f" ({quote(why)})" if why else "") + "."
+
+
+def _metric_check(e: Event, ctx: Context) -> str:
+    artifact = field(e, "artifact")
+    if artifact is None:
+        return "Checked how the metric was computed."
+    if artifact:
+        return "Checked the metric: the spike is in how the loss was computed (a metric artifact)."
+    return "Checked the metric: the loss recomputed from token sums shows the spike too (it is real)."
+
+
+def _dismissed(e: Event, ctx: Context) -> str:
+    return f"Dismissed: {quote(field(e, 'reason') or 'not an incident')}."
+
+
+def _worker_restarted(e: Event, ctx: Context) -> str:
+    why = field(e, "reason") or "worker group lost"
+    gen = field(e, "from_generation")
+    to = field(e, "resume_step") or field(e, "to_step")
+    text = (
+        f"Restarted the worker group{f' (generation {gen} → {int(gen) + 1})' if isinstance(gen, int) else ''}"
+    )
+    text += f" from checkpoint {to}" if to is not None else ""
+    return f"{text}: {quote(why)}."
+
+
+def _supervisor_resumed(e: Event, ctx: Context) -> str:
+    pending = field(e, "pending_actions") or []
+    found = field(e, "workers_found")
+    workers = (
+        "" if found is None else ("; its workers were still running" if found else "; no workers were found")
+    )
+    left = f", finishing {', '.join(str(p) for p in pending)}" if pending else ""
+    return f"A new supervisor took over{left}{workers}."
+
+
+def _reason(e: Event) -> str:
+    return str(field(e, "reason") or field(e, "error") or "no reason recorded")
+
+
+def _generic(e: Event, ctx: Context) -> str:
+    name = e.kind.value.replace("_", " ")
+    reason = (e.payload or {}).get("reason")
+    return f"{name[:1].upper()}{name[1:]}{_at(e)}" + (f": {quote(reason)}" if reason else "") + "."
+
+
+DESCRIBERS: dict[EventKind, Callable[[Event, Context], str]] = {
+    EventKind.DETECTED: _detected,
+    EventKind.DIAGNOSED: _diagnosed,
+    EventKind.STATE_CHANGED: _state,
+    EventKind.NOTE: _note,
+    EventKind.ALERT_SENT: _alert,
+    EventKind.FROZE: _froze,
+    EventKind.SNAPSHOT: _snapshot,
+    EventKind.LATEST_BLOCKED: _blocked,
+    EventKind.ROLLED_BACK: _rolled_back,
+    EventKind.FIX_APPLIED: _fix,
+    EventKind.OBSERVATION: _observation,
+    EventKind.RESUMED: _resumed,
+    EventKind.ESCALATED: _escalated,
+    EventKind.REPLAYED: _replayed,
+    EventKind.METRIC_CHECK: _metric_check,
+    EventKind.DISMISSED: _dismissed,
+    EventKind.WORKER_RESTARTED: _worker_restarted,
+    EventKind.SUPERVISOR_RESUMED: _supervisor_resumed,
+}
+
+
+def describe(event: Event, ctx: Context | None = None) -> str:
+    """One sentence; a pending action says it is under way, a failed one says why."""
+    ctx = ctx or Context()
+    text = DESCRIBERS.get(event.kind, _generic)(event, ctx)
+    if event.status == EventStatus.PENDING and ctx.closed:
+        return text + " (never finished: the incident ended first)"
+    if event.status == EventStatus.PENDING and event.kind not in _SAYS_PENDING:
+        return text + " (started, not finished)"
+    if event.status == EventStatus.FAILED and "fail" not in text.lower():
         return text + " (FAILED)"
     return text
+
+
+_SAYS_PENDING = frozenset(
+    {
+        EventKind.ALERT_SENT,
+        EventKind.FROZE,
+        EventKind.SNAPSHOT,
+        EventKind.ROLLED_BACK,
+        EventKind.FIX_APPLIED,
+        EventKind.OBSERVATION,
+        EventKind.ESCALATED,
+        EventKind.REPLAYED,
+    }
+)

@@ -64,3 +64,23 @@ def test_the_checks_catch_a_broken_page(chromium: str, tmp_path: Path) -> None:
     console, sizes, _ = _load(chromium, page, tmp_path)
     assert any("missingFunction is not defined" in line for line in console)
     assert sizes == [(0, 0)]
+
+
+def test_rollback_report_in_chromium_reads_as_sentences(chromium: str, tmp_path: Path) -> None:
+    """The report of a runtime-shaped incident with a rollback: the browser shows the timeline in
+    sentences, one plot per panel decoded, and the plots' legend names both timelines."""
+    from tests.incidents.builders import rollback_incident
+
+    store = IncidentStore(tmp_path / "incidents.sqlite")
+    page = tmp_path / "rollback.html"
+    page.write_text(render_report(store, rollback_incident(store, rank_local=True, top_cause="data"), "html"))
+    console, sizes, shot = _load(chromium, page, tmp_path)
+    assert console == []
+    assert len(sizes) == 4 and all(w > 300 and h > 100 for w, h in sizes), sizes
+    dom = _chromium(chromium, page, tmp_path / "profile-text", "--dump-dom").stdout
+    rows = re.findall(r"<tr class=\"(?:done|pending|failed)\"[^>]*>(.*?)</tr>", dom, flags=re.S)
+    cells = [re.sub(r"<[^>]+>", " ", row) for row in rows]
+    assert any("Froze all 2 ranks at step 104." in c for c in cells), cells
+    assert any("Rolled back from step 104 to healthy checkpoint 80" in c for c in cells)
+    assert not any(re.search(r"[{}]|memo|\w+=\S", c) for c in cells), cells
+    assert dom.count("web-000017") == 1

@@ -18,7 +18,8 @@ def test_impact_counts_lost_steps_recompute_time_and_excluded_data(store: Incide
     assert (im.steps_lost, im.rollback_from, im.rollback_to) == (23, 103, 80)
     assert im.recompute_s == pytest.approx(23 * 0.5)
     assert im.downtime_s is not None and im.downtime_s >= 0
-    assert im.data_excluded == ["2 samples: web-000017, web-000018", "batches of steps 100–104"]
+    # The excluded samples are the suspects: named once (under root cause), referred to here.
+    assert im.data_excluded == ["the 2 suspect samples (IDs under root cause)", "batches of steps 100–104"]
 
 
 def test_detection_gap_names_the_signal_that_moved_first(store: IncidentStore) -> None:
@@ -69,7 +70,8 @@ def test_measures_follow_the_top_cause(cause: str, attrs: dict[str, object], kin
 def test_measures_are_filled_in_from_the_diagnosis() -> None:
     d = Diagnosis.from_json(diagnosis(nonfinite=True, nonfinite_at="blocks.3.attn"))
     text = " ".join(m.action for m in suggest(d, earlier_signal="grad_norm"))
-    assert "source `web`" in text and "web-000017" in text and "`blocks.3.attn`" in text
+    assert "source `web`" in text and "the 2 suspect samples (IDs under root cause)" in text
+    assert "web-000017" not in text and "`blocks.3.attn`" in text  # the IDs are listed once, under root cause
     assert "Alert on grad_norm" in text
 
 

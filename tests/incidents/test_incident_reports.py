@@ -42,7 +42,7 @@ def test_markdown_has_every_section_of_the_postmortem(db: tuple[Path, int]) -> N
     ):
         assert heading in md
     assert (
-        "| rolled_back | runtime | done | rolled back from step 103 to step 80 (step_00000080), verified |"
+        "| 103 | Rolled back from step 103 to verified checkpoint 80 (step_00000080) (23 steps to train again). |"
         in md
     )
     assert "**Steps lost:** 23 (rollback 103 → 80)" in md
@@ -90,7 +90,7 @@ def test_cli_finds_the_database_through_job_yaml(db: tuple[Path, int], tmp_path:
 
 def test_cli_show_marks_pending_actions(db: tuple[Path, int]) -> None:
     code, out = _run("incidents", "show", "2", "--db", str(db[0]))
-    assert code == 0 and "pending" in out and "rolled_back" in out
+    assert code == 0 and "Rolling back from step 103 to checkpoint 80." in " ".join(out.split())
     code, out = _run("incidents", "show", "2", "--db", str(db[0]), "--json")
     assert json.loads(out)["timeline"][-1]["status"] == "pending"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from supervisor.incidents.postmortem import Postmortem
-from supervisor.incidents.render.text import detection_lines, impact_lines, when
+from supervisor.incidents.postmortem import Postmortem, suspects_relevant
+from supervisor.incidents.render.text import clock, detection_lines, impact_lines, when
 
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -81,14 +81,16 @@ def _kv(rows: list[tuple[str, str]]) -> str:
 
 
 def _timeline(pm: Postmortem) -> list[str]:
-    rows = ["<h2>Timeline</h2>", "<table><tr><th>#</th><th>time</th><th>step</th><th>event</th>"
-            "<th>actor</th><th>status</th><th>what</th></tr>"]  # fmt: skip
+    rows = [
+        "<h2>Timeline</h2>",
+        "<table class='timeline'><tr><th>time (UTC)</th><th>step</th><th>what happened</th></tr>",
+    ]
     for ev, text in pm.timeline:
         cls = ev.status.value
         step = "" if ev.step is None else str(ev.step)
         rows.append(
-            f"<tr class='{cls}'><td>{ev.id}</td><td>{escape(when(ev.wall_time))}</td><td>{step}</td>"
-            f"<td>{escape(ev.kind.value)}</td><td>{escape(ev.actor)}</td><td>{cls}</td><td>{escape(text)}</td></tr>"
+            f"<tr class='{cls}' data-kind='{escape(ev.kind.value)}'><td>{escape(clock(ev.wall_time))}</td>"
+            f"<td>{step}</td><td>{escape(text)}</td></tr>"
         )
     rows.append("</table>")
     return rows
@@ -108,7 +110,7 @@ def _root_cause(pm: Postmortem) -> list[str]:
         evidence = "".join(f"<li>{escape(e)}</li>" for e in cs.evidence)
         out.append(f"<li><b>{escape(cs.cause.value)}</b> (score {cs.score:.2f})<ul>{evidence}</ul></li>")
     out.append("</ul>")
-    if diag.suspect_samples:
+    if suspects_relevant(diag):
         ids = ", ".join(f"<code>{escape(s)}</code>" for s in diag.suspect_samples)
         out.append(f"<p>Suspect samples (IDs): {ids}</p>")
     return out

@@ -40,20 +40,15 @@ def incidents_table(incidents: list[Incident]) -> Table:
 
 
 def timeline_table(pm: Postmortem) -> Table:
-    table = Table(title=f"Timeline of incident {pm.incident.id}", title_justify="left")
-    for col in ("#", "time", "step", "event", "actor", "status", "what"):
-        table.add_column(col, overflow="fold")
+    """Time, step and one sentence per event: fits 80 columns (the sentence wraps, nothing else)."""
+    table = Table(title=f"Timeline of incident {pm.incident.id}", title_justify="left", expand=False)
+    table.add_column("time", no_wrap=True)
+    table.add_column("step", no_wrap=True, justify="right")
+    table.add_column("what happened", overflow="fold", ratio=1)
     for ev, text in pm.timeline:
         style = _STATUS_STYLE[ev.status.value]
-        status = f"[{style}]{ev.status.value}[/]" if style else ev.status.value
         table.add_row(
-            str(ev.id),
-            _short_time(ev.wall_time),
-            _opt(ev.step),
-            ev.kind.value,
-            escape(ev.actor),
-            status,
-            escape(text),
+            _clock(ev.wall_time), _opt(ev.step), f"[{style}]{escape(text)}[/]" if style else escape(text)
         )
     return table
 
@@ -81,6 +76,10 @@ def print_postmortem(pm: Postmortem, console: Console, *, full: bool = True) -> 
     console.print("[bold]Permanent measures[/bold]")
     for i, m in enumerate(pm.measures, 1):
         console.print(f"  {i}. {m.kind}: {m.action}", highlight=False, markup=False)
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def _short_time(ts: float) -> str:

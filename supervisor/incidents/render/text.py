@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from supervisor.incidents.postmortem import Postmortem
+from supervisor.incidents.postmortem import Postmortem, suspects_relevant
 
 
 def when(ts: float | None) -> str:
     return (
         "—" if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     )
+
+
+def clock(ts: float) -> str:
+    """Time of day (UTC) of a timeline event; the report's header gives the date."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def duration(seconds: float | None) -> str:
@@ -66,14 +71,11 @@ def to_markdown(pm: Postmortem) -> str:
         "",
         "## Timeline",
         "",
-        "| # | time | step | event | actor | status | what |",
-        "|---|---|---|---|---|---|---|",
+        "| time | step | what happened |",
+        "|---|---|---|",
     ]
     for ev, text in pm.timeline:
-        out.append(
-            f"| {ev.id} | {when(ev.wall_time)} | {'' if ev.step is None else ev.step} | {ev.kind.value} "
-            f"| {_cell(ev.actor)} | {ev.status.value} | {_cell(text)} |"
-        )
+        out.append(f"| {clock(ev.wall_time)} | {'' if ev.step is None else ev.step} | {_cell(text)} |")
     out += ["", "## Root cause and evidence", ""]
     if diag is None:
         out.append("No diagnosis recorded.")
@@ -87,7 +89,7 @@ def to_markdown(pm: Postmortem) -> str:
         for cs in diag.causes:
             out.append(f"- **{cs.cause.value}** (score {cs.score:.2f})")
             out += [f"  - {_cell(ev)}" for ev in cs.evidence]
-        if diag.suspect_samples:
+        if suspects_relevant(diag):
             out += ["", "Suspect samples (IDs): " + ", ".join(f"`{s}`" for s in diag.suspect_samples)]
     out += ["", "## Impact", ""] + [f"- **{k}:** {v}" for k, v in impact_lines(pm)]
     out += ["", "## Detection gap", ""] + [f"- **{k}:** {v}" for k, v in detection_lines(pm)]
