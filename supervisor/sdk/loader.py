@@ -31,6 +31,7 @@ Batches: a mapping gets ``sample_ids``, ``sources`` and ``batch_index``; any oth
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,7 +87,7 @@ class SupervisedLoader:
         self.excluded = ExclusionSet()
         self.boundary: Boundary | None = None
         """Called before each batch is drawn (the probe's step boundary); may raise StopIteration."""
-        self._recent: list[tuple[Any, BatchMeta]] = []
+        self._recent: deque[tuple[Any, BatchMeta]] = deque(maxlen=4)
         self._dirty = False
         self._checked = False
         workers = {
@@ -111,7 +112,7 @@ class SupervisedLoader:
                 )
             schedule = Schedule(
                 len(dataset), batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
-                sample_id=self.sample_id, source=self.source, exclusions=self.excluded,
+                sample_id=self._id_of, source=self._source_of, exclusions=self.excluded,
             )  # fmt: skip
             if persistent_workers is None:
                 persistent_workers = num_workers > 0
@@ -178,7 +179,7 @@ class SupervisedLoader:
             self._restart()
         batch, meta = self._map.next() if self._map is not None else self._next_stream()
         batch = attach(batch, meta)
-        self._recent = [*self._recent[-3:], (batch, meta)]
+        self._recent.append((batch, meta))
         return batch
 
     def _next_stream(self) -> tuple[Any, BatchMeta]:

@@ -4,8 +4,7 @@ The loader always knows the IDs of what it drew (a map-style dataset's ``sample_
 the index; a stream's key, or shard + offset). It hands them on in two ways:
 
 * attached to the batch where the batch can carry them — a mapping gets ``sample_ids``,
-  ``sources`` and ``batch_index`` keys; a dataclass or object gets those attributes when it
-  has (or accepts) them;
+  ``sources`` and ``batch_index`` keys; a dataclass with any of those fields gets them set;
 * always through ``SupervisedLoader.batch_meta(batch)``, which the probe asks when the batch
   itself carries none (a tuple, a list, a bare tensor).
 
@@ -19,13 +18,15 @@ import dataclasses
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
+import torch
+
 ID_KEYS = ("sample_ids", "samples", "ids")
 ITEM_ID_KEYS = ("__key__", "id", "sample_id", "key")
 """Keys a stream item's ID is taken from, in this order, when no ``id_key`` is given."""
 IdFn = Callable[[Any], Sequence[str]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class BatchMeta:
     sample_ids: list[str]
     sources: list[str]
@@ -37,22 +38,18 @@ class BatchMeta:
 
 def attach(batch: Any, meta: BatchMeta) -> Any:
     """``batch`` carrying ``meta`` where its type allows (the same object when mutable)."""
-    if isinstance(batch, MutableMapping):
+    if type(batch) is dict or isinstance(batch, MutableMapping):
         batch.update(meta.fields())
         return batch
     if isinstance(batch, Mapping):
         return {**batch, **meta.fields()}
+    if isinstance(batch, torch.Tensor | tuple | list):
+        return batch
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         names = {f.name for f in dataclasses.fields(batch)}
         if names & set(meta.fields()):
             return dataclasses.replace(batch, **{k: v for k, v in meta.fields().items() if k in names})
-    if hasattr(batch, "__dict__") and not isinstance(batch, type):
-        try:
-            for k, v in meta.fields().items():
-                setattr(batch, k, v)
-        except (AttributeError, TypeError):
-            pass  # frozen or slotted: the probe asks the loader instead
-    return batch
+    return batch  # a tuple, list, tensor or other object: the probe asks the loader
 
 
 def _as_ids(value: Any) -> list[str] | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -59,19 +58,19 @@ class MapPipeline:
         batch = next(self._it)
         draw = self.pending.popleft()
         self.consumed = draw.after
-        return batch, BatchMeta(draw.sample_ids, draw.sources, draw.batch_index)
+        return batch, draw
 
     def restart(self) -> None:
         """Forget prefetched batches; the next batch is drawn from the consumed cursor."""
         self.generation += 1
         self.pending.clear()
-        self.schedule.cursor = replace(self.consumed)
+        self.schedule.cursor = self.consumed.copy()
         if self._it is not None and not self.loader.persistent_workers:
             _shutdown(self._it)
         self._it = None  # persistent workers: the next iter() resets the DataLoader's iterator
 
     def set_cursor(self, cursor: Cursor) -> None:
-        self.consumed = replace(cursor)
+        self.consumed = cursor.copy()
         self.restart()
 
     def close(self) -> None:

@@ -11,36 +11,37 @@ Skipped batches and excluded batch ranges are drawn and dropped, so batch indice
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from supervisor.sdk.data.exclusions import ExclusionSet
+from supervisor.sdk.data.ids import BatchMeta
 from supervisor.sdk.data.order import Permutation
 
 BLOCK = 4096
 """Positions mapped per numpy call (memory stays O(BLOCK) whatever the dataset size)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Cursor:
     epoch: int = 0
     pos: int = 0
     batch: int = 0
     skip_pending: int = 0
 
+    def copy(self) -> Cursor:
+        return Cursor(self.epoch, self.pos, self.batch, self.skip_pending)
+
     def public(self) -> dict[str, int]:
         """The ``cursor`` of ``data_state`` (``skip_pending`` is stored beside it)."""
         return {"epoch": self.epoch, "pos": self.pos, "batch": self.batch}
 
 
-@dataclass(frozen=True)
-class Draw:
-    """One batch of this rank: dataset indices, their IDs and sources, and the cursor after it."""
+@dataclass(slots=True)
+class Draw(BatchMeta):
+    """One batch of this rank: its IDs, sources and index, the dataset indices, the cursor after it."""
 
-    batch_index: int
     indices: list[int]
-    sample_ids: list[str]
-    sources: list[str]
     after: Cursor
 
 
@@ -54,13 +55,13 @@ class Schedule:
         world_size: int,
         seed: int,
         shuffle: bool,
-        sample_id: Callable[[int], str],
-        source: Callable[[int], str],
+        sample_id: Callable[[int], Any] | None,
+        source: Callable[[int], Any] | None,
         exclusions: ExclusionSet,
     ) -> None:
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.seed, self.shuffle = seed, shuffle
-        self.sample_id, self.source, self.exclusions = sample_id, source, exclusions
+        self.id_of, self.source_of, self.exclusions = sample_id, source, exclusions
         self.cursor = Cursor()
         self._perm: tuple[tuple[int, int], Permutation] | None = None
         self._block: tuple[int, int, Any] | None = None  # (epoch, start, indices)
@@ -74,6 +75,12 @@ class Schedule:
             blk = self._block = (epoch, pos, self._perm[1].block(pos, BLOCK).tolist())
         return blk[1], blk[2]
 
+    def sample_id(self, i: int) -> str:
+        return str(self.id_of(i)) if self.id_of is not None else str(i)
+
+    def source(self, i: int) -> str:
+        return str(self.source_of(i)) if self.source_of is not None else "default"
+
     def _allowed(self, i: int) -> bool:
         ex = self.exclusions
         if ex.sources and self.source(i) in ex.sources:
@@ -83,6 +90,7 @@ class Schedule:
     def _global_batch(self) -> list[int]:
         c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
         check = bool(self.exclusions.samples or self.exclusions.sources)
+        allowed = self._allowed
         scanned = 0  # positions since the last accepted sample
         while len(picked) < need:
             if c.pos >= self.n:
@@ -95,7 +103,7 @@ class Schedule:
                 continue
             i = block[c.pos - start]
             c.pos += 1
-            if self._allowed(i):
+            if allowed(i):
                 picked.append(i)
                 scanned = 0
             elif (scanned := scanned + 1) > self.n:
@@ -114,5 +122,6 @@ class Schedule:
             if self.exclusions.batch_excluded(index):
                 continue
             mine = picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            ids = [self.sample_id(i) for i in mine]
-            return Draw(index, mine, ids, [self.source(i) for i in mine], replace(c))
+            ids = list(map(str, mine)) if self.id_of is None else [self.sample_id(i) for i in mine]
+            srcs = ["default"] * len(mine) if self.source_of is None else [self.source(i) for i in mine]
+            return Draw(ids, srcs, index, mine, c.copy())
