@@ -60,7 +60,7 @@ def main() -> None:
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr, warmup_steps=20, lr_scheduler_type="cosine", weight_decay=0.1,
         adam_beta2=0.95, max_grad_norm=1.0, logging_steps=50, save_strategy="no", report_to=[],
-        use_cpu=True, ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, seed=args.seed, dataloader_drop_last=True, disable_tqdm=True,
+        use_cpu=True, ddp_find_unused_parameters=False, ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, seed=args.seed, dataloader_drop_last=True, disable_tqdm=True,
     )  # fmt: skip
     dataset = ByteLM(args.seq_len, args.data_bytes, args.seed)
     trainer = Trainer(

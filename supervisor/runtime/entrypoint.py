@@ -42,6 +42,11 @@ def resolve(entrypoint: str) -> Callable[..., Any]:
 
 def resolve_module(entrypoint: str) -> Any:
     """The module (or script namespace) that holds the entrypoint; optional hooks live there."""
+    if len(entrypoint.split()) > 1:
+        raise ConfigError(
+            f"{entrypoint!r} is a command: hooks such as replay_hooks need a `module:function` entrypoint",
+            field="entrypoint",
+        )
     if entrypoint.endswith(".py"):
         return runpy.run_path(entrypoint, run_name="__supervised__")
     return importlib.import_module(entrypoint.partition(":")[0])

@@ -1,0 +1,70 @@
+"""Shared pieces for the integration e2e tests: one real local Ray per module, job specs, traces."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.config.job import JobSpec
+from supervisor.runtime.settings import RuntimeSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+LEAN = str(Path(__file__).parent / "lean.yaml")
+#: Small enough for CPU under load, big enough that the detector has a baseline before the fault.
+SMALL = "--d-model 32 --layers 1 --data-bytes 150000"
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    import ray
+
+    from supervisor.runtime.names import NAMESPACE
+
+    ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def command_job(tmp_path: Path, name: str, module: str, steps: int, **over: Any) -> JobSpec:
+    spec: dict[str, Any] = {
+        "name": name,
+        "entrypoint": f"python -m {module} --steps {steps} {SMALL}",
+        "max_steps": steps,
+        "resources": {"num_workers": 2},
+        "storage": {"path": str(tmp_path / "store")},
+        "checkpoint": {"every_steps": 20},
+        "telemetry": {"min_history": 40, "window": 100, "hang_timeout_s": 90},
+        "policy": LEAN,
+    }
+    spec.update(over)
+    return JobSpec.model_validate(spec)
+
+
+def settings(trace: Path | None = None) -> RuntimeSettings:
+    over: dict[str, Any] = {"healthy_after_steps": 5, "step_deadline_s": 10.0, "directive_timeout_s": 90.0}
+    if trace is not None:
+        over["trace_path"] = str(trace)
+    return RuntimeSettings.model_validate(over)
+
+
+def final_loss(trace_glob: list[Path], last: int = 10) -> float:
+    """Token-weighted loss of the last ``last`` steps of the kept timeline, over all ranks."""
+    by_step: dict[tuple[int, int], dict[str, Any]] = {}
+    for path in trace_glob:
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "loss" in rec and not rec.get("control"):
+                by_step[(int(rec["step"]), int(rec.get("rank", 0)))] = rec  # a replayed step: the last one
+    steps = sorted({s for s, _ in by_step})[-last:]
+    recs = [r for (s, _), r in by_step.items() if s in steps]
+    total = sum(r.get("tokens", 1) for r in recs)
+    value = sum(r.get("loss_sum", r["loss"]) for r in recs) / total
+    assert math.isfinite(value)
+    return value
