@@ -64,6 +64,7 @@ class Fault:
     size: str = "tiny"
     steps: int = STEPS
     ranks: int = RANKS
+    loss_visible: bool = True  # False: the loss alone never shows this fault (scored apart)
     kind: str = ""  # the fault injected (defaults to the name; variants share one injection)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,7 @@ class Fault:
             "size": self.size,
             "steps": self.steps,
             "ranks": self.ranks,
+            "loss_visible": self.loss_visible,
         }
 
 
@@ -115,7 +117,14 @@ FAULTS = [
     Fault("rank_corrupt_range", 200, "transient", "data", 2, seed=8, params={"rank": 2, "steps": 12}),
     Fault("periodic_junk_source", 100, "periodic", "data", 0, seed=9, params={"every": 40, "rank": 0}),
     Fault(
-        "replica_divergence", 200, "transient", "distributed", 1, seed=10, params={"rank": 1, "noise": 0.05}
+        "replica_divergence",
+        200,
+        "transient",
+        "distributed",
+        1,
+        seed=10,
+        params={"rank": 1, "noise": 0.05},
+        loss_visible=False,
     ),
     Fault(
         "resume_without_optimizer",
@@ -124,12 +133,19 @@ FAULTS = [
         "resume_state",
         seed=11,
         params={"crash": 200, "ckpt": 150},
+        loss_visible=False,
     ),
     Fault("misreduced_metric", 200, "transient", "metric_artifact", 3, seed=12, params={"rank": 3}),
-    # One rank's computation corrupted from the onset on, for good (a failing device): its loss
-    # stays far above the others'. One incident that does not go away: divergence, rank-local.
+    # One rank's input corrupted from the onset on, for good (a broken shard or loader on that rank):
+    # its loss stays far above the others'. One incident that does not go away: divergence, rank-local.
     Fault(
-        "rank_corrupt_persistent", 150, "divergence", "distributed", 2, seed=13, kind="rank_corrupt_range",
+        "rank_corrupt_persistent",
+        150,
+        "divergence",
+        "data",
+        2,
+        seed=13,
+        kind="rank_corrupt_range",
         params={"rank": 2, "steps": 10**6},
     ),  # fmt: skip
     # Two more model sizes.
@@ -146,11 +162,26 @@ FAULTS = [
     # Long runs (one rank, to keep generation affordable): a quiet one, a long-period fault, a late divergence.
     Fault("clean_long", seed=40, steps=LONG, ranks=1),
     Fault(
-        "periodic_long", 1000, "periodic", "data", None, seed=41, steps=LONG, ranks=1,
-        kind="periodic_junk_source", params={"every": 450, "rank": 0},
+        "periodic_long",
+        1000,
+        "periodic",
+        "data",
+        None,
+        seed=41,
+        steps=LONG,
+        ranks=1,
+        kind="periodic_junk_source",
+        params={"every": 450, "rank": 0},
     ),  # fmt: skip
     Fault(
-        "lr_too_high_long", 2400, "divergence", "optimizer", seed=42, steps=LONG, ranks=1, kind="lr_too_high",
+        "lr_too_high_long",
+        2400,
+        "divergence",
+        "optimizer",
+        seed=42,
+        steps=LONG,
+        ranks=1,
+        kind="lr_too_high",
         params={"lr_growth": 1.2},
     ),  # fmt: skip
 ]

@@ -1,6 +1,16 @@
 """Score the engine and three baselines on the labelled corpus, side by side.
 
-    python -m bench.detection.score [CORPUS_DIR]
+    python -m bench.detection.score [CORPUS_DIR]               # full telemetry, then loss only
+    python -m bench.detection.score --write-loss-only [DIR]    # (re)write corpus/loss_only/*.csv.gz
+
+Two views of every trace: the full per-rank telemetry, and its loss-only copy
+(``corpus/loss_only/<name>.csv.gz``: ``step,loss``, the mean over ranks, as a dashboard or a
+plain training log shows it). In the loss-only view a fault counts as detected when an incident's
+onset is between 2 steps before the label and ``LOSS_ONLY_LAG`` steps after it (the loss shows an
+LR or optimizer fault only once the weights have moved); the phenotype is scored, the cause is
+not (the loss alone cannot tell them apart, and the engine says so). Labels with
+``"loss_visible": false`` are faults the loss never shows (a silent replica split, lost optimizer
+state): they are listed, and recall is given with and without them.
 
 Baselines (on the reported global loss per step — the mean over ranks, what a dashboard shows;
 a non-finite loss counts as flagged for all of them):
@@ -16,6 +26,7 @@ on clean and benign traces any incident is a false alarm.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -25,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core.analysis import analyze_records
-from supervisor.core.model import Diagnosis
+from supervisor.core.model import Diagnosis, Severity
+from supervisor.core.records import Record
 from supervisor.traces import read_trace
 
 CORPUS = Path(__file__).parent / "corpus"
 ONSET_TOLERANCE = 2
+LOSS_ONLY_LAG = 20
 TARGETS = {"detected": 1.0, "false_alarms": 0, "phenotype": 0.9, "cause": 0.8}
 
 
@@ -96,24 +109,56 @@ def ten_x_early(series: list[tuple[int, float]]) -> list[int]:
 BASELINES = {"killspike": killspike, "6sigma": six_sigma, "10x_early": ten_x_early}
 
 
-def evaluate(corpus: Path = CORPUS) -> list[Row]:
+def loss_only(records: list[Any]) -> list[Record]:
+    """One record per step (in trace order, replays kept): the mean loss over ranks."""
+    out: list[Record] = []
+    step: int | None = None
+    vals: list[float] = []
+    for r in [*records, None]:
+        if r is None or (step is not None and r.step != step):
+            if step is not None:
+                out.append(Record(step=step, loss=sum(vals) / len(vals)))
+            vals = []
+        if r is not None:
+            step = r.step
+            vals.append(r.loss)
+    return out
+
+
+def write_loss_only(corpus: Path = CORPUS) -> None:
+    labels = json.loads((corpus / "labels.json").read_text())
+    (corpus / "loss_only").mkdir(exist_ok=True)
+    for name in labels:
+        recs = loss_only(read_trace(corpus / f"{name}.jsonl.gz", "jsonl").records)
+        text = "step,loss\n" + "".join(f"{r.step},{r.loss:.6g}\n" for r in recs)
+        with gzip.open(corpus / "loss_only" / f"{name}.csv.gz", "wt", compresslevel=9) as fh:
+            fh.write(text)
+
+
+def _matches(d: Diagnosis, onset: int, view: str) -> bool:
+    lag = LOSS_ONLY_LAG if view == "loss_only" else ONSET_TOLERANCE
+    return -ONSET_TOLERANCE <= d.onset_step - onset <= lag
+
+
+def evaluate(corpus: Path = CORPUS, view: str = "full") -> list[Row]:
     labels = json.loads((corpus / "labels.json").read_text())
     rows = []
     for name, label in labels.items():
-        data = read_trace(corpus / f"{name}.jsonl.gz", "jsonl")
-        result = analyze_records(data.records)
-        series = loss_series(data.records)
+        if view == "full":
+            records = read_trace(corpus / f"{name}.jsonl.gz", "jsonl").records
+        else:
+            records = read_trace(corpus / "loss_only" / f"{name}.csv.gz", "csv").records
+        result = analyze_records(records)
+        series = loss_series(records)
         row = Row(name, label, result.incidents, {k: f(series) for k, f in BASELINES.items()})
         row.benign_shifts = len(result.benign_shifts)
         if label["harmful"]:
-            row.matched = next(
-                (d for d in result.incidents if abs(d.onset_step - label["onset"]) <= ONSET_TOLERANCE), None
-            )
+            row.matched = next((d for d in result.incidents if _matches(d, label["onset"], view)), None)
         rows.append(row)
     return rows
 
 
-def summarize(rows: list[Row]) -> dict[str, Any]:
+def summarize(rows: list[Row], view: str = "full") -> dict[str, Any]:
     harmful = [r for r in rows if r.label["harmful"]]
     quiet = [r for r in rows if not r.label["harmful"]]
     out: dict[str, Any] = {"harmful": len(harmful), "quiet": len(quiet)}
@@ -129,9 +174,17 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "first_rank": sum(d.first_rank == r.label["first_rank"] for r, d in ranked)
         / max(1, sum(r.label["first_rank"] is not None for r in harmful)),
     }
+    visible = [r for r in harmful if r.label.get("loss_visible", True)]
+    out["engine"]["detected_visible"] = sum(r.matched is not None for r in visible) / max(1, len(visible))
+    out["engine"]["medium_plus_false_alarms"] = sum(
+        1 for r in quiet for d in r.engine if d.severity.rank >= Severity.MEDIUM.rank
+    )
+    lags = [d.onset_step - r.label["onset"] for r, d in hit]
+    out["engine"]["onset_lag_mean"] = statistics.fmean(lags) if lags else 0.0
+    lag = LOSS_ONLY_LAG if view == "loss_only" else ONSET_TOLERANCE
     for name in BASELINES:
         det = sum(
-            any(abs(o - r.label["onset"]) <= ONSET_TOLERANCE for o in r.baselines[name]) for r in harmful
+            any(-ONSET_TOLERANCE <= o - r.label["onset"] <= lag for o in r.baselines[name]) for r in harmful
         )
         out[name] = {
             "detected": det / max(1, len(harmful)),
@@ -140,7 +193,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     return out
 
 
-def _fmt_engine(r: Row) -> str:
+def _fmt_engine(r: Row, view: str = "full") -> str:
     if r.label["harmful"]:
         d = r.matched
         if d is None:
@@ -148,24 +201,26 @@ def _fmt_engine(r: Row) -> str:
             return f"MISSED (onsets {got})"
         ok_p = "ok" if d.phenotype.value == r.label["phenotype"] else "WRONG"
         ok_c = "ok" if d.top_cause and d.top_cause.value == r.label["cause"] else "WRONG"
+        if view == "loss_only":
+            ok_c = "-"
         extra = f" +{len(r.engine) - 1} extra" if len(r.engine) > 1 else ""
         cause = d.top_cause.value if d.top_cause else "?"
         return f"{d.onset_step} {d.phenotype.value}({ok_p}) {cause}({ok_c}) r{d.first_rank}{extra}"
     return f"{len(r.engine)} incidents, {r.benign_shifts} benign shifts"
 
 
-def _fmt_baseline(r: Row, name: str) -> str:
+def _fmt_baseline(r: Row, name: str, view: str = "full") -> str:
     onsets = r.baselines[name]
     if not r.label["harmful"]:
         return f"{len(onsets)} alarms"
-    hit = any(abs(o - r.label["onset"]) <= ONSET_TOLERANCE for o in onsets)
+    lag = LOSS_ONLY_LAG if view == "loss_only" else ONSET_TOLERANCE
+    hit = any(-ONSET_TOLERANCE <= o - r.label["onset"] <= lag for o in onsets)
     return ("hit" if hit else "miss") + (f" ({len(onsets)})" if onsets else "")
 
 
-def main(argv: list[str]) -> int:
-    corpus = Path(argv[0]) if argv else CORPUS
-    rows = evaluate(corpus)
-    head = f"{'trace':26} {'label':38} {'engine':58} " + " ".join(f"{n:>11}" for n in BASELINES)
+def _table(rows: list[Row], view: str) -> dict[str, Any]:
+    head = f"{'trace':28} {'label':38} {'engine':58} " + " ".join(f"{n:>11}" for n in BASELINES)
+    print(f"\n## {view}\n")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -176,20 +231,31 @@ def main(argv: list[str]) -> int:
             else "quiet"
         )
         print(
-            f"{r.name:26} {label:38} {_fmt_engine(r):58} "
-            + " ".join(f"{_fmt_baseline(r, n):>11}" for n in BASELINES)
+            f"{r.name:28} {label:38} {_fmt_engine(r, view):58} "
+            + " ".join(f"{_fmt_baseline(r, n, view):>11}" for n in BASELINES)
         )
-    s = summarize(rows)
-    print()
+    s = summarize(rows, view)
     e = s["engine"]
+    print()
     print(
-        f"engine:    detected {e['detected']:.0%} (onset within {ONSET_TOLERANCE}), false alarms {e['false_alarms']}, "
+        f"engine:    detected {e['detected']:.0%} ({e['detected_visible']:.0%} of the faults the loss shows), "
+        f"false alarms {e['false_alarms']} ({e['medium_plus_false_alarms']} medium+), "
         f"phenotype {e['phenotype']:.0%}, top cause {e['cause']:.0%}, first rank {e['first_rank']:.0%}, "
-        f"extra incidents {e['extra_incidents']}"
+        f"extra incidents {e['extra_incidents']}, mean onset lag {e['onset_lag_mean']:+.1f} steps"
     )
     for name in BASELINES:
         b = s[name]
         print(f"{name + ':':10} detected {b['detected']:.0%}, false alarms {b['false_alarms']}")
+    return s
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--write-loss-only"]:
+        write_loss_only(Path(argv[1]) if len(argv) > 1 else CORPUS)
+        return 0
+    corpus = Path(argv[0]) if argv else CORPUS
+    e = _table(evaluate(corpus, "full"), "full")["engine"]
+    lo = _table(evaluate(corpus, "loss_only"), "loss_only")["engine"]
     ok = (
         e["detected"] >= TARGETS["detected"]
         and e["false_alarms"] <= TARGETS["false_alarms"]
@@ -197,9 +263,13 @@ def main(argv: list[str]) -> int:
         and e["cause"] >= TARGETS["cause"]
     )
     print(
-        f"targets (all detected, 0 false alarms, phenotype >= 90%, cause >= 80%): {'MET' if ok else 'NOT MET'}"
+        f"\ntargets, full telemetry (all detected, 0 false alarms, phenotype >= 90%, cause >= 80%): {'MET' if ok else 'NOT MET'}"
     )
-    return 0 if ok else 1
+    lo_ok = lo["detected_visible"] >= 0.9 and lo["medium_plus_false_alarms"] == 0
+    print(
+        f"targets, loss only (>= 90% of what the loss shows, 0 medium+ false alarms): {'MET' if lo_ok else 'NOT MET'}"
+    )
+    return 0 if ok and lo_ok else 1
 
 
 if __name__ == "__main__":
