@@ -49,9 +49,13 @@ class Observability:
         self._stop = threading.Event()
         m = self.settings.metrics
         if m.port is not None:
-            self.metrics_port = self.metrics.serve(m.host, m.port)
-            log.info("metrics_serving", job=self.job, host=m.host, port=self.metrics_port)
-            if checkpoints is not None:
+            try:
+                self.metrics_port = self.metrics.serve(m.host, m.port)
+            except OSError as exc:  # a taken port must not keep the job from being supervised
+                log.error("metrics_not_served", job=self.job, host=m.host, port=m.port, error=str(exc))
+            else:
+                log.info("metrics_serving", job=self.job, host=m.host, port=self.metrics_port)
+            if checkpoints is not None and self.metrics_port is not None:
                 threading.Thread(
                     target=self._watch_checkpoints, name="observability-ckpt", daemon=True
                 ).start()

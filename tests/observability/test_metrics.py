@@ -137,7 +137,9 @@ def test_metrics_endpoint_serves_incidents_actions_ranks_and_checkpoints(store: 
     assert _value(m, "spike_supervisor_checkpoints", health="quarantined") == 0
     assert _value(m, "spike_supervisor_checkpoint_newest_healthy_step", training_job="tinylm") == 100
     assert _value(m, "spike_supervisor_checkpoint_newest_healthy_age_steps", training_job="tinylm") == 3
-    assert 55 <= _value(m, "spike_supervisor_checkpoint_newest_healthy_age_seconds", training_job="tinylm") < 120
+    assert (
+        55 <= _value(m, "spike_supervisor_checkpoint_newest_healthy_age_seconds", training_job="tinylm") < 120
+    )
 
 
 def test_metrics_off_by_default_and_a_failing_sink_does_not_stop_the_loop(store: IncidentStore) -> None:
@@ -178,3 +180,18 @@ def test_series_keeps_per_rank_rows_and_the_timeline_after_a_rollback(store: Inc
     assert {r["step"] for r in first if "rank" not in r} == set(range(60, 108))  # aggregates too
     assert sorted({r["step"] for r in again}) == list(range(81, 95))
     assert {r.get("rank") for r in again} == {0, 1, None}
+
+
+def test_a_taken_port_is_logged_and_supervision_goes_on(store: IncidentStore) -> None:
+    taken = ObservabilitySettings.model_validate({"metrics": {"port": 0, "host": "127.0.0.1"}})
+    first = Observability(JOB, store, None, taken)
+    try:
+        again = ObservabilitySettings.model_validate(
+            {"metrics": {"port": first.metrics_port, "host": "127.0.0.1"}}
+        )
+        second = Observability(JOB, store, None, again)
+        assert second.metrics_port is None
+        second.on_step(1, _records(1), None)  # the loop goes on
+        assert second.series.ring[-1][0] == 1
+    finally:
+        first.close()
