@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,18 @@ def settings(trace: Path | None = None) -> RuntimeSettings:
     if trace is not None:
         over["trace_path"] = str(trace)
     return RuntimeSettings.model_validate(over)
+
+
+def plain_torchrun(tmp_path: Path, module: str, steps: int) -> list[Path]:
+    """``module`` under plain `torchrun --nproc_per_node 2`: no supervisor, a local trace per rank."""
+    trace = tmp_path / "plain" / "trace.jsonl"
+    trace.parent.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", module,
+           "--steps", str(steps), *SMALL.split(), "--trace", str(trace)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return sorted(trace.parent.glob("trace.rank*.jsonl"))
 
 
 def final_loss(trace_glob: list[Path], last: int = 10) -> float:

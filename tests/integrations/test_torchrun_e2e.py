@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,27 +13,15 @@ from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime import api
 from supervisor.runtime.process_logs import generations, read_segments
 from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
-from tests.integrations.conftest import ROOT, SMALL, command_job, final_loss, settings
+from tests.integrations.conftest import command_job, final_loss, plain_torchrun, settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 STEPS = 150
 
 
-def plain_torchrun(tmp_path: Path) -> list[Path]:
-    """The same script under plain `torchrun --nproc_per_node 2`: no supervisor, a local trace per rank."""
-    trace = tmp_path / "plain" / "trace.jsonl"
-    trace.parent.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "examples.torchrun.train",
-           "--steps", str(STEPS), *SMALL.split(), "--trace", str(trace)]  # fmt: skip
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return sorted(trace.parent.glob("trace.rank*.jsonl"))
-
-
 def test_lr_fault_rolled_back_in_place_and_final_loss_matches_plain_torchrun(tmp_path: Path) -> None:
-    clean = plain_torchrun(tmp_path)
+    clean = plain_torchrun(tmp_path, "examples.torchrun.train", STEPS)
     assert len(clean) == 2
     analysed = CliRunner().invoke(cli, ["analyze", *map(str, clean)])
     assert analysed.exit_code == 0, analysed.output  # the clean trace analyses clean
