@@ -1,6 +1,8 @@
-"""Replay: the suspect batch and a control batch, from the last healthy checkpoint, in one process.
+"""Replay, offline path: the suspect batch and a control batch, from a checkpoint, in one process.
 
-Runs as a separate single-process Ray task, away from the (frozen) worker group. The job
+The ``replay`` action runs on the job's own ranks while they are alive (``supervisor.sdk.replay``);
+this separate single-process Ray task is the path once training has ended or when the ranks
+cannot replay. A DCP checkpoint saved by N ranks loads here on one (resharded). The job
 supplies how to build its model and batches: its entrypoint module defines
 
     def replay_hooks(config: dict, job: JobSpec) -> hooks
@@ -20,11 +22,11 @@ precision, not at the model.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-LOSS_MARGIN = 1.5
-GRAD_RATIO = 5.0
+from supervisor.sdk.replay import GRAD_RATIO, LOSS_MARGIN, verdict  # one verdict for both replay paths
+
+__all__ = ["GRAD_RATIO", "LOSS_MARGIN", "run_replay", "verdict"]
 
 
 def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: bool) -> dict[str, Any]:
@@ -75,26 +77,6 @@ def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: boo
         out["suspect_fp32_math"] = measure(hooks.batch(suspects), fp32_math=True)
     out["verdict"], out["why"] = verdict(out)
     return out
-
-
-def verdict(r: dict[str, Any]) -> tuple[str, str]:
-    """(``data`` | ``transient_or_system`` | ``kernel_or_precision`` | ``no_suspects``, why)."""
-    s, c = r.get("suspect"), r["control"]
-    if not s:
-        return "no_suspects", "the diagnosis named no suspect samples"
-    fp32 = r.get("suspect_fp32_math")
-    if not math.isfinite(s["loss"]) and fp32 and math.isfinite(fp32["loss"]):
-        return "kernel_or_precision", "non-finite in the default path, finite in fp32 with math SDPA"
-    if not math.isfinite(s["loss"]):
-        return "data", "the suspect batch is non-finite from a healthy state"
-    if s["loss"] > LOSS_MARGIN * c["loss"]:
-        return "data", f"suspect loss {s['loss']:.4g} > {LOSS_MARGIN}x control {c['loss']:.4g}"
-    if s.get("grad_norm") and c.get("grad_norm") and s["grad_norm"] > GRAD_RATIO * c["grad_norm"]:
-        return "data", f"suspect grad norm {s['grad_norm']:.4g} > {GRAD_RATIO}x control {c['grad_norm']:.4g}"
-    return (
-        "transient_or_system",
-        f"suspect loss {s['loss']:.4g} vs control {c['loss']:.4g}: does not reproduce",
-    )
 
 
 def _math_sdpa() -> Any:

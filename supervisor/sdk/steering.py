@@ -27,6 +27,7 @@ from supervisor.sdk.directives import (
     Directive,
     Finish,
     Freeze,
+    Replay,
     RollbackInPlace,
     Snapshot,
     Stop,
@@ -62,6 +63,7 @@ class Steering:
             ApplyOverrides: self._apply,
             Stop: self._stop,
             Finish: lambda d: None,
+            Replay: self._replay,
         }
 
     # -- the boundary --------------------------------------------------------------------------
@@ -198,6 +200,12 @@ class Steering:
             p.loader.exclude(d.exclusions)
             p.loader.skip(d.skip_batches)
             p.event("data_override")
+
+    def _replay(self, d: Replay) -> None:
+        from supervisor.sdk.replay import replay_on_ranks
+
+        self.finish_saves()  # the replay borrows the live model; a save in flight must not see it
+        replay_on_ranks(self.probe, d)
 
     def _rollback(self, d: RollbackInPlace) -> None:
         p = self.probe

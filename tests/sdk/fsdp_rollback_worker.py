@@ -50,3 +50,58 @@ def shard_checksum(model: torch.nn.Module) -> str:
     for p in model.parameters():
         digest.update(p.to_local().detach().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def run_replay(rank: int, world_size: int, tmp: str) -> None:
+    ddp_worker._in_gloo_group(_replay_body, rank, world_size, tmp)
+
+
+def _replay_body(rank: int, tmp: str) -> None:
+    """FSDP2 trained 50 steps on text only (a junk source held out), checkpointed; then rank 0 asks
+    for two replays from that checkpoint: the junk samples, and ordinary ones."""
+    import random
+
+    from torch.distributed.fsdp import fully_shard
+
+    from examples.tinylm.data import build_dataset, collate
+    from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
+    from supervisor import sdk
+    from supervisor.checkpoint import CheckpointStore
+    from supervisor.sdk.directives import Exclusions, Replay
+    from supervisor.storage import LocalBackend
+
+    rng = random.Random(7)
+    junk = "".join(chr(rng.randrange(0x400, 0x7FF)) for _ in range(2048))  # bytes the text never holds
+    dataset = build_dataset(32, 20_000, 0, {"junk": {"junk.bin": junk}})
+    torch.manual_seed(0)
+    model = TinyLM(TinyLMConfig(seq_len=32, d_model=32, n_layers=1, n_heads=2))
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    loader = sdk.SupervisedLoader(dataset, 8, seed=0, collate_fn=collate)
+    loader.exclude(Exclusions(sources=("junk",)))
+    store = CheckpointStore(LocalBackend(f"{tmp}/storage"), "fsdp")
+    probe = sdk.init(model, opt, loader=loader, loss_fn=lm_loss, trace=f"{tmp}/trace.jsonl", checkpoint=store,
+                     checkpoint_every=50, max_steps=53)  # fmt: skip
+    ids = [(loader.sample_id(i), loader.source(i)) for i in range(len(dataset))]
+    junk_ids = tuple(s for s, src in ids if src == "junk")[:4]
+    normal_ids = tuple(s for s, src in ids if src != "junk")[-4:]
+    out: dict[str, str] = {}
+    for batch in loader:
+        if probe.step_count == 51 and "before" in out:
+            out["after"] = shard_checksum(model)  # the boundary after step 51 ran both replays
+        if rank == 0 and probe.step_count == 50 and "asked" not in out:
+            out["asked"] = ""
+            probe.transport.deliver(  # type: ignore[attr-defined]
+                Replay(step=50, suspects=junk_ids, id="junk"),
+                Replay(step=50, suspects=normal_ids, id="normal"),
+            )
+        with probe.step(batch) as s:
+            s.backward(lm_loss(model, batch))
+            s.optimizer_step()
+        if probe.step_count == 51:
+            out["before"] = shard_checksum(model)
+    probe.close()
+    with open(f"{tmp}/replay.rank{rank}.json", "w") as f:
+        json.dump(out, f)

@@ -47,3 +47,21 @@ def test_fsdp2_rollback_in_place_restores_each_shard_and_replays_identically(tmp
         assert "rolled_back:6:3" in events and "checkpoint_saved:3" in events
     s0, s1 = (json.loads((tmp_path / f"shards.rank{r}.json").read_text()) for r in (0, 1))
     assert s0["saved"] != s1["saved"]  # really sharded: the ranks hold different halves
+
+
+@pytest.mark.slow  # 2 gloo ranks, FSDP2, 53 steps and two replays: ~20 s alone
+def test_fsdp2_replay_on_the_ranks_tells_a_reproducing_batch_from_an_ordinary_one(tmp_path):
+    mp.spawn(fsdp_rollback_worker.run_replay, args=(2, str(tmp_path)), nprocs=2, join=True)
+    root = tmp_path / "storage" / "fsdp" / "replays"
+    junk, normal = (json.loads((root / f"{name}.json").read_text()) for name in ("junk", "normal"))
+    assert junk["verdict"] == "data" and junk["on_ranks"] and junk["world_size"] == 2, junk
+    assert normal["verdict"] == "transient_or_system", normal
+    assert junk["checkpoint_step"] == normal["checkpoint_step"] == 50
+    assert not set(junk["control_samples"]) & set(junk["suspect_samples"])
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"replay.rank{rank}.json").read_text())
+        assert out["after"] == out["before"]  # the live shard came back after the replays
+        recs = [json.loads(x) for x in (tmp_path / f"trace.rank{rank}.jsonl").read_text().splitlines()]
+        events = {e for r in recs for e in r.get("events", [])}
+        assert {"directive_applied:junk:replay", "directive_applied:normal:replay"} <= events
+        assert max(r["step"] for r in recs if "loss" in r) == 53  # training went on after the replays

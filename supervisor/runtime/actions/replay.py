@@ -1,13 +1,27 @@
-"""replay: a single-process Ray task re-runs the suspect and a control batch from a healthy checkpoint."""
+"""replay: the suspect batch and a control batch from a verified checkpoint, on the job's own ranks.
+
+While the workers are alive, every rank runs a ``Replay`` directive at its boundary: the
+checkpoint's (sharded) state is loaded in place of the live state, the two batches run on
+the job's own devices, the live state is put back (``supervisor.sdk.replay``), and rank 0
+leaves the result in the job's storage. When training has ended, or the ranks cannot replay
+(no map-style loader, no loss function) and refuse the directive, the separate
+single-process Ray task (``supervisor.runtime.replay``, the job's ``replay_hooks``) replays
+instead: that is the offline path.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from supervisor.core.model import Cause
+from supervisor.errors import SupervisorError
 from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.runtime.stores import pick_rollback_target
+from supervisor.sdk.directives import Replay
+from supervisor.sdk.replay import result_key
 
 
 class ReplayAction:
@@ -17,28 +31,69 @@ class ReplayAction:
         d = rt.diagnosis
         memo: dict[str, Any] = {"task": f"replay:{action_id}", "suspects": list(d.suspect_samples)}
         memo["numeric"] = d.nonfinite or d.top_cause is Cause.NUMERIC
+        memo["started_at"] = time.time()
         try:
             memo["checkpoint"], _ = pick_rollback_target(
                 rt.checkpoints, max_step=d.onset_step - 1, min_mark="verified", world_size=rt.world_size
             )
         except Exception as exc:
             memo["error"] = f"no checkpoint to replay from: {exc}"
+            return memo
+        if not rt.training_ended():
+            directive = Replay(step=memo["checkpoint"], suspects=tuple(memo["suspects"]), numeric=memo["numeric"],
+                               deadline_s=rt.settings.replay_timeout_s, id=action_id)  # fmt: skip
+            memo["directive"] = directive.to_dict()
         return memo
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
-        if "error" not in memo:
+        if "error" in memo:
+            return
+        if "directive" in memo:
+            rt.issue(Replay.from_dict(memo["directive"]))
+        else:
             rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if "error" in memo:
             return Outcome.fail(memo["error"])
-        res = rt.result_of(memo["task"])
-        if res is None:
+        if "directive" in memo and not memo.get("offline"):
+            res = self._on_ranks(rt, memo)
+            if res is None:
+                return None
+            if isinstance(res, dict):
+                return judged(res)
+            memo["offline"] = True  # the ranks could not replay: the single-process path takes over
+            rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
+        elif "directive" in memo:
+            rt.submit_replay(
+                memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"]
+            )  # idempotent
+        res_task = rt.result_of(memo["task"])
+        if res_task is None:
             return None
-        ok, value = res
+        ok, value = res_task
         if not ok:
             return Outcome.fail(f"replay task failed: {value}")
-        if value["verdict"] == "data":
-            return Outcome.done(**value)
-        # Not reproduced: the suspect data is not the cause; the policy's on_failure decides.
-        return Outcome.fail(f"replay did not implicate the data: {value['why']}", **value)
+        return judged(value)
+
+    def _on_ranks(self, rt: Runtime, memo: dict[str, Any]) -> dict[str, Any] | bool | None:
+        """The ranks' result; None while they run; False when they refused (fall back offline)."""
+        directive_id = memo["directive"]["id"]
+        if rt.directives.failed_on(directive_id) or rt.training_ended():
+            return False
+        if set(rt.directives.acked_by(directive_id)) >= set(range(rt.world_size)):
+            try:
+                return dict(
+                    json.loads(rt.checkpoints.backend.get_bytes(result_key(rt.job.name, directive_id)))
+                )
+            except (SupervisorError, ValueError):
+                return False  # acknowledged without a readable result: replay it offline instead
+        limit = rt.settings.replay_timeout_s + rt.settings.directive_timeout_s
+        return False if time.time() - memo["started_at"] > limit else None
+
+
+def judged(value: dict[str, Any]) -> Outcome:
+    if value["verdict"] == "data":
+        return Outcome.done(**value)
+    # Not reproduced: the suspect data is not the cause; the policy's on_failure decides.
+    return Outcome.fail(f"replay did not implicate the data: {value['why']}", **value)
