@@ -16,6 +16,10 @@ space can be any size while the bytes are real.
 
     python bench/loader.py                      # the full table (a few minutes on 2 busy cores)
     python bench/loader.py --quick              # 10^6 only, fewer rounds
+    python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
+
+``--streams`` writes the same rows (512 tokens each) to 8 JSONL shards and 8 tar shards and
+times one epoch through ``SupervisedLoader`` with 0 and 2 workers (start-up included).
 """
 
 from __future__ import annotations
@@ -111,6 +115,49 @@ def p10(xs: list[float]) -> float:
     return sorted(xs)[max(0, len(xs) // 10)]
 
 
+def stream_rows_per_s(rows: int) -> None:
+    import json
+
+    import datasets
+    import webdataset as wds
+
+    from supervisor.sdk.data.shards import WebDatasetShards
+
+    def collate(items: list[dict[str, Any]]) -> torch.Tensor:
+        return torch.tensor([it.get("json", it)["tokens"] for it in items])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(0)
+        jsonl, tars = [], []
+        per = rows // 8
+        for j in range(8):
+            block = [{"id": f"r{j}-{k}", "tokens": rng.integers(0, 50_000, 512).tolist()} for k in range(per)]
+            path = Path(tmp) / f"part-{j}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in block))
+            jsonl.append(str(path))
+            tar = Path(tmp) / f"shard-{j}.tar"
+            with wds.TarWriter(str(tar)) as sink:
+                for k, r in enumerate(block):
+                    sink.write({"__key__": f"{j:02d}-{k:06d}", "json": r})
+            tars.append(str(tar))
+        print(
+            f"| source | workers | rows/s (one epoch of {per * 8:,} rows x 512 tokens, start-up included) |"
+        )
+        print("|---|---|---|")
+        for name in ("hf streaming (JSONL)", "webdataset (tar)"):
+            for workers in (0, 2):
+                if name.startswith("hf"):
+                    src: Any = datasets.load_dataset("json", data_files=jsonl, split="train", streaming=True)
+                else:
+                    src = WebDatasetShards(tars)
+                t = time.perf_counter()
+                ld = SupervisedLoader(src, 16, rank=0, world_size=1, collate_fn=collate, num_workers=workers)
+                for _ in range(per * 8 // 16):
+                    ld.next_batch()
+                ld.close()
+                print(f"| {name} | {workers} | {per * 8 / (time.perf_counter() - t):,.0f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
@@ -118,7 +165,11 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
     args = ap.parse_args()
+    if args.streams:
+        stream_rows_per_s(args.streams)
+        return
     sizes = [10**6] if args.quick else [10**6, 10**9]
     if args.quick:
         args.rounds = 6
