@@ -176,6 +176,25 @@ class BusyCore:
             self.proc.wait(timeout=10)
 
 
+def start_ray(num_cpus: int, namespace: str) -> None:
+    """A fresh local Ray. Retried: on a loaded host the raylet gives up when its dashboard agent
+    takes more than a hard-coded 15 s to start (ray-project/ray#65983), and a retry succeeds."""
+    import ray
+    from tenacity import retry, stop_after_attempt, wait_fixed
+
+    @retry(stop=stop_after_attempt(4), wait=wait_fixed(5), reraise=True)
+    def init() -> None:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace=namespace,
+        )
+
+    init()
+
+
 def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeout_s: float) -> list[Result]:
     import ray
 
@@ -183,7 +202,7 @@ def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeo
     from supervisor.runtime.names import NAMESPACE
 
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
-    ray.init(num_cpus=2 * jobs, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+    start_ray(2 * jobs, NAMESPACE)
     results: dict[str, Result] = {}
     try:
         for load in LOADS:

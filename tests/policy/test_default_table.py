@@ -52,7 +52,7 @@ def test_phenotype_by_cause(
 @pytest.mark.parametrize(
     ("attrs", "rule"),
     [
-        ({"nonfinite": True, "nonfinite_at": "blocks.3.attn"}, "optimizer_state"),
+        ({"nonfinite": True, "nonfinite_at": "blocks.3.attn"}, "bad_batch_step"),  # top cause data
         ({"after_resume": True}, "after_resume"),
         ({"rank_local": True, "first_rank": 3}, "rank_local"),
         ({"after_resume": True, "nonfinite": True}, "after_resume"),
@@ -63,6 +63,10 @@ def test_attributes_pick_their_rule(
 ) -> None:
     p = plan(diag("transient", ("data",), **attrs), state(), default_policy)
     assert p.rule == rule
+    if rule == "bad_batch_step":  # the same NaN with a numeric top cause is an optimizer-state incident
+        assert (
+            plan(diag("transient", ("numeric",), **attrs), state(), default_policy).rule == "optimizer_state"
+        )
     expected = yaml_actions(default_yaml, rule)
     if attrs.get("nonfinite") and "apply" not in expected:  # a NaN state always gets a fix after the rollback
         expected.insert(expected.index("rollback") + 1, "apply")

@@ -165,6 +165,19 @@ def test_point3_without_replay_hooks_the_batch_is_excluded_without_replay(defaul
     assert any("no replay_hooks" in n for n in p.notes)
 
 
+def test_point3_a_bad_batch_that_moved_the_weights_is_rolled_back_and_kept_out(
+    default_policy: Policy,
+) -> None:
+    d = rank_blip()
+    d.causes = [CauseScore(Cause.DATA, 0.9, ["rank 1 loss 9.1 vs ranks' median 2.5 at step 220"]),
+                CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 4x its level at step 220"])]  # fmt: skip
+    p = plan(d, state(checkpoints=((150, "healthy"), (200, "healthy"))), default_policy)
+    assert p.rule == "bad_batch_step" and not p.escalates
+    assert p.action("rollback").params["target_step"] == 200  # type: ignore[union-attr]
+    assert p.action("apply").params == {"exclude": {"samples": ["s:7"], "batch_range": [220, 230]}}  # type: ignore[union-attr]
+    assert "lr_scale" not in p.action("apply").params and "warmup_steps" not in p.action("apply").params  # type: ignore[union-attr]
+
+
 def test_point3_only_a_repeat_offender_escalates(default_policy: Policy) -> None:
     once = plan(rank_blip(onset=900), state(rank_incidents=[(400, 1)]), default_policy)
     assert not once.escalates
