@@ -104,6 +104,8 @@ class Controller:
                                          job.checkpoint.keep)  # fmt: skip
         self.flow = IncidentFlow(self, PlanRunner(self, self.incidents))
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
+        self.generation_started_at = 0.0
+        """Wall time the current worker generation started (directive deadlines count from it)."""
         self.ended = False
         """The workers are gone (finished, stopped or failed): no record and no ack will come."""
         self.ending: tuple[JobPhase, str] | None = None
@@ -190,6 +192,7 @@ class Controller:
         self._group_started()
 
     def _group_started(self) -> None:
+        self.generation_started_at = time.time()
         self.assembler.touch(started=True)
         if self.state.active is not None:
             self.set_phase(JobPhase.INCIDENT, f"incident {self.state.active.incident_id} continues")
@@ -433,26 +436,35 @@ class Controller:
 
     def _redeliver(self) -> None:
         """Directives of the active plan the dead generation took with it, again for the new one:
-        the freeze it was under, the fixes it had applied, and the action in progress."""
+        the fixes it had applied and the action in progress, then the freeze it was under (last:
+        a rank parks at a freeze, so what came in the same batch must come before it). A pending
+        snapshot is moot -- the suspect state died with the old generation -- and is recorded so."""
         active = self.state.active
         if active is None:
             return
         gen = self.state.generation
+        ordered: list[tuple[str, str, bool]] = []
         for i, pa in enumerate(active.plan.actions[: active.index + 1]):
             event = self.incidents.event_for_action(active.incident_id, action_id(active, i, pa.name))
             if event is None:
                 continue
+            pending = event.status is EventStatus.PENDING
+            if pa.name == "snapshot" and pending:
+                why = f"moot: the state to save died with worker generation {gen - 1}; the restart went back"
+                self.incidents.finish(event.id, result={"moot": True, "reason": why}, failed=True)
+                continue
             memo = event.payload.get("memo") or {}
             ids = [d["id"] for k in ("directive", "snapshot", "stop") if isinstance(d := memo.get(k), dict)]
-            pending = event.status is EventStatus.PENDING
-            wanted = pending or (pa.name == "apply") or (pa.name == "freeze" and self.state.frozen)
+            wanted = pending or pa.name == "apply" or (pa.name == "freeze" and self.state.frozen)
             if pa.name == "rollback" and not pending:
                 wanted = False  # the restart itself went back before the onset
-            for did in ids if wanted else ():
-                if pending:
-                    self.directives.forget_acks(did)
-                copy = self.directives.redeliver(did, gen)
-                self.log.info("directive_redelivered", id=did, copy=copy, generation=gen, action=pa.name)
+            ordered += [(did, pa.name, pending) for did in ids if wanted]
+        ordered.sort(key=lambda x: x[1] == "freeze")
+        for did, name, pending in ordered:
+            if pending:
+                self.directives.forget_acks(did)
+            copy = self.directives.redeliver(did, gen)
+            self.log.info("directive_redelivered", id=did, copy=copy, generation=gen, action=name)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def tend(self, *, final: bool = False) -> None:

@@ -77,6 +77,9 @@ class PlanRunner:
             active.index += 1
             return None
         memo = event.payload.get("memo") or {}
+        if event.status is EventStatus.FAILED and (event.result or {}).get("moot"):
+            active.index += 1  # it could no longer matter (e.g. the state it was to save is gone)
+            return None
         if event.status is EventStatus.FAILED:
             result = event.result or {}
             reason = str(result.get("reason", "failed"))

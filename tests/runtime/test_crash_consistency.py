@@ -84,7 +84,9 @@ def test_a_spike_in_the_last_steps_is_handled_while_the_workers_hold(tmp_path: P
     kinds = [e["kind"] for e in ctl.directives.entries]
     assert kinds[-1] == "finish" and {"freeze", "apply"} <= set(kinds)
     assert ranks.applied, "the fix reached the held workers"
-    [downtime] = [e.payload["downtime_s"] for e in ctl.incidents.timeline(inc.id) if "downtime_s" in e.payload]
+    [downtime] = [
+        e.payload["downtime_s"] for e in ctl.incidents.timeline(inc.id) if "downtime_s" in e.payload
+    ]
     assert 0 < downtime <= ctl.state.downtime_s + 1e-6  # frozen and held while handled, never the whole run
     acted = {e.kind: e for e in ctl.incidents.timeline(inc.id) if e.action_id}
     assert acted[EventKind.FIX_APPLIED].status is EventStatus.DONE
@@ -175,7 +177,7 @@ def test_a_worker_killed_while_frozen_restarts_before_the_onset_and_the_plan_con
     gen, resume, after_seq = workers.launches[-1]
     assert gen == 1 and (resume is None or resume <= 140)
     copies = [e for e in ctl.directives.entries if e["seq"] > after_seq]
-    assert [e["kind"] for e in copies] == ["freeze", "apply"] and all(e["id"].endswith("@g1") for e in copies)
+    assert [e["kind"] for e in copies] == ["apply", "freeze"] and all(e["id"].endswith("@g1") for e in copies)
     ranks.run(ctl, lambda: ctl.phase.is_terminal)
     assert ctl.phase is JobPhase.FINISHED, ctl.status()
     spike = next(i for i in ctl.incidents.list_incidents(job=job.name) if i.onset_step == 150)

@@ -55,6 +55,7 @@ class Runtime(Protocol):
     world_size: int
     checkpoints: Any  # CheckpointStore
     current_step: int
+    generation_started_at: float
 
     @property
     def incident_id(self) -> int: ...
@@ -97,7 +98,8 @@ def await_acks(rt: Runtime, directive_id: str, started_at: float) -> Outcome | N
         return Outcome.done(directive=directive_id, acked_at_step=max(acked.values()), ranks=sorted(acked))
     if rt.workers_gone():
         return Outcome.skip("training ended before the workers could apply it", directive=directive_id)
-    if time.time() - started_at > rt.settings.directive_timeout_s:
+    # A directive re-delivered to a new generation gets the full time again from its start.
+    if time.time() - max(started_at, rt.generation_started_at) > rt.settings.directive_timeout_s:
         missing = sorted(set(range(rt.world_size)) - set(acked))
         return Outcome.fail(
             f"rank(s) {missing} did not acknowledge directive {directive_id} within "
