@@ -50,6 +50,7 @@ def plan_count(ctl: Controller, incident_id: int) -> int:
     return sum(1 for a in ctl.incidents.artifacts(incident_id) if a.kind == "plan")
 
 
+@pytest.mark.slow
 def test_killed_before_the_incident_the_successor_detects_it_as_if_it_never_died(tmp_path: Path) -> None:
     """Row 1 (kill at step 168): records the dead supervisor had taken in but not made durable
     are sent again by the workers, so detection happens at the same step."""
@@ -73,6 +74,7 @@ def test_killed_before_the_incident_the_successor_detects_it_as_if_it_never_died
     assert again.assembler.missing == 0 and again.receipts.lost == 0
 
 
+@pytest.mark.slow
 def test_a_spike_in_the_last_steps_is_handled_while_the_workers_hold(tmp_path: Path) -> None:
     """Row 2 and "a spike at step 395 of 400": the ranks wait at their last step; the plan runs
     against live workers, and only then are they released."""
@@ -133,6 +135,7 @@ def test_the_position_after_a_rollback_is_on_disk_and_applied_once(tmp_path: Pat
     assert again.current_step == 90 and [h.step for h in again.history][-1] == 90
 
 
+@pytest.mark.slow
 def test_observation_survives_a_supervisor_restart_and_is_not_replanned(tmp_path: Path) -> None:
     """Rows 4 and 5: killed inside the observation window, then again after "resolved": one
     plan, one observation, no second fix."""
@@ -157,6 +160,7 @@ def test_observation_survives_a_supervisor_restart_and_is_not_replanned(tmp_path
     assert third.phase is JobPhase.FINISHED
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_frozen_restarts_before_the_onset_and_the_plan_continues(
     tmp_path: Path,
 ) -> None:
