@@ -37,12 +37,21 @@ class LinkServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.records = 0
+        self._readers: list[threading.Thread] = []
         self._threads = [
             threading.Thread(target=self._accept, name="process-link-accept", daemon=True),
             threading.Thread(target=self._push_directives, name="process-link-directives", daemon=True),
         ]
         for t in self._threads:
             t.start()
+
+    def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) until every connection's records reached the link: the process has exited,
+        and what it sent last may still be in the socket."""
+        with self._lock:
+            readers = list(self._readers)
+        for t in readers:
+            t.join(timeout_s)
 
     def close(self) -> None:
         self._stop.set()
@@ -63,9 +72,11 @@ class LinkServer:
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            reader = threading.Thread(target=self._read, args=(conn,), name="process-link-read", daemon=True)
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), name="process-link-read", daemon=True).start()
+                self._readers.append(reader)
+            reader.start()
 
     def _read(self, conn: socket.socket) -> None:
         try:

@@ -188,6 +188,7 @@ class TrainWorker:
             code = self._proc.wait()
             reader.join(10.0)
             keeper.close()
+            server.drain()
             if code == 0:
                 self._outcome.update(state="finished", exit_code=0, ended=time.time())
                 self.log.info("training_finished", exit_code=0)
