@@ -16,6 +16,7 @@ space can be any size while the bytes are real.
 
     python bench/loader.py                      # the full table (a few minutes on 2 busy cores)
     python bench/loader.py --quick              # 10^6 only, fewer rounds
+    python bench/loader.py --quick --workers 0 --block 10 --rounds 300   # steadier on a busy machine
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
 
 ``--streams`` writes the same rows (512 tokens each) to 8 JSONL shards and 8 tar shards and
@@ -163,16 +164,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--block", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=None, help="blocks per loader (default 15, --quick 6)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
     args = ap.parse_args()
     if args.streams:
         stream_rows_per_s(args.streams)
         return
     sizes = [10**6] if args.quick else [10**6, 10**9]
-    if args.quick:
-        args.rounds = 6
+    if args.rounds is None:
+        args.rounds = 6 if args.quick else 15
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokens.u16"
         np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
@@ -186,7 +188,7 @@ def main() -> None:
             ds = IndexSpace(n, path, args.seq)
             for count in (0, 100_000):
                 excluded = exclusion_state(n, count)
-                for workers in (0, 2):
+                for workers in args.workers:
                     run_row(ds, n, count, workers, excluded, args)
 
 

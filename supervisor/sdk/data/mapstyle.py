@@ -1,6 +1,8 @@
 """Map-style datasets through ``torch.utils.data.DataLoader``: worker processes and prefetch.
 
-The schedule runs in the training process, as the DataLoader's batch sampler: it decides
+With ``num_workers=0`` (and no pinning) batches are fetched and collated in place, as the
+DataLoader's single-process iterator would. With workers the schedule runs in the training
+process, as the DataLoader's batch sampler: it decides
 which indices form each batch (so exclusions never need to reach the workers), and every
 batch it hands out is queued here with its IDs and the cursor after it. Workers only load
 and collate. Batches come back in the order they were sampled, so the head of the queue
@@ -51,8 +53,17 @@ class MapPipeline:
             dataset, batch_sampler=_ScheduleSampler(self), collate_fn=collate_fn, **dataloader
         )
         self._it: Iterator[Any] | None = None
+        self.dataset, self.collate_fn = dataset, collate_fn
+        self.direct = self.loader.num_workers == 0 and not self.loader.pin_memory
+        """In-process loading without pinning: fetch and collate here, as the DataLoader would."""
 
     def next(self) -> tuple[Any, BatchMeta]:
+        if self.direct:  # the DataLoader's single-process iterator would only add per-batch calls
+            draw = self.schedule.next()
+            fetch = getattr(self.dataset, "__getitems__", None)
+            items = fetch(draw.indices) if fetch else [self.dataset[i] for i in draw.indices]
+            self.consumed = draw.after
+            return self.collate_fn(items), draw
         if self._it is None:
             self._it = iter(self.loader)
         batch = next(self._it)
