@@ -19,6 +19,7 @@ from supervisor.core.analysis import AnalysisResult, analyze_records
 from supervisor.core.detect import DetectorSettings
 from supervisor.core.model import Diagnosis, Severity
 from supervisor.core.records import Record
+from supervisor.errors import ConfigError
 from supervisor.traces import ALL_FORMATS, FieldMap, read_run
 
 EXIT_FOUND = 1
@@ -214,14 +215,20 @@ def plot(records: list[Record], result: AnalysisResult, path: Path) -> None:
     for d in result.incidents:
         _mark(ax1, ax2, d)
         if d.period:  # the later occurrences of a periodic incident
-            for k in range(1, (last_step - d.onset_step) // d.period + 1):
+            for k in range(1, min((last_step - d.onset_step) // d.period, 500) + 1):  # bounded: hostile steps
                 ax1.axvline(d.onset_step + k * d.period, color="tab:orange", ls="--", lw=0.6, alpha=0.6)
     if not many and len(by_rank) > 1:
         ax1.legend(loc="upper right", fontsize=7)
     ax1.set_title(f"{len(result.incidents)} incident(s)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except (OSError, ValueError) as exc:  # an unwritable path or a value matplotlib cannot place
+        raise ConfigError(
+            f"cannot write the plot: {getattr(exc, 'strerror', None) or exc}", source=str(path)
+        ) from None
+    finally:
+        plt.close(fig)
 
 
 def _mark(ax1: Any, ax2: Any, d: Diagnosis) -> None:
