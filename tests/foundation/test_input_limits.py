@@ -177,3 +177,20 @@ def test_yaml_safe_dump_of_every_good_job_still_loads(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert read_yaml(path)["config"] == doc["config"]
+
+
+def test_plot_to_an_unwritable_path_or_of_huge_values(tmp_path: Path) -> None:
+    """Reported: `--plot` to an unwritable path or with 1e308 values raised tracebacks."""
+    import json
+
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"step": s, "loss": 1e308 if s == 80 else 3.0 - s / 100, "grad_norm": 1e308 if s == 90 else 1.0}
+        for s in range(120)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _one_error_line(
+        _run("analyze", str(trace), "--plot", str(tmp_path / "no" / "dir" / "x.png")), "cannot write the plot"
+    )
+    done = _run("analyze", str(trace), "--plot", str(tmp_path / "x.png"))
+    assert done.returncode in (0, 1) and (tmp_path / "x.png").stat().st_size > 0, done.stderr
