@@ -224,13 +224,11 @@ def _rolled_back(e: Event, ctx: Context) -> str:
         kind = "verified " if field(e, "verified") else "UNVERIFIED "
     if e.status == EventStatus.PENDING:
         return f"Rolling back from step {src} to {kind}checkpoint {dst}."
-    lost = (
-        f" ({int(src) - int(dst)} steps to train again)"
-        if isinstance(src, int) and isinstance(dst, int)
-        else ""
-    )
-    ckpt = field(e, "checkpoint")
-    return f"Rolled back from step {src} to {kind}checkpoint {dst}{f' ({ckpt})' if ckpt else ''}{lost}."
+    notes = [str(field(e, "checkpoint"))] if field(e, "checkpoint") else []
+    if isinstance(src, int) and isinstance(dst, int):
+        notes.append(f"{src - dst} steps to train again")
+    lost = f" ({'; '.join(notes)})" if notes else ""
+    return f"Rolled back from step {src} to {kind}checkpoint {dst}{lost}."
 
 
 def _exclusion_words(e: Event) -> list[str]:
@@ -286,7 +284,7 @@ def _check_words(name: str, c: Any) -> str:
         return f"{label} {'ok' if c else 'FAILED'}"
     verdict = "ok" if c.get("ok") else "FAILED"
     if c.get("detail"):
-        return f"{label} {verdict} ({quote(c['detail'], 80)})"
+        return f"{label} {verdict}: {quote(c['detail'], 80)}"
     if isinstance(c.get("value"), int | float) and isinstance(c.get("limit"), int | float):
         return f"{label} {verdict} ({num(c['value'])}, limit {num(c['limit'])})"
     return f"{label} {verdict}"

@@ -42,7 +42,7 @@ def test_markdown_has_every_section_of_the_postmortem(db: tuple[Path, int]) -> N
     ):
         assert heading in md
     assert (
-        "| 103 | Rolled back from step 103 to verified checkpoint 80 (step_00000080) (23 steps to train again). |"
+        "| 103 | Rolled back from step 103 to verified checkpoint 80 (step_00000080; 23 steps to train again). |"
         in md
     )
     assert "**Steps lost:** 23 (rollback 103 → 80)" in md

@@ -66,7 +66,7 @@ def test_runtime_shaped_events_never_print_dicts(tmp_path: Path) -> None:
         "A new supervisor took over, finishing i7-p1-observe; its workers were still running."
     )
     assert texts["observation"].startswith("Observation of steps 81–130 failed: finite ok")
-    assert "loss FAILED (window median 3.4 vs limit 2.939)" in texts["observation"]
+    assert "loss FAILED: window median 3.4 vs limit 2.939" in texts["observation"]
     assert "Training stood still for 3.2 s" in " ".join(texts.values()) or "3.3 s" in " ".join(texts.values())
     for _, text in pm.timeline:
         assert not DICTISH.search(text), text
