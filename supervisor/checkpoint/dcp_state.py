@@ -24,6 +24,7 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,18 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.futures import Future
 
-from supervisor.checkpoint.hashing import hash_path
+from supervisor.checkpoint.hashing import hash_path, new_hasher
 from supervisor.checkpoint.manifest import FileEntry, Manifest
 from supervisor.checkpoint.store import CheckpointStore
+from supervisor.checkpoint.torch_io import crc_off
 from supervisor.errors import CheckpointError
 from supervisor.storage.local import LocalBackend
+
+# DCP warns on every single-process save / load that it assumes one process; that is the intent
+# here (world size 1, or a resharding load in one process), so exactly that message is silenced.
+warnings.filterwarnings(
+    "ignore", message=r"torch\.distributed is (disabled|unavailable)", category=UserWarning
+)
 
 METADATA = ".metadata"
 DIR_PREFIX = "dcp-"
@@ -75,6 +83,25 @@ class HostStager:
         self._stager.close()
 
 
+def fingerprint(model_state: dict[str, Any], algorithm: str) -> dict[str, str]:
+    """This rank's model state, bit for bit: ``shard_layout`` (names, local shapes, dtypes) and
+    ``shard_checksum`` (their bytes). Recorded per rank at save; after a restore on the same
+    layout the live shard must give the same checksum (a rollback provably restored it)."""
+    layout, data = new_hasher(algorithm), new_hasher(algorithm)
+    for name in sorted(model_state):
+        value = model_state[name]
+        if not isinstance(value, torch.Tensor):
+            continue
+        local = value.to_local() if hasattr(value, "to_local") else value
+        layout.update(f"{name}:{tuple(local.shape)}:{local.dtype};".encode())
+        flat = local.detach().reshape(-1).contiguous().cpu()
+        data.update(flat.view(torch.uint8).numpy().data)
+    return {
+        "shard_layout": f"{algorithm}:{layout.hexdigest()}",
+        "shard_checksum": f"{algorithm}:{data.hexdigest()}",
+    }
+
+
 def new_dir_name(group: Any, world_size: int) -> str:
     """One directory name for this save on every rank (rank 0 draws it)."""
     box = [f"{DIR_PREFIX}{uuid.uuid4().hex[:10]}"]
@@ -106,7 +133,8 @@ def write(
 def _save(state: dict[str, Any], path: Path, group: Any) -> None:
     try:
         writer = dcp.FileSystemWriter(path, sync_files=True)
-        dcp.save(state, storage_writer=writer, process_group=group, no_dist=_single())
+        with crc_off():
+            dcp.save(state, storage_writer=writer, process_group=group, no_dist=_single())
     except (Exception, CheckpointException) as exc:  # DCP: every rank's failure in one CheckpointException
         raise CheckpointError(f"dcp.save failed: {type(exc).__name__}: {_first_line(exc)}") from None
 

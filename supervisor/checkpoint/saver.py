@@ -209,6 +209,7 @@ class Checkpointer:
     ) -> Manifest | None:
         store, rank = self.store, self.rank
         try:
+            small.summary.update(dcp_state.fingerprint(state["model"], store.settings.checksum))
             dirname = dcp_state.new_dir_name(group, self.world_size)
             files = dcp_state.write(store, step, dirname, state, rank=rank, group=group)
             files.append(

@@ -25,16 +25,24 @@ except ImportError:  # torch < 2.6
 
 
 def save_file(obj: Any, f: BinaryIO) -> None:
-    """torch.save without torch's own per-record CRC32: the store checksums every file already,
-    and torch's CRC (miniz, ~1 GB/s) was the largest cost of a save (bench/README.md)."""
+    """torch.save without torch's own per-record CRC32 (see ``crc_off``)."""
+    with crc_off():
+        torch.save(obj, f)
+
+
+@contextmanager
+def crc_off() -> Iterator[None]:
+    """torch.save (and DCP, which torch.saves each record) without torch's own per-record CRC32:
+    the store checksums every file already, and torch's CRC (miniz, ~1 GB/s) was the largest
+    cost of a save (bench/README.md). A process-wide torch setting, put back on exit."""
     save_config = getattr(_serialization_config, "save", None)
     if save_config is None or not hasattr(save_config, "compute_crc32"):  # older torch: always computes it
-        torch.save(obj, f)
+        yield
         return
     previous = save_config.compute_crc32
     save_config.compute_crc32 = False
     try:
-        torch.save(obj, f)
+        yield
     finally:
         save_config.compute_crc32 = previous
 

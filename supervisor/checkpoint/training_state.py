@@ -46,6 +46,8 @@ class LoadedState:
     extra: dict[str, Any]
     report: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
+    shard_checksum: str | None = None
+    """This rank's restored model state, checked equal to the one saved (same layout); None if resharded."""
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -184,8 +186,10 @@ def load_training_state(
     dcp = manifest.layout == "dcp"
     taken = "rng/data state" if dcp else "optimizer/rng/data state"
     report = [] if src == rank else [f"rank {rank} restores rank {src}'s {taken}"]
+    shard_checksum = None
     if dcp:
         dcp_state.load(store, manifest, model, optimizer, group=group)
+        shard_checksum = _check_shard(store, manifest, rank, model, optimizer)
     else:
         _load_torch_files(store, manifest, rank, world_size, model, optimizer, map_location)
     with store.local_file(step, _entry(store, manifest, "rng", src).name) as path:
@@ -206,8 +210,37 @@ def load_training_state(
         log.warning("resume consistency", detail=event)
     log.info("training state restored", events=len(report))
     return LoadedState(
-        data_state=data_state, extra=dict(state.get("extra") or {}), report=report, manifest=manifest
-    )
+        data_state=data_state, extra=dict(state.get("extra") or {}), report=report, manifest=manifest,
+        shard_checksum=shard_checksum,
+    )  # fmt: skip
+
+
+def _check_shard(
+    store: CheckpointStore,
+    manifest: Manifest,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+) -> str | None:
+    """The restored shard's checksum, when this rank's layout is the saving rank's; a difference
+    is a failed restore (raised), never a silent one."""
+    saved = (manifest.extra.get("rank_summaries") or {}).get(str(rank)) or {}
+    live = dcp_state.fingerprint(dcp_state.live_state(model, optimizer)["model"], store.settings.checksum)
+    if saved.get("shard_layout") != live["shard_layout"] or manifest.world_size != dist_world_size():
+        return None  # resharded (another world size or module layout): nothing to compare bit for bit
+    if saved.get("shard_checksum") != live["shard_checksum"]:
+        raise CheckpointError(
+            f"rank {rank}: restored model state differs from the saved one "
+            f"({live['shard_checksum']} != {saved.get('shard_checksum')})",
+            source=store.where(manifest.step),
+        )
+    return live["shard_checksum"]
+
+
+def dist_world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _load_torch_files(

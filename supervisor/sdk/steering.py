@@ -237,6 +237,8 @@ class Steering:
         p.step_count = self.last_saved = step
         p.sampler.reset()
         p.next_events.append("resumed")
+        if loaded.shard_checksum is not None:  # checked equal to this rank's saved state
+            p.next_events.append(f"shard_restored:{step}:{loaded.shard_checksum}")
         if loaded.report:
             p.log.warning("resume check", step=step, differences=loaded.report)
 
