@@ -7,7 +7,8 @@ lines marked ``# sdk``. Run offline (no supervisor) with::
 
 and analyze the trace later (``supervisor analyze /tmp/tinylm.jsonl``).
 
-``config`` keys (all optional): ``model`` (``TinyLMConfig`` fields), ``batch_size``, ``lr``,
+``config`` keys (all optional): ``model`` (``TinyLMConfig`` fields), ``parallel`` (``ddp``, the
+default, or ``fsdp2``: ``fully_shard`` per block), ``batch_size``, ``lr``,
 ``min_lr_ratio``, ``warmup_steps``, ``weight_decay``, ``betas``, ``grad_clip``, ``seed``,
 ``max_steps``, ``data`` (``max_bytes_per_source``, ``extra_texts``; ``streaming``, ``loader_workers``,
 ``prefetch_factor``, ``shards``, ``stream_dir``: see ``examples.tinylm.data.loader_source``), ``probe``
@@ -53,7 +54,7 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Any:
 
 
 def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any, Any, Any]:
-    """Model (DDP-wrapped when distributed), AdamW, warmup+cosine scheduler, dataset."""
+    """Model (DDP-wrapped, or FSDP2-sharded, when distributed), AdamW, warmup+cosine scheduler, dataset."""
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(cfg["seed"])
     mcfg = TinyLMConfig.from_dict(
@@ -61,7 +62,14 @@ def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any,
     )  # `d_model: 128` or `model: {d_model: 128}`
     model: torch.nn.Module = TinyLM(mcfg)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg.get("parallel", "ddp") == "fsdp2":  # sharded parameters, gradients and optimizer state
+            from torch.distributed.fsdp import fully_shard
+
+            for block in model.blocks:  # type: ignore[union-attr]
+                fully_shard(block)
+            fully_shard(model)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(model)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     groups = [
