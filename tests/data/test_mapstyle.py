@@ -132,7 +132,7 @@ def test_probe_records_ids_of_a_tuple_batch(token_file):
     loader = make(
         token_file, world_size=1, collate_fn=lambda items: (torch.stack([i["input_ids"] for i in items]),)
     )
-    transport = sdk.MemoryTransport()
+    transport = sdk.MemoryTransport(flush_interval_s=0.01)
     probe = sdk.init(model, opt, loader=loader, transport=transport, max_steps=3)
     seen: list[list[str]] = []
     for (x,) in loader:

@@ -40,6 +40,7 @@ def samples_by_step(probe: Any, transport: Any, since: float = 0.0) -> dict[int,
     return {r["step"]: r["samples"] for r in records(probe, transport) if r["time"] > since}
 
 
+@pytest.mark.slow
 def test_rollback_with_exclusions_and_restart_through_steering(jsonl_shards, tmp_path):
     store = CheckpointStore(open_backend(str(tmp_path / "store")), "job")
     model, loader, probe, transport = run(jsonl_shards, store)
