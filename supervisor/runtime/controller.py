@@ -149,7 +149,8 @@ class Controller:
     def iterate(self) -> bool:
         """One pass of the loop; True when it changed something (the loop then goes on at once)."""
         busy = self.ingest()
-        busy |= self.flow.advance()
+        if self._relaunch is None:  # no plan step while no workers exist to carry it out
+            busy |= self.flow.advance()
         self._send_stop_if_asked()
         if self._relaunch is not None:
             self._maybe_relaunch()

@@ -55,6 +55,7 @@ class Steering:
         self.saver: Checkpointer | None = None
         """Created at the first save (every rank saves at the same boundary: it makes a gloo group)."""
         self._wake = threading.Event()
+        self._after_freeze: list[Directive] = []
         self._handlers: dict[type[Directive], Callable[[Any], None]] = {
             Continue: lambda d: None,
             Freeze: self._freeze,
@@ -71,8 +72,7 @@ class Steering:
         p = self.probe
         if self.saver is not None:
             self._report(self.saver.poll())  # an asynchronous save that finished since the last boundary
-        for d in self._exchange():
-            self.handle(d)
+        self._handle_batch(self._exchange())
         every = p.settings.checkpoint_every
         due = every and p.checkpoint is not None and p.step_count and p.step_count % every == 0
         if due and self.last_saved != p.step_count:
@@ -120,15 +120,29 @@ class Steering:
                 "control": True, "events": events}  # fmt: skip
 
     # -- directives ----------------------------------------------------------------------------
+    def _handle_batch(self, ds: list[Directive]) -> None:
+        """Apply one broadcast batch in order. A freeze parks the rank: what came after it in the
+        same batch is handed to the freeze, which applies it first (same on every rank)."""
+        for i, d in enumerate(ds):
+            if isinstance(d, Freeze):
+                self._after_freeze = list(ds[i + 1 :])
+                self.handle(d)
+                return
+            self.handle(d)
+
     def _freeze(self, d: Freeze) -> None:
         self._ack(ack_event(d))
         self.frozen = True
         self.probe.log.warning("frozen at boundary", step=self.probe.step_count, reason=d.reason)
+        queued, self._after_freeze = self._after_freeze, []
         try:
             while not self.stopped:
-                if self.control.rank == 0:
-                    self._wake.wait(self.probe.settings.freeze_poll_s)
-                ds = self._exchange()  # ranks > 0 wait here for rank 0's next broadcast
+                if queued:
+                    ds, queued = queued, []
+                else:
+                    if self.control.rank == 0:
+                        self._wake.wait(self.probe.settings.freeze_poll_s)
+                    ds = self._exchange()  # ranks > 0 wait here for rank 0's next broadcast
                 for i, x in enumerate(ds):
                     if isinstance(x, Continue):
                         self._ack(ack_event(x))
@@ -170,13 +184,19 @@ class Steering:
                         )
                 else:
                     p.transport.poll()
-                for d in self.control.exchange(mine):
+                ds = self.control.exchange(mine)
+                for i, d in enumerate(ds):
                     if isinstance(d, Finish | Stop):
                         self._ack(ack_event(d))
                         return False
-                    self.handle(d)
+                    if isinstance(d, Freeze):
+                        self._handle_batch(ds[i:])
+                    else:
+                        self.handle(d)
                     if p.step_count != last:  # rolled back: train again
                         return True
+                    if isinstance(d, Freeze):
+                        break
         finally:
             self.frozen = False
 
