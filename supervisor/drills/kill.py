@@ -21,7 +21,7 @@ log = get_logger("drills.kill")
 
 #: The incident's current action, for each kill point that is defined by one.
 _ACTIONS = {
-    "open": ("alert",),
+    "open": ("alert", "freeze"),  # detected, planned, not yet frozen (an alert alone lasts one loop pass)
     "acting": ("snapshot", "block_latest", "replay", "rollback", "apply"),
     "observing": ("observe",),
     "resuming": ("resume",),
@@ -35,6 +35,8 @@ def reached(kill: Kill, status: dict[str, Any]) -> bool:
         return kill.step is not None and int(status.get("step") or 0) >= kill.step and not incident
     if kill.at == "frozen":
         return bool(status.get("frozen")) and bool(incident)
+    if kill.at == "open" and status.get("frozen"):
+        return False
     return incident.get("action") in _ACTIONS[kill.at]
 
 
