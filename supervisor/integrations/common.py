@@ -49,6 +49,8 @@ class LossTap:
 
     def _hook(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if loss is None and isinstance(output, tuple) and output and "labels" in kwargs:
+            loss = output[0]  # return_dict=False: the Trainer takes the loss from the first element
         if not module.training or not isinstance(loss, torch.Tensor):
             return
         labels = kwargs.get("labels")
