@@ -26,11 +26,11 @@ from typing import Any, Literal
 from supervisor.core.detect import Detector, DetectorSettings, Signals, summarize
 from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident
 from supervisor.core.interventions import Intervention, Interventions
-from supervisor.core.model import BenignShift, Diagnosis
+from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
-from supervisor.core.trigger import Trigger, decide, locate_first, rise_start
+from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rise_start
 from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
@@ -204,6 +204,8 @@ class StreamingAnalyzer:
             return sig.reported_z < band and not s.misreported
         if rule == "rank":
             return not (sig.rank_z is not None and sig.rank_z >= band)
+        if rule == "trend":  # a slow rise: over only once the loss is back near its pre-incident level
+            return sig.loss_z < RISE_Z
         if rule in ("grad", "resume"):  # open while the optimizer signal is still out of band
             return (sig.co_z or 0.0) < band and sig.loss_z < band
         if rule == "checksum" and s.checksum_minority:
@@ -214,6 +216,9 @@ class StreamingAnalyzer:
         st = self.settings
         s = sig.summary
         first = locate_first(self.recent, st, trig.rule, self.detector_interval())
+        start = self.detector.trend_start() if trig.rule == "trend" else None
+        if start is not None and start < first.step:  # a slow rise: its first step is long before any alarm
+            first = FirstAnomaly(step=start, metric="loss_level", value=first.value, baseline=first.baseline)
         level = self.detector.loss.level()
         facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
         inc = Incident(

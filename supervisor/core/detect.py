@@ -125,6 +125,7 @@ class Signals:
     source_z: dict[str, float]
     lr_ratio: float | None  # this step's lr / the previous step's, the supervisor's own scaling divided out
     lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
+    loss_trend: tuple[float, float, float] | None = None  # (level - level W ago, the W before, their noise)
 
     @property
     def step(self) -> int:
@@ -166,6 +167,9 @@ class Detector:
         self.spread = RollingWindow(s.window)
         self.worst = RollingWindow(s.window)
         self.rank_steps: deque[int] = deque(maxlen=LevelTracker.REWIND)  # steps of spread/worst pushes
+        #: (step, loss level) after each learned step: a rise slow enough for the level to follow it
+        #: step by step still shows as two consecutive windows that both went up.
+        self.levels: deque[tuple[int, float]] = deque(maxlen=2 * settings.level_window + 1)
         self.last_lr: float | None = None
         self.last_step: int | None = None
         self.intervals = RollingWindow(16)
@@ -217,7 +221,28 @@ class Detector:
             source_z=src_z,
             lr_ratio=(lr / self.last_lr) if lr is not None and self.last_lr else None,
             lr_norm=lr,
+            loss_trend=self._trend(),
         )
+
+    def trend_start(self) -> int | None:
+        """Where a slow rise began: the last step whose level was still at the window's base (within
+        one noise unit), less half a level window (a median lags a rise by that much)."""
+        t = self._trend()
+        if t is None:
+            return None
+        base, se = self.levels[0][1], t[2]
+        at_base = [step for step, lv in self.levels if lv <= base + se]
+        return max(self.levels[0][0], at_base[-1] - self.settings.level_window // 2)
+
+    def _trend(self) -> tuple[float, float, float] | None:
+        lv = self.levels
+        if len(lv) < lv.maxlen or lv[-1][0] - lv[0][0] > 2 * (lv.maxlen - 1):  # type: ignore[operator]
+            return None  # too short, or spread over a gap
+        w = self.settings.level_window
+        l2, l1, l0 = lv[0][1], lv[w][1], lv[-1][1]
+        # Standard error of the difference of two medians of w values: sqrt(2) * 1.2533 * sigma / sqrt(w).
+        se = 1.2533 * math.sqrt(2.0 / w) * self.loss.scale()
+        return l0 - l1, l1 - l2, se
 
     def is_gap(self, step: int) -> bool:
         """A jump in step numbers much wider than the usual logging interval: history before it is stale."""
@@ -249,6 +274,8 @@ class Detector:
             lv = safe_log(value)
             if lv is not None:
                 tracker.push(lv, step)
+                if tracker is self.loss and not tracker.settling:
+                    self.levels.append((step, tracker.level()))
         if s.rank_spread is not None:
             self.spread.push(s.rank_spread)
             self.worst.push(s.worst_dev)
@@ -295,11 +322,14 @@ class Detector:
         self.spread.clear()
         self.worst.clear()
         self.rank_steps.clear()
+        self.levels.clear()
         self.last_lr = None
 
     def forget_after(self, step: int) -> None:
         for tr in self._trackers().values():
             tr.forget_after(step)
+        while self.levels and self.levels[-1][0] > step:
+            self.levels.pop()
         while self.rank_steps and self.rank_steps[-1] > step and len(self.spread) and len(self.worst):
             self.rank_steps.pop()
             self.spread.pop_newest()
@@ -313,6 +343,7 @@ class Detector:
             "spread": self.spread.values(),
             "worst": self.worst.values(),
             "rank_steps": list(self.rank_steps),
+            "levels": [list(x) for x in self.levels],
             "intervals": self.intervals.values(),
             "last_lr": self.last_lr,
             "last_step": self.last_step,
@@ -333,5 +364,8 @@ class Detector:
         self.worst = RollingWindow(s.window, state.get("worst", []))
         self.rank_steps = deque((int(x) for x in state.get("rank_steps", [])), maxlen=LevelTracker.REWIND)
         self.intervals = RollingWindow(16, state.get("intervals", []))
+        self.levels = deque(
+            ((int(a), float(b)) for a, b in state.get("levels", [])), maxlen=2 * s.level_window + 1
+        )
         self.last_lr = state.get("last_lr")
         self.last_step = state.get("last_step")

@@ -286,6 +286,8 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
     since_onset = last.step - inc.onset_step
     if inc.facts.rising_steps >= 2 and inc.peak_step >= last.step - 1 and since_onset >= 2:
         return Phenotype.DIVERGENCE
+    if inc.facts.rising_steps >= 2 and _still_rising(traj, inc.onset_step):
+        return Phenotype.DIVERGENCE  # noisy, but each third of the way higher than the one before
     if inc.facts.rising_steps >= 2 and last.excess >= DIVERGED and last.excess >= 0.5 * inc.peak_excess:
         return Phenotype.DIVERGENCE  # rose step after step to 10x its level and stays there: broken
     if last.step - inc.peak_step <= settings.transient_steps and last.excess >= 0.5 * inc.peak_excess:
@@ -313,6 +315,17 @@ def persistent_rank_fault(inc: Incident, settings: DetectorSettings) -> bool:
 #: A loss this far above its level (log units: 10x) that does not come back has diverged, even once
 #: it stops rising (a saturated loss plateaus; a slow recovery is on its way down).
 DIVERGED = math.log(10.0)
+
+
+def _still_rising(traj: list[Point], onset: int) -> bool:
+    """Split the steps since onset in thirds: each third's median excess is above the previous
+    third's, by >= 5% in all. A slow recovery comes down in its last third; a plateau stays level."""
+    ex = [p.excess for p in traj if p.step >= onset and math.isfinite(p.excess)]
+    if len(ex) < 9:
+        return False
+    k = len(ex) // 3
+    m1, m2, m3 = (sorted(part)[len(part) // 2] for part in (ex[:k], ex[k : 2 * k], ex[2 * k :]))
+    return m1 < m2 < m3 and m3 - m1 >= math.log(1.05)
 
 
 def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:

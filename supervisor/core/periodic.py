@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from supervisor.core.detect import DetectorSettings
 from supervisor.core.diagnose import Incident
 
-#: Shortest period we call periodic: anything closer is one incident's aftershock.
-MIN_PERIOD = 4
+#: Shortest period we call periodic: anything closer is one incident's aftershock (or a burst).
+MIN_PERIOD = 20
 #: Earlier incidents searched for the first two occurrences of a chain.
 SEARCH = 32
 

@@ -19,7 +19,10 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 6. one rank far from the others' median, beyond both the usual spread and the usual worst rank,
    with the gradients out of band too, or two steps in a row (once alone is micro-batch noise);
 7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state);
-8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm.
+8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm;
+9. the loss level rose over each of the last two level windows beyond its noise (``trend``): a
+   divergence too slow for any one step to stand out, with no gradient metric logged or with the
+   gradients out of band too.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from supervisor.core.model import FirstAnomaly
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    rule: str  # nonfinite | checksum | loss | loss_only | metric | rank | resume | grad
+    rule: str  # nonfinite | checksum | loss | loss_only | trend | metric | rank | resume | grad
     immediate: bool  # ready to act on at once (facts, not shapes)
 
 
@@ -61,6 +64,8 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("metric", True)
     if loss_hi and sig.jump >= st.loss_only_jump and sig.loss_unprecedented:
         return Trigger("loss_only", False)
+    if _rising(sig, st) and (co is None or co >= st.band_z):
+        return Trigger("trend", False)
     reported_jump = s.loss_true is not None and s.loss > s.loss_true * (1 + st.min_loss_jump)
     if sig.reported_z >= st.z_threshold and reported_jump and not loss_hi:
         return Trigger("metric", True)
@@ -95,6 +100,17 @@ def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
     if prev is None or not _contiguous([prev, sig]) or prev.update_z is None or math.isnan(prev.update_z):
         return co
     return prev.update_z if co is None else max(co, prev.update_z)
+
+
+def _rising(sig: Signals, st: DetectorSettings) -> bool:
+    """The loss level rose over each of the last two level windows, each time beyond the noise of
+    a difference of medians, by >= 2x ``min_loss_jump`` in all, and this step is above the level:
+    a divergence too slow for any single step to stand out. A step change (a harder data mix) rises
+    over one window only; a heavy-tailed step barely moves a median."""
+    if sig.loss_trend is None or not sig.loss_excess > 0:
+        return False
+    d1, d2, se = sig.loss_trend
+    return min(d1, d2) >= st.band_z * se and d1 + d2 >= math.log1p(2 * st.min_loss_jump)
 
 
 def _rank_far(sig: Signals, st: DetectorSettings) -> bool:

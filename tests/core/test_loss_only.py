@@ -63,3 +63,22 @@ def test_a_rank_that_recovers_is_not_persistent() -> None:
             set_loss(r, r.loss * 1.6)
     ds = analyze_records(recs).incidents
     assert ds and all(d.phenotype is not Phenotype.DIVERGENCE for d in ds)
+
+
+def test_a_divergence_too_slow_for_any_step_to_stand_out_is_found() -> None:
+    """+0.4% a step from 400 on: the level follows it, no single step is out of band for long."""
+    recs = _loss_only(44, 700)
+    for r in recs:
+        if r.step >= 400:
+            r.loss *= math.exp(0.004 * (r.step - 400))
+    (d,) = analyze_records(recs).incidents
+    assert d.phenotype is Phenotype.DIVERGENCE
+    assert 395 <= d.onset_step <= 420 and d.detected_step is not None and d.detected_step <= 460
+
+
+def test_a_step_change_in_the_level_is_not_a_trend() -> None:
+    recs = _loss_only(45, 700)
+    for r in recs:
+        if r.step >= 400:
+            r.loss *= 1.12  # a harder data mix from 400 on: up once, then flat
+    assert [d for d in analyze_records(recs).incidents if d.severity.rank >= Severity.MEDIUM.rank] == []
