@@ -73,6 +73,8 @@ def metric_words(metric: Any) -> str:
 
 def ranks_words(ranks: Any, ctx: Context) -> str:
     """ "all 2 ranks", "ranks 0, 1 of 4", "rank 3"."""
+    if ctx.world_size == 1 and (not isinstance(ranks, list) or len(ranks) <= 1):
+        return "the single rank"
     if not isinstance(ranks, list) or not ranks:
         return f"all {ctx.world_size} ranks" if ctx.world_size else "all ranks"
     if ctx.world_size is not None and len(ranks) == ctx.world_size:
@@ -95,10 +97,10 @@ def _diagnosis(e: Event) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-def _where(d: dict[str, Any]) -> str:
+def _where(d: dict[str, Any], ctx: Context) -> str:
     if d.get("first_rank") is not None and d.get("rank_local"):
         return f" on rank {d['first_rank']}"
-    return " on all ranks"
+    return "" if ctx.world_size == 1 else " on all ranks"
 
 
 def _detected(e: Event, ctx: Context) -> str:
@@ -123,7 +125,7 @@ def _diagnosed(e: Event, ctx: Context) -> str:
     d = _diagnosis(e)
     causes = d.get("causes") or []
     phen = str(d.get("phenotype", "unknown")).replace("_", " ")
-    text = f"Diagnosed {phen}{_where(d)}"
+    text = f"Diagnosed {phen}{_where(d, ctx)}"
     if d.get("nonfinite"):
         text += ", NaN/Inf" + (f" first at {d['nonfinite_at']}" if d.get("nonfinite_at") else "")
     if d.get("source_local"):
