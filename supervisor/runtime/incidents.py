@@ -171,8 +171,9 @@ class IncidentFlow:
     def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
         """The workers applied an ``apply`` after ``step``: an expected change, never evidence.
 
-        The one call site of the detector's intervention API (``note_overrides`` /
-        ``note_skipped`` of ``supervisor.core.analysis.StreamingAnalyzer``).
+        The one call site of the detector's intervention API
+        (``supervisor.core.analysis.StreamingAnalyzer.note_overrides``; a loader skip or an
+        exclusion changes the data of steps that still train: ``data=True``).
         """
         note = getattr(self.analyzer, "note_overrides", None)
         if note is None:
@@ -181,10 +182,6 @@ class IncidentFlow:
         exclude = params.get("exclude") or {}
         note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
              grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
-        skipped = int(params.get("skip_batches") or 0)
-        note_skipped = getattr(self.analyzer, "note_skipped", None)
-        if skipped and note_skipped is not None:
-            note_skipped(step + 1, step + skipped, reason=reason)
 
     def analyzer_state(self) -> Any:
         return self.analyzer.state_dict()
