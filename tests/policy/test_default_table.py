@@ -80,7 +80,9 @@ def test_divergence_plan_parameters(default_policy: Policy) -> None:
     assert rollback.params["margin_steps"] == 100 and rollback.params["max_target_step"] == 240
     assert rollback.params["target_step"] == 200 and rollback.params["require_verified"] is True
     assert "target step 200" in rollback.reason and "margin 100" in rollback.reason
-    assert apply.params == {"warmup_steps": 100}  # first attempt: lr_scale_on_retry does not apply yet
+    # Re-warm from the target (200) to the onset (340); lr_scale_on_retry waits for a second attempt.
+    assert apply.params == {"warmup_steps": 140}
+    assert "from the rollback target 200 to the onset 340" in apply.reason
     assert observe.params["steps"] == 100 and observe.params["baseline_until_step"] == 340
     assert observe.params["cover_until_step"] == 360  # onset + observation.onset_margin_steps
     assert observe.on_failure == "escalate" and p.action_names[-1] == "resume"

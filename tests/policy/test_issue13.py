@@ -65,7 +65,7 @@ def test_point1_lr_jump_always_gets_rollback_before_onset_and_a_fix(
     assert (
         isinstance(rollback.args, RollbackArgs) and rollback.args.target_step == 150
     )  # newest healthy <= onset 252 - 50
-    assert isinstance(apply.args, ApplyArgs) and apply.args.warmup_steps == 100
+    assert isinstance(apply.args, ApplyArgs) and apply.args.warmup_steps == 252 - 150  # up to the onset
     assert p.action_names.index("rollback") < p.action_names.index("apply") < p.action_names.index("resume")
     assert "learning rate changed 29.7x" in p.matched_because
 
@@ -202,7 +202,7 @@ def test_point4_a_recurrence_reopens_the_nearest_resolved_incident(default_polic
 
 def test_point4_later_attempts_halve_the_lr_and_the_last_one_escalates(default_policy: Policy) -> None:
     second = plan(lr_bug("divergence"), state(incident_attempt=1, lr=3e-3), default_policy)
-    assert second.action("apply").params == {"warmup_steps": 100, "lr_scale": 0.5}  # type: ignore[union-attr]
+    assert second.action("apply").params == {"warmup_steps": 52, "lr_scale": 0.5}  # type: ignore[union-attr]
     third = plan(lr_bug("divergence"), state(incident_attempt=2, lr_scale=0.5), default_policy)
     assert third.action("apply").params["lr_scale"] == 0.25  # type: ignore[union-attr]
     last = plan(lr_bug("divergence"), state(incident_attempt=3), default_policy)
@@ -261,3 +261,14 @@ def test_findings_read_the_detector_sentences() -> None:
     assert list(findings(d)) == ["lr_jump", "update_jump", "nonfinite", "rank_local"]
     assert findings(diag("transient", ("data",))) == {}
     assert Phenotype.SLOW_RECOVERY.value == "slow_recovery"
+
+
+def test_rewarm_runs_from_the_rollback_target_to_the_onset(default_policy: Policy, tmp_path: Path) -> None:
+    unknown = plan(lr_bug("divergence"), state(checkpoints=None), default_policy)
+    assert unknown.action("apply").params["warmup_steps"] == 50  # type: ignore[union-attr]  # onset - margin
+    pol = load_policy(write_policy(tmp_path, one_rule(["alert", {"observe": {"steps": 50}}])))
+    inserted = plan(lr_bug("transient"), state(checkpoints=((100, "healthy"),)), pol)
+    assert inserted.action("apply").params == {"warmup_steps": 152}  # type: ignore[union-attr]
+    assert any("apply inserted after the rollback" in n for n in inserted.notes)
+    with pytest.raises(PolicyError, match="warmup_steps: must be >= 1 or `to_onset`"):
+        load_policy(write_policy(tmp_path, one_rule([{"apply": {"warmup_steps": 0}}])))

@@ -113,7 +113,14 @@ class ApplyParams(ActionParams):
             "the LR in force by this: the same recipe is not tried twice."
         ),
     )
-    warmup_steps: int | None = Field(None, ge=0, description="Re-warm the LR over this many steps.")
+    warmup_steps: int | Literal["to_onset"] | None = Field(
+        None,
+        description=(
+            "Re-warm the LR from zero over this many steps (>= 1), or `to_onset`: over the steps from the "
+            "rollback target to the incident's onset, so the stretch that blew up is re-run at a lower LR "
+            "and the schedule is back on plan from the onset on."
+        ),
+    )
     grad_clip: float | None = Field(
         None,
         gt=0,
@@ -131,6 +138,13 @@ class ApplyParams(ActionParams):
     precision: Literal["fp32", "bf16", "fp16"] | None = Field(None, description="Switch compute precision.")
     exclude: Exclude | None = Field(None, description="Data to quarantine.")
     skip_batches: int | None = Field(None, ge=1, description="Skip this many batches after the resume point.")
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be >= 1 or `to_onset` (got {v})")
+        return v
 
     @model_validator(mode="after")
     def _something(self) -> ApplyParams:

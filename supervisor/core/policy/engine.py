@@ -195,7 +195,13 @@ def _finish(
     base: Plan, steps: list[Step], notes: list[str], name: str, d: Diagnosis, state: JobState, policy: Policy
 ) -> Plan:
     default = policy.defaults.on_failure
-    planned = [_planned(s, i, name, d, state, default, policy) for i, s in enumerate(steps, 1)]
+    planned: list[PlannedAction] = []
+    rollback_to: int | None = None
+    for i, s in enumerate(steps, 1):
+        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to))
+        if planned[-1].name == "rollback":
+            target = planned[-1].params.get("target_step")
+            rollback_to = int(target if target is not None else planned[-1].params["max_target_step"])
     notes = list(notes)
     for a in planned:
         if a.name == "apply" and not a.params:
@@ -213,9 +219,17 @@ def _finish(
 
 
 def _planned(
-    step: Step, i: int, rule: str, d: Diagnosis, state: JobState, default: str, policy: Policy | None = None
+    step: Step,
+    i: int,
+    rule: str,
+    d: Diagnosis,
+    state: JobState,
+    default: str,
+    policy: Policy | None = None,
+    rollback_to: int | None = None,
 ) -> PlannedAction:
     spec = step.spec
-    params, detail = resolve(spec.action, spec.params, d, state, policy.observation if policy else None)
+    obs = policy.observation if policy else None
+    params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to)
     origin = f"inserted by the engine ({step.inserted})" if step.inserted else f"rule {rule!r} action {i}"
     return PlannedAction(spec.action, params, f"{origin}: {detail}", spec.on_failure or default)

@@ -69,9 +69,10 @@ def state_suspect_reason(d: Diagnosis, state: JobState) -> str | None:
     return f"{name.replace('_', ' ')} ({sentence})"
 
 
-#: The fix the engine adds after a rollback when the rule names none: re-warm the LR, so the
-#: steps that blew up are re-run at a lower LR and the schedule is back on plan afterwards.
-DEFAULT_FIX = {"apply": {"warmup_steps": 100}}
+#: The fix the engine adds after a rollback when the rule names none: re-warm the LR from the
+#: rollback target to the onset, so the steps that blew up are re-run at a lower LR and the
+#: schedule is back on plan from the onset on.
+DEFAULT_FIX = {"apply": {"warmup_steps": "to_onset"}}
 
 
 def fix_after_rollback(steps: list[Step], d: Diagnosis, state: JobState) -> tuple[list[Step], list[str]]:

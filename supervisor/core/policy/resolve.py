@@ -38,11 +38,19 @@ class NoRollbackTarget(Exception):
 
 
 def resolve(
-    name: str, params: ActionParams, d: Diagnosis, state: JobState, observation: Observation | None = None
+    name: str,
+    params: ActionParams,
+    d: Diagnosis,
+    state: JobState,
+    observation: Observation | None = None,
+    rollback_to: int | None = None,
 ) -> Resolved:
-    """(concrete params, detail sentence) of one action."""
+    """(concrete params, detail sentence) of one action; ``rollback_to``: the step an earlier
+    rollback of the same plan goes back to (or may go back to at most), if any."""
     if name == "observe":
         return _observe(params, d, state, observation or Observation.model_validate({}))
+    if name == "apply":
+        return _apply(params, d, state, rollback_to)
     fn = _RESOLVERS.get(name)
     if fn is None:
         return params.model_dump(by_alias=True), ACTIONS[name].summary
@@ -102,7 +110,7 @@ def _exclude(e: Exclude, d: Diagnosis) -> tuple[dict[str, Any], list[str]]:
     return out, words
 
 
-def _apply(p: Any, d: Diagnosis, state: JobState) -> Resolved:
+def _apply(p: Any, d: Diagnosis, state: JobState, rollback_to: int | None = None) -> Resolved:
     assert isinstance(p, ApplyParams)
     params: dict[str, Any] = {}
     words: list[str] = []
@@ -115,9 +123,18 @@ def _apply(p: Any, d: Diagnosis, state: JobState) -> Resolved:
     if factor is not None:
         params["lr_scale"], text = _lr_scale(factor, state)
         words.append(text)
-    if p.warmup_steps is not None:
+    if p.warmup_steps == "to_onset":
+        if rollback_to is not None and rollback_to < d.onset_step:
+            params["warmup_steps"] = d.onset_step - rollback_to
+            words.append(
+                f"re-warm the LR from zero over {params['warmup_steps']} steps: from the rollback target "
+                f"{rollback_to} to the onset {d.onset_step}, then the schedule as planned"
+            )
+        else:
+            words.append("warmup_steps to_onset dropped: the plan does not roll back to before the onset")
+    elif p.warmup_steps is not None:
         params["warmup_steps"] = p.warmup_steps
-        words.append(f"re-warm the LR over {p.warmup_steps} steps")
+        words.append(f"re-warm the LR from zero over {p.warmup_steps} steps")
     clip, text = _grad_clip(p, state)
     if clip is not None:
         params["grad_clip"] = clip
@@ -227,7 +244,6 @@ def _message(p: Any, d: Diagnosis, state: JobState) -> Resolved:
 
 _RESOLVERS: dict[str, Callable[[Any, Diagnosis, JobState], Resolved]] = {
     "rollback": _rollback,
-    "apply": _apply,
     "replay": _replay,
     "snapshot": _snapshot,
     "alert": _message,
