@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,25 @@ def test_without_exports_a_lost_database_fails_loudly(tmp_path: Path) -> None:
     with pytest.raises(IncidentStoreError, match=r"incident database shrank from \d+ to 0 bytes") as err:
         store.check_intact()
     assert err.value.exit_code == 3
+
+
+def test_the_supervisors_store_rebuilds_from_the_jobs_storage(tmp_path: Path) -> None:
+    """The wiring the runtime uses: `open_incident_store(job)` rebuilds from `<storage>/<job>/incidents/`."""
+    from supervisor.incidents.export import export_incident
+    from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+
+    job = JobSpec.model_validate(
+        {"name": "job-a", "entrypoint": "m:f", "storage": {"path": str(tmp_path / "store")}, "max_steps": 10}
+    )
+    store = open_incident_store(job)
+    inc = store.open_incident("job-a", diagnosis())
+    export_incident(store, inc.id, open_checkpoint_store(job).backend, job.name)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    deadline = time.monotonic() + 30
+    while not store.rebuilt:  # noticed on a use at most CHECK_INTERVAL_S after the last check
+        assert time.monotonic() < deadline, "the lost file was never noticed"
+        listed = [i.id for i in store.list_incidents(job="job-a")]
+        time.sleep(0.05)
+    assert listed == [inc.id] and store.rebuilt[0]["restored"] == [inc.id]
+    assert store.rebuilt[0]["problem"] == "incident database vanished while the supervisor had it open"
