@@ -72,7 +72,9 @@ def replay_on_ranks(probe: Probe, d: Replay) -> dict[str, Any]:
     from supervisor.checkpoint.training_state import load_training_state
 
     store, loader = probe.checkpoint, probe.loader
-    if store is None or probe.loss_fn is None or loader is None or not hasattr(loader, "dataset"):
+    # A streaming loader cannot fetch samples by ID: the directive fails and the action replays offline.
+    map_style = hasattr(loader, "dataset") and not getattr(loader, "streaming", False)
+    if store is None or probe.loss_fn is None or loader is None or not map_style:
         raise SupervisorError("replay on the ranks needs a checkpoint store, loss_fn and a map-style "
                               "SupervisedLoader (sdk.init)", field="replay")  # fmt: skip
     deadline = time.monotonic() + d.deadline_s
