@@ -1,16 +1,24 @@
 """Checkpoint I/O vs raw file I/O of the same bytes, in one run (timings are ratios, not absolutes).
 
-    .venv/bin/python bench/checkpoint_io.py [--gib 1.0] [--repeat 3] [--dir /tmp] [--checksum crc32]
+    .venv/bin/python bench/checkpoint_io.py [--gib 1.0 | --params 1e9] [--device cpu|cuda]
+                                            [--repeat 3] [--dir /tmp] [--checksum crc32] [--ablations]
 
-Measures, for a model + AdamW state of about --gib GiB:
-  raw write+fsync  the state's bytes written to one file, fsync'd
+Measures, for a model + AdamW state of about --gib GiB (or a model of --params parameters,
+whose state is 3x that: the weights and AdamW's two moments), interleaved in one run:
+  raw write+fsync  the state's bytes (from host memory) written to one file, fsync'd
   raw read         that file read back (warm) into a page-aligned 8 MiB buffer, and into one
                    state-sized buffer (what any restore must at least do: write every byte to RAM)
-  save             save_training_state (torch.save per file, hashed on the way out, fsync, rename)
-  verify           verify() (stream every file through the checksum)
-  restore          load_training_state into the existing model and optimizer
-and the candidate checksums' throughput on the same bytes in memory. Targets (issue 5):
-save <= 1.2x raw write+fsync; verify >= 0.8x raw read speed; restore <= 1.5x raw read.
+  save torch       save_training_state(engine="torch"): torch.save per file, hashed, fsync, rename
+  save dcp         save_training_state (DCP, synchronous): dcp.save + the commit protocol
+  async blocked    Checkpointer.save(blocking=False): what training waits for (staging to host
+                   memory; on CUDA a device -> pinned host copy); the write runs in background
+  async total      from the call until the manifest is committed
+  verify           verify() of the DCP checkpoint (stream every file through the checksum)
+  restore torch    load_training_state of the torch.save checkpoint into the live model
+  restore dcp      load_training_state of the DCP checkpoint (dcp.load + set_state_dict)
+and the candidate checksums' throughput on the same bytes in memory. Targets: save <= 1.2x
+raw write+fsync; async blocked <= 0.15x the synchronous save; verify >= 0.8x raw read speed;
+restore <= 1.5x raw read. With --device cuda the model and optimizer live on the GPU.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from supervisor import logging as slog
 from supervisor.checkpoint import CheckpointStore, StoreSettings, verify
 from supervisor.checkpoint.hashing import ALGORITHMS, available, default_algorithm, new_hasher
+from supervisor.checkpoint.saver import Checkpointer
 from supervisor.checkpoint.training_state import load_training_state, save_training_state
 from supervisor.storage import LocalBackend
 from supervisor.storage.base import aligned_buffer
@@ -36,10 +46,13 @@ from supervisor.storage.base import aligned_buffer
 CHUNK = 8 << 20
 
 
-def build(gib: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(gib: float, params: float | None, device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Linear 4096x4096 layers; AdamW after one step holds 2 moments per parameter (3x the model)."""
-    layers = max(1, round(gib * (1 << 30) / (3 * 4 * 4096 * 4096)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)])
+    per_layer = 4096 * 4096
+    layers = (
+        max(1, round(params / per_layer)) if params else max(1, round(gib * (1 << 30) / (3 * 4 * per_layer)))
+    )
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -49,8 +62,9 @@ def build(gib: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[memoryview]:
+    """The state's bytes in host memory (a host copy of GPU tensors, made once, untimed)."""
     tensors = list(model.parameters()) + [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
-    return [memoryview(t.detach().numpy()).cast("B") for t in tensors]
+    return [memoryview(t.detach().cpu().numpy()).cast("B") for t in tensors]
 
 
 def raw_write(path: Path, views: list[memoryview]) -> None:
@@ -99,7 +113,9 @@ def hash_speeds(views: list[memoryview], nbytes: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--gib", type=float, default=1.0, help="State size (weights + AdamW moments).")
+    ap.add_argument("--params", type=float, default=None, help="Model parameters instead (e.g. 1e9).")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="Where to write (default: a temp dir).")
     ap.add_argument("--checksum", default=default_algorithm(), choices=list(ALGORITHMS))
@@ -110,7 +126,9 @@ def main() -> None:
     slog.configure("error")
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
-        run(work, args.gib, args.repeat, args.checksum)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device here")
+        run(work, args.gib, args.params, args.device, args.repeat, args.checksum)
         if args.ablations:
             from checkpoint_io_ablations import ablations  # type: ignore[import-not-found]
 
@@ -119,54 +137,72 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(work: Path, gib: float, repeat: int, checksum: str) -> None:
-    model, opt = build(gib)
+def run(work: Path, gib: float, params: float | None, device: str, repeat: int, checksum: str) -> None:
+    model, opt = build(gib, params, device)
     views = state_bytes(model, opt)
     nbytes = sum(len(v) for v in views)
     store = CheckpointStore(LocalBackend(work / "storage"), "bench", StoreSettings(checksum=checksum))
-    t: dict[str, list[float]] = {k: [] for k in ("write", "read", "read_full", "save", "verify", "restore")}
+    saver = Checkpointer(store, rank=0, world_size=1)
+    keys = ("write", "read", "read_full", "save_torch", "save_dcp", "blocked", "async_total", "verify",
+            "restore_torch", "restore_dcp")  # fmt: skip
+    t: dict[str, list[float]] = {k: [] for k in keys}
     full = torch.empty(nbytes, dtype=torch.uint8)
     full.fill_(0)  # touched, like live parameters
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    state: dict[str, Any] = {"rank": 0, "world_size": 1, "model": model, "optimizer": opt}
     # Interleaved, so drift in machine load hits every column alike. Nothing is deleted until
     # the end: on a filesystem mounted with `discard`, deletions slow down the next fsyncs.
-    for step in range(repeat):
-        raw = work / f"raw{step}.bin"
+    for i in range(repeat):
+        raw = work / f"raw{i}.bin"
         t["write"].append(timed(lambda raw=raw: raw_write(raw, views)))
         raw_read(raw)  # warm, like the checkpoint files right after their save
         t["read"].append(timed(lambda raw=raw: raw_read(raw)))
         t["read_full"].append(timed(lambda raw=raw: raw_read_into(raw, full)))
-        t["save"].append(
-            timed(
-                lambda s=step: save_training_state(store, s, rank=0, world_size=1, model=model, optimizer=opt)
-            )
+        torch_step, dcp_step, async_step = 3 * i, 3 * i + 1, 3 * i + 2
+        t["save_torch"].append(
+            timed(lambda s=torch_step: save_training_state(store, s, engine="torch", **state))
         )
-        verify(store, step, record=False)  # warm
-        t["verify"].append(timed(lambda s=step: verify(store, s, record=False)))
-        t["restore"].append(
-            timed(
-                lambda s=step: load_training_state(store, s, rank=0, world_size=1, model=model, optimizer=opt)
-            )
+        t["save_dcp"].append(timed(lambda s=dcp_step: save_training_state(store, s, **state)))
+        sync()
+        start = time.perf_counter()
+        handle = saver.save(async_step, model=model, optimizer=opt, blocking=False)
+        t["blocked"].append(time.perf_counter() - start)
+        handle.result()
+        t["async_total"].append(time.perf_counter() - start)
+        saver.poll()
+        verify(store, dcp_step, record=False)  # warm
+        t["verify"].append(timed(lambda s=dcp_step: verify(store, s, record=False)))
+        t["restore_torch"].append(
+            timed(lambda s=torch_step: (load_training_state(store, s, **state), sync()))
         )
+        t["restore_dcp"].append(timed(lambda s=dcp_step: (load_training_state(store, s, **state), sync())))
+    saver.close()
+    report(t, nbytes, checksum, repeat, device, views)
+
+
+def report(
+    t: dict[str, list[float]], nbytes: int, checksum: str, repeat: int, device: str, views: list[memoryview]
+) -> None:
     med = {k: statistics.median(v) for k, v in t.items()}
     gb = nbytes / 1e9
-    print(f"state {nbytes / 2**30:.2f} GiB, checksum {checksum}, median of {repeat}")
-    print(f"  raw write+fsync  {med['write']:6.2f} s  {gb / med['write']:6.2f} GB/s")
-    print(
-        f"  raw read (warm)  {med['read']:6.2f} s  {gb / med['read']:6.2f} GB/s  into one 8 MiB page-aligned buffer"
-    )
-    print(
-        f"  raw read (warm)  {med['read_full']:6.2f} s  {gb / med['read_full']:6.2f} GB/s  into a state-sized buffer"
-    )
-    print(
-        f"  save             {med['save']:6.2f} s  {med['save'] / med['write']:5.2f}x raw write+fsync  (target <= 1.2)"
-    )
-    print(
-        f"  verify           {med['verify']:6.2f} s  {med['read'] / med['verify']:5.2f}x raw read speed  (target >= 0.8)"
-    )
-    print(
-        f"  restore          {med['restore']:6.2f} s  {med['restore'] / med['read']:5.2f}x raw read time   (target <= 1.5)"
-        f"; {med['restore'] / med['read_full']:.2f}x the state-sized read"
-    )
+    print(f"state {nbytes / 2**30:.2f} GiB on {device}, checksum {checksum}, median of {repeat}")
+    rows = [
+        ("raw write+fsync", med["write"], f"{gb / med['write']:6.2f} GB/s"),
+        ("raw read (warm)", med["read"], f"{gb / med['read']:6.2f} GB/s  into one 8 MiB page-aligned buffer"),
+        ("raw read (warm)", med["read_full"], f"{gb / med['read_full']:6.2f} GB/s  into a state-sized buffer"),
+        ("save torch", med["save_torch"], f"{med['save_torch'] / med['write']:5.2f}x raw write+fsync"),
+        ("save dcp (sync)", med["save_dcp"], f"{med['save_dcp'] / med['write']:5.2f}x raw write+fsync  (target <= 1.2); "
+         f"{med['save_dcp'] / med['save_torch']:.2f}x save torch"),
+        ("async: blocked", med["blocked"], f"{med['blocked'] / med['save_dcp']:5.3f}x the sync dcp save  (target <= 0.15); "
+         f"first save {t['blocked'][0]:.3f} s (allocates the host buffers)"),
+        ("async: total", med["async_total"], f"{med['async_total'] / med['save_dcp']:5.2f}x the sync dcp save"),
+        ("verify (dcp)", med["verify"], f"{med['read'] / med['verify']:5.2f}x raw read speed  (target >= 0.8)"),
+        ("restore torch", med["restore_torch"], f"{med['restore_torch'] / med['read']:5.2f}x raw read time"),
+        ("restore dcp", med["restore_dcp"], f"{med['restore_dcp'] / med['read']:5.2f}x raw read time  (target <= 1.5); "
+         f"{med['restore_dcp'] / med['restore_torch']:.2f}x restore torch"),
+    ]  # fmt: skip
+    for name, secs, note in rows:
+        print(f"  {name:<17}{secs:7.3f} s  {note}")
     speeds = hash_speeds(views, nbytes)
     print(
         "  checksums in memory (GB/s; raw read above for scale): "
