@@ -38,30 +38,33 @@ def parse_lightning(text: str, fmap: FieldMap | None = None) -> TraceData:
 
 
 def _parse_wandb_json(text: str, fmap: FieldMap) -> TraceData:
-    rows: list[dict[str, Any]] = []
-    skipped = 0
-    body = text.strip()
-    if body.startswith("["):
+    """A JSON list of rows, a pandas ``to_json()`` column map, or one JSON object per line."""
+    try:
+        whole: Any = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, list):
+        rows = [r for r in whole if isinstance(r, dict)]
+        return _records(rows, fmap, "wandb", len(whole) - len(rows))
+    if isinstance(whole, dict) and whole and all(isinstance(v, dict) for v in whole.values()):
+        by_row: dict[str, dict[str, Any]] = {}
+        for col, cells in whole.items():
+            for idx, v in cells.items():
+                by_row.setdefault(str(idx), {})[col] = v
+        return _records(list(by_row.values()), fmap, "wandb", 0)
+    rows, skipped = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
         try:
-            data = json.loads(body)
+            obj = json.loads(line)
         except ValueError:
-            return TraceData([], 1, "wandb", ["not valid JSON"])
-        items = data if isinstance(data, list) else []
-        rows = [r for r in items if isinstance(r, dict)]
-        skipped = len(items) - len(rows)
-    else:
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                skipped += 1
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                skipped += 1
+            skipped += 1
+            continue
+        if isinstance(obj, dict):
+            rows.append(obj)
+        else:
+            skipped += 1
     return _records(rows, fmap, "wandb", skipped)
 
 

@@ -100,9 +100,18 @@ def test_wandb_history_json_and_jsonl(tmp_path: Path) -> None:
     as_list.write_text(json.dumps(rows))
     as_lines = tmp_path / "wandb-history.jsonl"
     as_lines.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
-    a, b = read_trace(as_list), read_trace(as_lines)
-    assert a.format == b.format == "wandb"
-    assert [r.step for r in a.records] == [r.step for r in b.records] == [0, 1, 2, 3, 4]
+    columns = tmp_path / "history_columns.json"  # pandas DataFrame.to_json() default layout
+    columns.write_text(
+        json.dumps({k: {str(i): r.get(k) for i, r in enumerate(rows)} for k in rows[0]}, indent=1)
+    )
+    a, b, c = read_trace(as_list), read_trace(as_lines), read_trace(columns, "wandb")
+    assert a.format == b.format == c.format == "wandb"
+    assert (
+        [r.step for r in a.records]
+        == [r.step for r in b.records]
+        == [r.step for r in c.records]
+        == [0, 1, 2, 3, 4]
+    )
     assert a.records[1].grad_norm == 1.0 and b.skipped_lines == 1
 
 
