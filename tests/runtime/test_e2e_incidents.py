@@ -79,9 +79,7 @@ def test_transient_bad_batch_is_quarantined_without_rollback(tmp_path: Path) -> 
     excluded = set(fix.payload["exclude_samples"])
     assert excluded
     records = [
-        json.loads(line)
-        for f in sorted(tmp_path.glob("trace*.jsonl"))
-        for line in f.read_text().splitlines()
+        json.loads(line) for f in sorted(tmp_path.glob("trace*.jsonl")) for line in f.read_text().splitlines()
     ]
     applied_at = min(
         r["step"]
@@ -114,9 +112,7 @@ def test_supervisor_killed_during_rollback_attach_finishes_without_second_rollba
     assert any(e.kind is EventKind.SUPERVISOR_RESUMED for e in timeline)
     assert store.get(pending.incident_id).state is IncidentState.RESOLVED
     records = [
-        json.loads(line)
-        for f in sorted(tmp_path.glob("trace*.jsonl"))
-        for line in f.read_text().splitlines()
+        json.loads(line) for f in sorted(tmp_path.glob("trace*.jsonl")) for line in f.read_text().splitlines()
     ]
     loads = {(r["rank"], e) for r in records for e in r.get("events", []) if e.startswith("rolled_back:")}
     assert len(loads) == job.resources.num_workers, loads  # each rank loaded the checkpoint exactly once
