@@ -33,7 +33,9 @@ def test_lr_fault_rolled_back_in_place_and_final_loss_matches_plain_torchrun(tmp
     ray.kill(handle)
     assert final["phase"] == "finished" and final["step"] == STEPS, final
     incidents = open_incident_store(job)
-    [incident] = [i for i in incidents.list_incidents(job=job.name) if i.phenotype != "transient"]
+    # The incident the fault caused: the one rolled back (its phenotype is the diagnosis's business).
+    [incident] = [i for i in incidents.list_incidents(job=job.name)
+                  if any(e.kind is EventKind.ROLLED_BACK for e in incidents.timeline(i.id))]  # fmt: skip
     assert incident.state is IncidentState.RESOLVED
     kinds = [e.kind for e in incidents.timeline(incident.id) if e.action_id]
     assert kinds[:6] == [EventKind.ALERT_SENT, EventKind.FROZE, EventKind.SNAPSHOT, EventKind.LATEST_BLOCKED,
