@@ -99,7 +99,9 @@ def main() -> None:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             probe.record(loss, grad_norm=grad_norm, tokens=tokens)  # supervisor
-            step += 1
+            step = (
+                probe.step_count
+            )  # supervisor: the kept timeline's step (an in-place rollback moves it back)
             if rank == 0 and step % args.log_every == 0:
                 print(f"step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
             if args.save_dir and rank == 0 and step % args.save_every == 0:
