@@ -75,9 +75,10 @@ class Database:
             ) from None
         try:
             conn = self.conn()
-            migrate(conn, str(self.path))
-            # Move the schema into the main file now, so its size means something (see check_intact).
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if migrate(conn, str(self.path)) < SCHEMA_VERSION:
+                # Copy the new schema into the main file now, so its size means something
+                # (check_intact). PASSIVE: never waits for another process's readers.
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             raise IncidentStoreError(f"not an incident database ({exc})", source=str(self.path)) from None
         self._remember()
