@@ -178,7 +178,9 @@ def _incident_families(
         g.add_metric([job, state, phenotype], n)
     yield g
     c = CounterMetricFamily(
-        PREFIX + "actions", "Policy actions finished, by outcome.", labels=["training_job", "action", "status"]
+        PREFIX + "actions",
+        "Policy actions finished, by outcome.",
+        labels=["training_job", "action", "status"],
     )
     pending = _gauge("actions_pending", "Policy actions started and not finished.", ["action"])
     for (action, status), n in sorted(actions.items()):
@@ -191,7 +193,9 @@ def _incident_families(
     buckets = [(floatToGoString(b), float(sum(1 for d in delays if d <= b))) for b in DELAY_BUCKETS]
     buckets.append(("+Inf", float(len(delays))))
     h = HistogramMetricFamily(
-        PREFIX + "detection_delay_steps", "Steps from an incident's onset to its detection.", labels=["training_job"]
+        PREFIX + "detection_delay_steps",
+        "Steps from an incident's onset to its detection.",
+        labels=["training_job"],
     )
     h.add_metric([job], buckets, sum_value=float(sum(delays)))
     yield h
