@@ -118,7 +118,22 @@ def test_point2_window_covers_the_onset_and_throughput_is_against_the_run_itself
     assert obs.args.cover_until_step == 252 + 20
     assert obs.args.window_steps(from_step=150) == 122  # past the onset, not just 100 steps
     assert obs.args.window_steps(from_step=250) == 100
-    assert obs.args.pass_.throughput is True and obs.args.pass_.throughput_min_ratio == 0.5
+    # An LR fix cannot change step speed: a busy neighbour must not fail this window (issue point 2).
+    assert obs.args.pass_.throughput is False and "no fix here changes step speed" in obs.reason
+
+
+def test_point2_throughput_is_judged_when_the_fix_changes_precision(tmp_path: Path) -> None:
+    body = one_rule(["alert", {"apply": {"precision": "fp32"}}, {"observe": {"steps": 50}}])
+    p = plan(diag("transient", ("numeric",)), state(), load_policy(write_policy(tmp_path, body)))
+    obs = p.action("observe")
+    assert obs is not None and obs.params["pass"] == {
+        "loss_within_mads": 3.0, "grad_norm_ratio_max": 2.0, "update_ratio_max": 2.0,
+        "throughput": True, "throughput_min_ratio": 0.5,
+    }  # fmt: skip
+    assert (
+        "sustained throughput >= 0.5x this run's own (observation.throughput=auto: the fix changes precision)"
+        in obs.reason
+    )
 
 
 def test_point2_a_policy_can_turn_throughput_off(tmp_path: Path) -> None:

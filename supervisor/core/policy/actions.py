@@ -162,8 +162,9 @@ class PassCriteria(ActionParams):
     loss_within_mads: float = Field(3.0, gt=0, description="Loss stays within N MADs of the baseline median.")
     grad_norm_ratio_max: float = Field(2.0, gt=1, description="Grad norm median ≤ N × baseline median.")
     update_ratio_max: float = Field(2.0, gt=1, description="Update ratio median ≤ N × baseline median.")
-    throughput: bool | None = Field(
-        None, description="Judge throughput at all (default: the policy's observation.throughput)."
+    throughput: bool | Literal["auto"] | None = Field(
+        None,
+        description="Judge throughput: true, false or auto (default: the policy's observation.throughput).",
     )
     throughput_min_ratio: float | None = Field(
         None,

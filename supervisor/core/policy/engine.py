@@ -197,8 +197,10 @@ def _finish(
     default = policy.defaults.on_failure
     planned: list[PlannedAction] = []
     rollback_to: int | None = None
+    speed_fix = False
     for i, s in enumerate(steps, 1):
-        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to))
+        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to, speed_fix))
+        speed_fix = speed_fix or (planned[-1].name == "apply" and "precision" in planned[-1].params)
         if planned[-1].name == "rollback":
             target = planned[-1].params.get("target_step")
             rollback_to = int(target if target is not None else planned[-1].params["max_target_step"])
@@ -227,9 +229,10 @@ def _planned(
     default: str,
     policy: Policy | None = None,
     rollback_to: int | None = None,
+    speed_fix: bool = False,
 ) -> PlannedAction:
     spec = step.spec
     obs = policy.observation if policy else None
-    params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to)
+    params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to, speed_fix)
     origin = f"inserted by the engine ({step.inserted})" if step.inserted else f"rule {rule!r} action {i}"
     return PlannedAction(spec.action, params, f"{origin}: {detail}", spec.on_failure or default)

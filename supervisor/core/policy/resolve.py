@@ -44,11 +44,13 @@ def resolve(
     state: JobState,
     observation: Observation | None = None,
     rollback_to: int | None = None,
+    speed_fix: bool = False,
 ) -> Resolved:
     """(concrete params, detail sentence) of one action; ``rollback_to``: the step an earlier
-    rollback of the same plan goes back to (or may go back to at most), if any."""
+    rollback of the same plan goes back to (or may go back to at most), if any; ``speed_fix``:
+    an earlier apply of the plan changes how fast a step runs (precision)."""
     if name == "observe":
-        return _observe(params, d, state, observation or Observation.model_validate({}))
+        return _observe(params, d, state, observation or Observation.model_validate({}), speed_fix)
     if name == "apply":
         return _apply(params, d, state, rollback_to)
     fn = _RESOLVERS.get(name)
@@ -193,10 +195,11 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation) -> Resolved:
+def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation, speed_fix: bool = False) -> Resolved:
     assert isinstance(p, ObserveParams)
     c = p.pass_
-    throughput = obs.throughput if c.throughput is None else c.throughput
+    setting = obs.throughput if c.throughput is None else c.throughput
+    throughput = speed_fix if setting == "auto" else bool(setting)
     ratio = obs.throughput_min_ratio if c.throughput_min_ratio is None else c.throughput_min_ratio
     cover = d.onset_step + obs.onset_margin_steps
     params = {
@@ -212,6 +215,10 @@ def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation) -> Resolve
         "cover_until_step": cover,
     }
     tput = f"sustained throughput >= {ratio:g}x this run's own" if throughput else "throughput not judged"
+    if setting == "auto":
+        tput += " (observation.throughput=auto: " + (
+            "the fix changes precision)" if speed_fix else "no fix here changes step speed)"
+        )
     detail = (
         f"watch at least {p.steps} steps and until step {cover} (onset {d.onset_step} + "
         f"observation.onset_margin_steps={obs.onset_margin_steps}) against the baseline before step "

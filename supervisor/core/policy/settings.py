@@ -8,6 +8,8 @@ plan. Every field has a default, so a policy that leaves a section out keeps wor
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -57,8 +59,13 @@ class Observation(_Section):
             "so a fault that comes back at its own step is seen inside the window."
         ),
     )
-    throughput: bool = Field(
-        True, description="Whether throughput is a pass criterion at all (false: never judged)."
+    throughput: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Whether throughput is a pass criterion: true, false, or `auto`: only when the plan's fix can "
+            "change how fast a step runs (a precision change). LR, clipping and data fixes do not; a "
+            "window judged on speed then fails on a busy neighbour, not on the fix."
+        ),
     )
     throughput_min_ratio: float = Field(
         0.5,
