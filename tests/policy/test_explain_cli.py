@@ -105,3 +105,24 @@ def test_explain_conservative_escalates(trace: Path) -> None:
 def test_explain_missing_trace_is_one_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["policy", "explain", "default", "--trace", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_explain_shows_the_job_values_and_the_recovery_mode(trace: Path) -> None:
+    args = [
+        "policy",
+        "explain",
+        "default",
+        "--trace",
+        str(trace),
+        "--grad-clip",
+        "1.0",
+        "--supervision",
+        "observe",
+    ]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "job runs: lr 0.003, grad clip 1, median grad norm" in res.stdout
+    assert "supervision observe, recovery restart" in res.stdout
+    steps = [line.split()[1] for line in res.stdout.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
+    assert "freeze" not in steps and "rollback" in steps
+    assert "note: freeze dropped: an observe-level job" in res.stdout
