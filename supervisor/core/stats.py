@@ -20,6 +20,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+MAX_LOG_EXCESS = 700.0
+"""Largest |excess| of a log-scale metric (e^700 ~ 1e304: exp() of it never overflows)."""
+
 #: MAD -> standard deviation for normally distributed data.
 MAD_TO_SIGMA = 1.4826
 
@@ -152,7 +155,11 @@ class LevelTracker:
 
     def excess(self, x: float) -> float:
         """How far ``x`` is above the level, in the metric's units (NaN when there is no level yet)."""
-        return x - self._level.median() if len(self._level) and not self._settle else math.nan
+        if not len(self._level) or self._settle:
+            return math.nan
+        d = x - self._level.median()
+        # Clamped so exp(excess) stays a float: log-metrics of 1e-300 vs 1e300 once overflowed math.exp.
+        return d if math.isnan(d) or abs(d) <= MAX_LOG_EXCESS else math.copysign(MAX_LOG_EXCESS, d)
 
     def unprecedented(self, x: float, margin: float) -> bool:
         """``x``'s residual exceeds ``margin`` x the largest residual in the window (heavy-tail guard)."""
