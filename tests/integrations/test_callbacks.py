@@ -16,6 +16,8 @@ from supervisor.storage import open_backend
 
 STEPS = 8
 
+pytestmark = pytest.mark.slow
+
 
 class Director:
     """Delivers a lr_scale override after step 2 and a rollback to step 3 after step 5, once each."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +15,8 @@ from supervisor import sdk
 from supervisor.checkpoint.store import CheckpointStore
 from supervisor.sdk.directives import ApplyOverrides, RollbackInPlace
 from supervisor.storage import open_backend
+
+pytestmark = pytest.mark.slow  # real training steps: seconds each on a loaded 2-core machine
 
 
 def setup(store: Any = None, **settings: Any) -> tuple[Any, ...]:
