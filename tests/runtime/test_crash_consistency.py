@@ -189,7 +189,7 @@ def test_a_worker_killed_while_frozen_restarts_before_the_onset_and_the_plan_con
     applied = [e for e in ctl.incidents.timeline(spike.id) if e.kind is EventKind.FIX_APPLIED]
     assert len(applied) == 1 and applied[0].status is EventStatus.DONE
     # The fix lives in the workers' memory: the new generation applied it too.
-    assert [d["id"] for d in ranks.applied][-1] == "i1-p1-a2-apply@g1"
+    assert "i1-p1-a2-apply@g1" in [d["id"] for d in ranks.applied]
 
 
 @pytest.mark.parametrize("fail_relaunch", [False, True])
