@@ -167,6 +167,25 @@ class IncidentFlow:
             updates = self.analyzer.notify_rollback(to_step)
         for u in updates or ():
             self._on_update(u.kind, u.key, u.diagnosis, to_step)
+        self._abandon_after(to_step)
+
+    def _abandon_after(self, to_step: int) -> None:
+        """Incidents that began after ``to_step`` happened on a timeline training no longer has:
+        they neither fail an observation nor get a plan of their own (their state was rolled back
+        with it; a fault that persists is detected again on the new timeline)."""
+        self._opened_at = [(s, i) for s, i in self._opened_at if s <= to_step]
+        active = self.state.active.incident_id if self.state.active else None
+        keep = []
+        for incident_id in self.state.waiting:
+            inc = self.store.get(incident_id)
+            if incident_id != active and inc.onset_step is not None and inc.onset_step > to_step:
+                why = (f"abandoned timeline: training went back to step {to_step}, before its onset "
+                       f"{inc.onset_step}" + (f" (while incident {active} was handled)" if active else ""))  # fmt: skip
+                move(self.store, incident_id, IncidentState.DISMISSED, why, to_step)
+                log.info("incident_abandoned", incident=incident_id, why=why)
+            else:
+                keep.append(incident_id)
+        self.state.waiting = keep
 
     def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
         """The workers applied an ``apply`` after ``step``: an expected change, never evidence.

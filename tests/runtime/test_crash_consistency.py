@@ -216,3 +216,20 @@ def test_restart_restart_escalate_and_a_failed_relaunch(tmp_path: Path, fail_rel
         assert ctl.phase is JobPhase.FAILED and "restarts.max_restarts=2" in ctl.state.reason
     machinery = [i for i in ctl.incidents.list_incidents(job="row") if i.state is IncidentState.ESCALATED]
     assert len(machinery) == 1
+
+
+def test_incidents_of_an_abandoned_timeline_get_no_plan_of_their_own(tmp_path: Path) -> None:
+    """Kill at "open": training ran on with the fault and the detector opened more incidents;
+    the rollback to before their onset dismisses them (with the reason), never a second rollback."""
+    from supervisor.runtime.controller import _machinery_diagnosis
+
+    _, ranks, _, ctl = setup(tmp_path)
+    ranks.train(ctl, 120)
+    later = ctl.incidents.open_incident("row", _machinery_diagnosis(100, None, "same fault, later"))
+    earlier = ctl.incidents.open_incident("row", _machinery_diagnosis(40, None, "before the target"))
+    ctl.state.waiting += [later.id, earlier.id]
+    ctl.rewind(60, "rewind:test", "rollback of incident 1")
+    assert ctl.state.waiting == [earlier.id]
+    gone = ctl.incidents.get(later.id)
+    assert gone.state is IncidentState.DISMISSED
+    assert "abandoned timeline" in ctl.incidents.timeline(later.id)[-1].payload["reason"]
