@@ -44,9 +44,11 @@ def ray_local() -> Iterator[None]:
 
 
 def command_job(tmp_path: Path, name: str, module: str, steps: int, **over: Any) -> JobSpec:
+    # The HF example writes its Trainer output_dir: keep it in the test's folder.
+    out = f" --output-dir {tmp_path / 'out'}" if "hf_trainer" in module else ""
     spec: dict[str, Any] = {
         "name": name,
-        "entrypoint": f"python -m {module} --steps {steps} {SMALL}",
+        "entrypoint": f"python -m {module} --steps {steps} {SMALL}{out}",
         "max_steps": steps,
         "resources": {"num_workers": 2},
         "storage": {"path": str(tmp_path / "store")},
