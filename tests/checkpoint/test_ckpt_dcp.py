@@ -120,3 +120,19 @@ def test_async_save_single_process_local_and_s3(store: CheckpointStore) -> None:
     loaded = load_training_state(store, 3, rank=0, world_size=1, model=model, optimizer=opt)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert loaded.data_state == {"cursor": 7}
+
+
+def test_one_save_in_flight_a_snapshot_waits_for_it(tmp_path: Path) -> None:
+    store = CheckpointStore(LocalBackend(tmp_path / "storage"), "job")
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    saver = Checkpointer(store, rank=0, world_size=1)
+    first = saver.save(1, model=model, optimizer=opt, blocking=False)
+    assert saver.in_flight is first
+    # The snapshot (a blocking save) first waits for the save in flight: both commit, in order.
+    snap = saver.save(2, model=model, optimizer=opt, mark=HealthMark.DIAGNOSTIC, blocking=True)
+    assert first.done() and saver.in_flight is None
+    assert first.result() is not None and snap.result() is not None
+    assert store.steps() == [1, 2] and store.manifest(2).health == HealthMark.DIAGNOSTIC
+    assert store.latest() == 1  # a diagnostic snapshot never becomes `latest`
+    saver.close()
