@@ -23,6 +23,11 @@ DATA = {"gru": "stdlib", "encoder": "stdlib", "convnet": "synthetic"}
 #: data (and the loss the run is compared on) close to the clean run's.
 BAD_SOURCE = "web"
 
+#: Where the `nan_step` overflow is injected when the drill's default (the middle nn.Linear) does
+#: not work: nn.MultiheadAttention calls its out_proj functionally, so a hook on it never fires.
+#: Names are as the probe sees the model (wrapped in DDP: `module.`).
+OVERFLOW_MODULE = {"encoder": "module.enc.layers.0.linear1"}
+
 FAULT_AT = 120
 MAX_STEPS = 240
 
@@ -97,6 +102,10 @@ class Cell:
 
     def job(self, storage: Path, max_steps: int = MAX_STEPS) -> JobSpec:
         f = FAULTS[self.fault]
+        faults = [dict(x) for x in f.faults]
+        for x in faults:
+            if x["kind"] == "overflow" and self.family in OVERFLOW_MODULE:
+                x["module"] = OVERFLOW_MODULE[self.family]
         config: dict[str, Any] = {
             "family": self.family,
             "optimizer": self.optimizer,
@@ -118,7 +127,7 @@ class Cell:
                 "checkpoint": {"every_steps": 20, "keep": 12},
                 "policy": "default",
                 "max_steps": max_steps,
-                "faults": list(f.faults),
+                "faults": faults,
             }
         )
 
