@@ -189,7 +189,7 @@ class CheckpointStore:
                 f"step {step} already holds a {previous.health.value} checkpoint; it is never replaced",
                 source=self.where(step),
             )
-        folder = source or join_key(self.root, step_dir(step))
+        folder = source if source is not None else join_key(self.root, step_dir(step))
         present = {o.key: o.size for o in self.backend.list(folder)}
         for entry in files:
             if present.get(join_key(folder, entry.name)) != entry.size:
@@ -331,7 +331,9 @@ class CheckpointStore:
 
     def folder(self, manifest: Manifest) -> str:
         """The key under which a checkpoint's files are: its step directory, or an adopted source."""
-        return manifest.source or join_key(self.root, step_dir(manifest.step))
+        return (
+            manifest.source if manifest.source is not None else join_key(self.root, step_dir(manifest.step))
+        )
 
     def file_key(self, manifest: Manifest, name: str) -> str:
         return join_key(self.folder(manifest), name)
