@@ -288,6 +288,8 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
         return Phenotype.DIVERGENCE
     if inc.facts.rising_steps >= 2 and _still_rising(traj, inc.onset_step):
         return Phenotype.DIVERGENCE  # noisy, but each third of the way higher than the one before
+    if _never_recovering(traj, inc.onset_step):
+        return Phenotype.DIVERGENCE  # up and staying up for a long stretch: not on its way back
     if inc.facts.rising_steps >= 2 and last.excess >= DIVERGED and last.excess >= 0.5 * inc.peak_excess:
         return Phenotype.DIVERGENCE  # rose step after step to 10x its level and stays there: broken
     if last.step - inc.peak_step <= settings.transient_steps and last.excess >= 0.5 * inc.peak_excess:
@@ -326,6 +328,23 @@ def _still_rising(traj: list[Point], onset: int) -> bool:
     k = len(ex) // 3
     m1, m2, m3 = (sorted(part)[len(part) // 2] for part in (ex[:k], ex[k : 2 * k], ex[2 * k :]))
     return m1 < m2 < m3 and m3 - m1 >= math.log(1.05)
+
+
+#: Steps after onset before a loss that shows no decline at all is called diverged, not recovering.
+NO_RECOVERY_STEPS = 40
+
+
+def _never_recovering(traj: list[Point], onset: int) -> bool:
+    """``NO_RECOVERY_STEPS`` or more since onset, the loss never back in band, and its last third
+    as high as its first (median excess >= 0.8x): a slow recovery would be visibly on its way down."""
+    pts = [p for p in traj if p.step >= onset and math.isfinite(p.excess)]
+    if not pts or pts[-1].step - pts[0].step < NO_RECOVERY_STEPS or any(p.loss_in_band for p in pts[1:]):
+        return False
+    k = len(pts) // 3
+    first = sorted(p.excess for p in pts[:k])
+    last = sorted(p.excess for p in pts[-k:])
+    m1, m3 = first[len(first) // 2], last[len(last) // 2]
+    return m1 > 0 and m3 >= 0.8 * m1
 
 
 def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
