@@ -58,8 +58,9 @@ def _ddp_body(rank: int, tmp: str) -> None:
         if rank == 0 and probe.step_count == 8:
             probe.transport.deliver(sdk.Stop(id="st"))  # type: ignore[attr-defined]
         if rank == 1 and probe.step_count == 5:
-            with torch.no_grad():  # a silent one-rank fault: replicas now differ
-                model.module.blocks[0].mlp.fc.weight[0] += 0.05
+            with torch.no_grad():  # a silent one-rank fault: replicas now differ (every hidden unit,
+                # so the canary's fixed batch sees it whatever its tokens activate)
+                model.module.blocks[0].mlp.fc.weight.mul_(1.05)
         with probe.step(batch) as s:
             s.backward(lm_loss(model, batch))
             s.optimizer_step()

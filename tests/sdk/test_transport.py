@@ -66,5 +66,5 @@ def test_directives_round_trip_and_unknown_kind():
     d = RollbackInPlace(step=40, exclusions=Exclusions(samples=("code:a.py:0",), batch_ranges=((3, 5),)))
     assert Directive.from_dict(json.loads(json.dumps(d.to_dict()))) == d
     assert Freeze().id != Freeze().id
-    with pytest.raises(Exception, match="valid: apply, continue, freeze"):
+    with pytest.raises(Exception, match="valid: apply, continue, finish, freeze, replay, rollback"):
         Directive.from_dict({"kind": "reboot"})
