@@ -98,7 +98,8 @@ def test_rank_killed_during_async_save_leaves_no_target_and_next_save_commits(tm
     assert result.ok and result.manifest is not None and result.manifest.health == HealthMark.VERIFIED
     manifest = result.manifest
     orphans = set(store.step_dirs()[2]) - {f.name for f in manifest.files} - {"MANIFEST.json"}
-    assert orphans and all(n.startswith("dcp-") for n in orphans)  # the killed save's files: garbage, unnamed
+    # the killed save's files (its DCP shards, rank 0's per-rank state file): garbage, unnamed
+    assert orphans and all(n.startswith(("dcp-", "state.rank")) for n in orphans)
 
 
 def test_async_save_single_process_local_and_s3(store: CheckpointStore) -> None:
