@@ -129,7 +129,13 @@ def test_ray_failures_are_one_line_exit_3(head: tuple[str, dict[str, str]]) -> N
     assert dead.exit_code == 3 and dead.output.startswith("error: no Ray cluster reachable at 127.0.0.1:")
     assert dead.output.count("\n") == 1 and time.monotonic() - started < 60  # not Ray's minutes of retries
     code, errors = run("stop", "nosuchjob", "--address", address)
-    assert code == 3 and len(errors) == 1 and "set RAY_AUTH_MODE=token" in errors[0]
+    # A token-auth head refuses a client that was not given its token (exit 3 with the hint); a
+    # client that finds the token (an earlier local Ray of this session wrote it) connects and is
+    # told, as bad input, that no such job runs. Either way: one line, no traceback.
+    assert len(errors) == 1, errors
+    assert (code == 3 and "set RAY_AUTH_MODE=token" in errors[0]) or (
+        code == 2 and "no supervisor running for job 'nosuchjob'" in errors[0]
+    ), (code, errors)
     code, errors = run("stop", "nosuchjob", "--address", address, RAY_AUTH_MODE="token")
     assert code == 2 and errors == ["error: no supervisor running for job 'nosuchjob'"]
 

@@ -54,9 +54,11 @@ def test_divergence_rolled_back_fixed_observed_and_finished(tmp_path: Path) -> N
     assert observation.result["passed"] and all(c["ok"] for c in observation.result["checks"].values())
     ckpts = open_checkpoint_store(job)
     snap = next(e for e in actions if e.kind is EventKind.SNAPSHOT)
-    # The snapshot is live at its step, or kept beside the new timeline's save of that step.
+    # The snapshot is live at its step, or kept beside the new timeline's save of that step, or
+    # collected by the run-time retention once its incident closed (a closed incident's snapshot
+    # is not protected; see checkpoint/lifecycle.py): never anything but diagnostic.
     marks = [m.health for m in ckpts.saves(snap.result["acked_at_step"])]
-    assert HealthMark.DIAGNOSTIC in marks, marks
+    assert snap.status is EventStatus.DONE and set(marks) <= {HealthMark.DIAGNOSTIC}, marks
     assert ckpts.block_state() is None  # released when the incident resolved
     ray.kill(handle)
 

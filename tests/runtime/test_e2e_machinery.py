@@ -35,7 +35,8 @@ def test_clean_run_finishes_with_checkpoints_marked(tmp_path: Path) -> None:
 
 
 def test_worker_sigkilled_resumes_from_newest_verified_checkpoint(tmp_path: Path) -> None:
-    job = make_job(tmp_path, "killed", max_steps=200)
+    # keep: 20, so the run-time retention (keep the newest K healthy) leaves the resume point to inspect
+    job = make_job(tmp_path, "killed", max_steps=200, checkpoint={"every_steps": 20, "keep": 20})
     handle = api.launch(job, FAST)
     wait_for(lambda: api.status(handle), lambda s: s["step"] >= 70, 240)
     group = WorkerGroup.find(job, FAST)
