@@ -19,7 +19,7 @@ from supervisor.checkpoint import CheckpointStore, Manifest, collect_garbage, ve
 from supervisor.checkpoint.store import save_id
 from supervisor.cli.output import console, json_option, print_json
 from supervisor.core.model import HealthMark
-from supervisor.errors import CheckpointError, ConfigError
+from supervisor.errors import EXIT_FAILED, CheckpointError, ConfigError
 from supervisor.storage import Backend, open_backend
 
 
@@ -145,7 +145,7 @@ def verify_cmd(
     no_record: bool,
     as_json: bool,
 ) -> None:
-    """Verify one checkpoint (STEP) or all; a failure quarantines it and exits 2."""
+    """Verify one checkpoint (STEP) or all; a failed one is quarantined and the command exits 1."""
     store = _open(job_or_path, job, endpoint_url, region)
     steps = [step] if step is not None else store.steps()
     results = [
@@ -166,6 +166,7 @@ def verify_cmd(
             f"step {first.step}: {first.problems[0]}"
             + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""),
             source=store.uri,
+            exit_code=EXIT_FAILED,
         )
 
 
