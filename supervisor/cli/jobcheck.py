@@ -32,7 +32,7 @@ def allowed_policy_dirs(job_file: Path) -> list[Path]:
     dirs += [
         Path(d).expanduser().resolve() for d in os.environ.get(ENV_POLICY_DIRS, "").split(os.pathsep) if d
     ]
-    return dirs
+    return list(dict.fromkeys(dirs))  # the job's folder is often the working directory
 
 
 def policy_problems(policy: str, job_file: Path) -> list[SupervisorError]:
