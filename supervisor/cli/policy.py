@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from supervisor.cli.output import json_option, print_json
 from supervisor.core.policy import load_policy, resolve_policy_path, shipped_policies
 from supervisor.core.policy.dryrun import ExplainedIncident, checkpoints_from_records, dry_run
+from supervisor.core.policy.loader import check_policy
 from supervisor.core.policy.plan import CheckpointRef
+from supervisor.errors import EXIT_BAD_INPUT, PolicyError
 
 
 @click.group()
@@ -21,18 +25,34 @@ def policy() -> None:
 @click.argument("files", nargs=-1, required=True)
 @json_option
 def validate(files: tuple[str, ...], as_json: bool) -> None:
-    """Validate policy FILES (paths or shipped names). Exit 2 with one line on the first bad one."""
-    results = []
-    for f in files:
-        p = load_policy(f)
-        results.append(
-            {"file": str(resolve_policy_path(f)), "name": p.name, "rules": [r.name for r in p.rules]}
-        )
+    """Validate policy FILES (paths or shipped names).
+
+    Every problem of every file is one line (`error: FILE: FIELD: what`); exit code 2 when any.
+    """
+    results = [_check(f) for f in files]
     if as_json:
         print_json(results)
-        return
-    for r in results:
-        click.echo(f"ok {r['file']}: policy {r['name']!r}, {len(r['rules'])} rules ({', '.join(r['rules'])})")
+    else:
+        for r in results:
+            if r["ok"]:
+                rules = r["rules"]
+                click.echo(f"ok {r['file']}: policy {r['name']!r}, {len(rules)} rules ({', '.join(rules)})")
+            for line in r.get("errors", []):
+                click.echo(f"error: {line}", err=True)
+    if not all(r["ok"] for r in results):
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _check(name_or_path: str) -> dict[str, Any]:
+    """One file's result: its rules, or every problem found in it (one line each)."""
+    try:
+        path = resolve_policy_path(name_or_path)
+    except PolicyError as exc:
+        return {"file": name_or_path, "ok": False, "errors": [exc.one_line()]}
+    found, problems = check_policy(path)
+    if found is None:
+        return {"file": str(path), "ok": False, "errors": [p.one_line() for p in problems]}
+    return {"file": str(path), "ok": True, "name": found.name, "rules": [r.name for r in found.rules]}
 
 
 @policy.command(name="list")

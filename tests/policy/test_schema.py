@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from supervisor.cli.main import cli
@@ -133,3 +134,32 @@ def test_cli_validate_error_is_one_line(tmp_path: Path) -> None:
     assert res.stderr.strip() == (
         f"error: {path}: rules.0.actions.2: unknown action 'rolback' (valid: {', '.join(action_names())})"
     )
+
+
+def test_cli_validate_lists_every_problem_of_every_file(tmp_path: Path) -> None:
+    """Issue 18: every problem is reported, one line each (file + field), not only the first; exit 2."""
+    bad = write_policy(tmp_path, one_rule(["freeze", "rolback", {"observe": {"steps": 20}}]))
+    data = json.loads(json.dumps(yaml.safe_load(bad.read_text())))
+    data["defaults"] = {"max_attempts": 0, "cooldwn_steps": 5}
+    bad.write_text(yaml.safe_dump(data))
+    other = tmp_path / "other.yaml"
+    other.write_text("version: 2\nname: x\nrules: []\n")
+    res = CliRunner().invoke(cli, ["policy", "validate", "default", str(bad), str(other), "nosuch"])
+    assert res.exit_code == 2
+    assert res.stdout.startswith("ok ") and "policy 'default'" in res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert lines == [
+        f"error: {bad}: defaults.max_attempts: must be >= 1 (got 0)",
+        f"error: {bad}: defaults.cooldwn_steps: unknown key (valid: max_attempts, cooldown_steps, "
+        "max_observation_failures, on_failure)",
+        f"error: {bad}: rules.0.actions.1: unknown action 'rolback' (valid: {', '.join(action_names())})",
+        f"error: {bad}: rules.0.actions.2: observe.steps: must be >= 50 (got 20)",
+        f"error: {other}: version: must be one of 1 (got 2)",
+        f"error: {other}: rules: list should have at least 1 item after validation, not 0 (got [])",
+        "error: nosuch: no such policy file or shipped policy (shipped: "
+        + ", ".join(shipped_policies())
+        + ")",
+    ]
+    as_json = CliRunner().invoke(cli, ["policy", "validate", str(bad), "--json"])
+    assert as_json.exit_code == 2
+    assert [len(r["errors"]) for r in json.loads(as_json.stdout)] == [4]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from supervisor.config.loader import load_model
+from supervisor.config.loader import check_model
 from supervisor.core.policy.schema import Policy, with_valid_keys
 from supervisor.errors import PolicyError
 
@@ -42,12 +42,21 @@ def resolve_policy_path(name_or_path: str | Path) -> Path:
 
 def load_policy(name_or_path: str | Path) -> Policy:
     """Load and validate a policy; every failure is a one-line PolicyError naming file and field."""
-    path = resolve_policy_path(name_or_path)
-    try:
-        return load_model(Policy, path, error=PolicyError)
-    except PolicyError as exc:
-        if exc.field is None or exc.message != "unknown key":
-            raise
-        raise PolicyError(
-            with_valid_keys(Policy, exc.field, exc.message), source=exc.source, field=exc.field
-        ) from None
+    found, problems = check_policy(resolve_policy_path(name_or_path))
+    if found is None:
+        raise problems[0]
+    return found
+
+
+def check_policy(path: Path) -> tuple[Policy | None, list[PolicyError]]:
+    """(the policy, []) or (None, every problem), each one line naming the file and the field."""
+    found, problems = check_model(Policy, path, error=PolicyError)
+    return found, [_with_valid_keys(p) for p in problems]
+
+
+def _with_valid_keys(exc: Exception) -> PolicyError:
+    if not isinstance(exc, PolicyError):  # check_model raises only `error`; keep mypy honest
+        return PolicyError(str(exc))
+    if exc.field is None or exc.message != "unknown key":
+        return exc
+    return PolicyError(with_valid_keys(Policy, exc.field, exc.message), source=exc.source, field=exc.field)
