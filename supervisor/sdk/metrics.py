@@ -32,16 +32,27 @@ def is_sharded(params: Sequence[Tensor]) -> bool:
 
 def grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
     """Global L2 norm of the gradients before clipping; clips in place when ``max_norm > 0``."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
         return torch.zeros(())
-    total = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
-    full = getattr(total, "full_tensor", None)  # DTensor grads (FSDP2): reduce to the global norm
-    if full is not None:
-        total = full()
+    # Tensor parallelism leaves some parameters plain (norms) beside DTensor ones, and torch's
+    # norm and clip kernels refuse a list that mixes the two: each kind is reduced and clipped alone.
+    groups = [g for g in (
+        [p for p in with_grad if hasattr(p.grad, "full_tensor")],
+        [p for p in with_grad if not hasattr(p.grad, "full_tensor")],
+    ) if g]  # fmt: skip
+    parts = [_total_norm([p.grad for p in g if p.grad is not None]) for g in groups]
+    total = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(torch.stack(parts))
     if max_norm is not None and max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total, True)
+        for g in groups:
+            torch.nn.utils.clip_grads_with_norm_(g, max_norm, total, True)
     return total
+
+
+def _total_norm(grads: list[Tensor]) -> Tensor:
+    total = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
+    full = getattr(total, "full_tensor", None)  # DTensor grads (FSDP2, TP): reduce to the global norm
+    return full() if full is not None else total
 
 
 class NormSampler:
