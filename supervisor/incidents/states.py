@@ -7,13 +7,20 @@ the reason, in the same transaction.
 
 ::
 
-    open ──► frozen ──► acting ──► observing ──► resolved
+    ┌──────────────────── reopened (the fault came back, next attempt) ◄─────────┐
+    ▼                                                                            │
+    open ──► frozen ──► acting ──► observing ──► resolved ───────────────────────┘
       │        │          │  ▲          │
       │        │          │  └──────────┘  (observation failed, next attempt)
       │        └──────────┴──────────────┴──► escalated
       └──► dismissed   (metric artifact, benign shift, false alarm)
 
-``resolved``, ``escalated`` and ``dismissed`` are terminal.
+``resolved``, ``escalated`` and ``dismissed`` are terminal: nothing acts on them. One move
+leaves a terminal state: a fault that comes back within the policy's
+``recurrence.reopen_within_steps`` of a *resolved* incident reopens it (``resolved → open``,
+same id, next attempt; ``IncidentStore.reopen`` records the reason and the attempt number).
+The policy's ``recurrence.max_attempts`` bounds the attempts before escalation.
+``escalated`` and ``dismissed`` are final: a person decided, or there was nothing to fix.
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ class IncidentState(str, Enum):
     def is_active(self) -> bool:
         return not self.is_terminal
 
+    @property
+    def is_final(self) -> bool:
+        """No move leaves it (``resolved`` is terminal but may be reopened)."""
+        return not TRANSITIONS[self]
+
 
 _TERMINAL = frozenset({IncidentState.RESOLVED, IncidentState.ESCALATED, IncidentState.DISMISSED})
 
@@ -60,11 +72,15 @@ TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
     S.FROZEN: frozenset({S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.DISMISSED}),
     S.ACTING: frozenset({S.OBSERVING, S.RESOLVED, S.ESCALATED}),
     S.OBSERVING: frozenset({S.ACTING, S.RESOLVED, S.ESCALATED}),
-    S.RESOLVED: frozenset(),
+    S.RESOLVED: frozenset({S.OPEN}),  # reopened: only through IncidentStore.reopen
     S.ESCALATED: frozenset(),
     S.DISMISSED: frozenset(),
 }
 del S
+
+
+#: The one move out of a terminal state; it carries an attempt number (``IncidentStore.reopen``).
+REOPEN = (IncidentState.RESOLVED, IncidentState.OPEN)
 
 
 def can_transition(old: IncidentState, new: IncidentState) -> bool:

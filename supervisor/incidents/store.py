@@ -24,6 +24,7 @@ from supervisor.incidents import scrub
 from supervisor.incidents.db import Database, DatabaseLost
 from supervisor.incidents.models import Artifact, Event, Incident, dumps, loads
 from supervisor.incidents.states import (
+    REOPEN,
     TRANSITIONS,
     EventKind,
     EventStatus,
@@ -173,6 +174,12 @@ class IncidentStore:
             old = self.get(incident_id).state
             if old == new:
                 return self.get(incident_id)
+            if (old, new) == REOPEN:
+                raise IncidentStoreError(
+                    f"incident {incident_id}: a resolved incident is reopened with IncidentStore.reopen "
+                    "(it records the new detection and the attempt number)",
+                    source=str(self.path),
+                )
             if not can_transition(old, new):
                 valid = ", ".join(sorted(s.value for s in TRANSITIONS[old])) or "none (terminal)"
                 raise IncidentStoreError(
@@ -190,6 +197,74 @@ class IncidentStore:
             )
         self._log.info("incident_state", incident=incident_id, old=old.value, new=new.value, reason=reason)
         return self.get(incident_id)
+
+    def reopen(
+        self,
+        incident_id: int,
+        diagnosis: Diagnosis | dict[str, Any],
+        *,
+        reason: str,
+        attempt: int,
+        actor: str = "supervisor",
+        step: int | None = None,
+        key: int | None = None,
+    ) -> Incident:
+        """``resolved → open``: the fault came back. One transaction: the state (``closed_at``
+        cleared), the new diagnosis (onset of this occurrence), the detector's new ``key`` (so a
+        restarted supervisor finds this incident again for the same records), a ``detected``
+        event for the new occurrence and a ``state_changed`` event with the reason and the
+        attempt number it starts."""
+        diag = diagnosis.to_json() if isinstance(diagnosis, Diagnosis) else dict(diagnosis)
+        detected = step if step is not None else diag.get("detected_step")
+        with self.transaction() as conn:
+            old = self.get(incident_id).state
+            if (old, IncidentState.OPEN) != REOPEN:
+                raise IncidentStoreError(
+                    f"incident {incident_id}: only a resolved incident can be reopened; it is {old.value}",
+                    source=str(self.path),
+                )
+            now = self._clock()
+            conn.execute(
+                "UPDATE incidents SET state = ?, updated_at = ?, closed_at = NULL, "
+                "analyzer_key = COALESCE(?, analyzer_key) WHERE id = ?",
+                (IncidentState.OPEN.value, now, key, incident_id),
+            )
+            self._set_diagnosis(conn, incident_id, diag, now)
+            self._insert_event(conn, incident_id, EventKind.DETECTED, "detector", detected,
+                               {"diagnosis": diag, "reopened": True, "attempt": attempt}, EventStatus.DONE)  # fmt: skip
+            body = {"from": old.value, "to": IncidentState.OPEN.value, "reason": reason, "reopened": True,
+                    "attempt": attempt}  # fmt: skip
+            self._insert_event(
+                conn, incident_id, EventKind.STATE_CHANGED, actor, detected, body, EventStatus.DONE
+            )
+        self._log.warning(
+            "incident_reopened", incident=incident_id, attempt=attempt, step=detected, reason=reason
+        )
+        return self.get(incident_id)
+
+    def detections(self, job: str) -> list[tuple[int, Diagnosis]]:
+        """(incident id, diagnosis) of every occurrence of a fault in ``job``, oldest first: a
+        reopened incident has one per occurrence, each with its newest diagnosis (the ``detected``
+        event, refined by the ``diagnosed`` events that follow it)."""
+        rows = self._read(
+            "SELECT e.incident_id, e.kind, e.payload FROM events e JOIN incidents i ON i.id = e.incident_id "
+            "WHERE i.job = ? AND e.kind IN (?, ?) ORDER BY e.id",
+            (job, EventKind.DETECTED.value, EventKind.DIAGNOSED.value),
+        )
+        out: list[tuple[int, Diagnosis]] = []
+        current: dict[int, int] = {}  # incident id -> index of its newest occurrence in ``out``
+        for r in rows:
+            incident_id = int(r["incident_id"])
+            try:
+                d = Diagnosis.from_json(loads(r["payload"])["diagnosis"])
+            except (KeyError, TypeError, ValueError):  # an old or hand-written record: not countable
+                continue
+            if r["kind"] == EventKind.DETECTED.value or incident_id not in current:
+                current[incident_id] = len(out)
+                out.append((incident_id, d))
+            else:
+                out[current[incident_id]] = (incident_id, d)
+        return out
 
     def update_diagnosis(
         self,

@@ -6,9 +6,9 @@ another is being handled wait their turn (``state.waiting``, persisted). In
 
 Guarantees kept here:
 
-* a resolved, dismissed or escalated incident is never planned again; a fault that comes
-  back within ``recurrence.reopen_within_steps`` of a resolved incident is linked to it
-  and inherits its attempts (the policy bounds them);
+* a resolved, dismissed or escalated incident is never planned again -- except that a fault
+  that comes back within ``recurrence.reopen_within_steps`` of a resolved incident *reopens*
+  it (same id, next attempt; the policy's ``recurrence.max_attempts`` bounds the attempts);
 * while no irreversible action has started, a diagnosis that changes class re-makes the
   plan, and the reason is recorded;
 * an action that could not run because training ended is recorded as skipped, and the
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, PlannedAction, Policy, plan
+from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, IncidentState
@@ -52,6 +53,17 @@ def make_analyzer(job: JobSpec, saved: Any) -> Any:
         except Exception as exc:  # an unreadable saved state must not stop supervision: start empty
             log.warning("analyzer_state_not_restored", error=repr(exc))
     return analyzer
+
+
+def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
+    """Whether ``b`` can be ``a`` coming back: the same top cause, or a shared finding (an LR jump,
+    NaN, a named rank deviating first). A worker-group restart is never a fault that comes back."""
+    if Cause.DISTRIBUTED in (a.top_cause, b.top_cause) and not (a.rank_local and b.rank_local):
+        return False
+    if a.rank_local and b.rank_local:
+        return a.first_rank == b.first_rank
+    shared = set(findings(a)) & set(findings(b)) - {"rank_local"}
+    return a.top_cause is b.top_cause or bool(shared)
 
 
 class FlowHost(Protocol):
@@ -106,46 +118,49 @@ class IncidentFlow:
 
     def _open(self, d: Diagnosis, key: int, step: int) -> int:
         # A supervisor killed after it recorded this incident but before its state reached disk
-        # left it in the store: the same records give the same key, so it is the same incident.
+        # left it in the store: the same records give the same key, so it is the same incident
+        # (a reopened one carries the new key too).
         existing = self.store.find(self.host.job.name, key)
         if existing is not None and existing.state.is_active and existing.onset_step == d.onset_step:
             log.info("incident_found_again", incident=existing.id, key=key, why="recorded before a restart")
             return int(existing.id)
-        incident = self.store.open_incident(self.host.job.name, d, key=key, step=step)
-        if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation
-            self._opened_at.append((step, incident.id))
+        again = self._recurrence_of(d)
+        if again is not None:
+            incident_id = self._reopen(again, d, key, step)
+        else:
+            incident_id = int(self.store.open_incident(self.host.job.name, d, key=key, step=step).id)
+        if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
+            self._opened_at.append((step, incident_id))
         self.state.last_incident_step = step
-        earlier = self._recurrence_of(d)
-        if earlier is not None:
-            # The same fault again: its attempts carry over, so the policy bounds them
-            # (recurrence.max_attempts), and both timelines name each other.
-            self.state.attempts_of[str(incident.id)] = self.state.attempts_of.get(str(earlier), 1)
-            why = f"onset {d.onset_step} within recurrence.reopen_within_steps of incident {earlier}"
-            self.store.record(incident.id, EventKind.NOTE, actor="supervisor", step=step,
-                              payload={"recurrence_of": earlier, "why": why})  # fmt: skip
-            self.store.record(earlier, EventKind.NOTE, actor="supervisor", step=step,
-                              payload={"recurred_as": incident.id, "why": why})  # fmt: skip
-            log.warning("incident_recurred", incident=incident.id, earlier=earlier, onset=d.onset_step)
-        return int(incident.id)
+        return incident_id
 
-    def _recurrence_of(self, d: Diagnosis) -> int | None:
-        """The resolved incident this one repeats (``recurrence.reopen_within_steps`` of its onset or
-        of the end of its observation window: ``core.policy.recurrence.reopens`` decides)."""
+    def _reopen(self, again: tuple[Resolved, str], d: Diagnosis, key: int, step: int) -> int:
+        """The same fault again: the resolved incident is reopened (same id, next attempt), so the
+        policy's ``recurrence.max_attempts`` bounds the attempts (``JobState.incident_attempt``)."""
+        earlier, why = again
+        attempt = earlier.attempts + 1
+        self.store.reopen(earlier.incident_id, d, reason=why, attempt=attempt, step=step, key=key)
+        self.state.attempts_of[str(earlier.incident_id)] = earlier.attempts
+        log.warning("incident_reopened", incident=earlier.incident_id, onset=d.onset_step, attempt=attempt,
+                    why=why)  # fmt: skip
+        return earlier.incident_id
+
+    def _recurrence_of(self, d: Diagnosis) -> tuple[Resolved, str] | None:
+        """The resolved incident this one repeats, and why (``recurrence.reopen_within_steps`` of its
+        onset or of the end of its observation window: ``core.policy.recurrence.reopens`` decides)
+        -- among resolved incidents of the same fault (``same_fault``), never an unrelated one."""
         rec = getattr(self.host.policy, "recurrence", None)
         if rec is None or not getattr(rec, "reopen_within_steps", 0):
             return None
         resolved = []
         for inc in self.store.list_incidents(job=self.host.job.name, state=IncidentState.RESOLVED):
-            if inc.onset_step is None or (
-                inc.diagnosis is not None and inc.diagnosis.top_cause is Cause.DISTRIBUTED
-            ):
-                continue  # a worker-group restart is not a fault that comes back
+            if inc.onset_step is None or inc.diagnosis is None or not same_fault(inc.diagnosis, d):
+                continue
             obs = self.store.last_done(inc.id, EventKind.OBSERVATION)
             window = ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
-            attempts = self.state.attempts_of.get(str(inc.id), 1)
+            attempts = self.state.attempts_of.get(str(inc.id)) or max(1, self._plans_so_far(inc.id))
             resolved.append(Resolved(int(inc.id), int(inc.onset_step), window, attempts))
-        found = reopens(resolved, d.onset_step, rec)
-        return None if found is None else found[0].incident_id
+        return reopens(resolved, d.onset_step, rec)
 
     def finalize_open(self) -> bool:
         """No more steps will come: an incident the detector still holds open is judged now
@@ -261,11 +276,15 @@ class IncidentFlow:
         p = plan(d, js, host.policy)
         rule = p.rule or "fallback"
         self.state.attempts[rule] = self.state.attempts.get(rule, 0) + 1
-        self.state.attempts_of[str(incident_id)] = self.state.attempts_of.get(str(incident_id), 0) + 1
+        attempt = self.state.attempts_of[str(incident_id)] = (
+            self.state.attempts_of.get(str(incident_id), 0) + 1
+        )
         pre = [h for h in host.history if h.step < d.onset_step][-200:]
         base = baseline(pre)
+        # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
+        # ``rule_attempt``: the rule's own count, which its cooldown may have started over.
         note = {"plan": f"rule {rule}: {', '.join(p.action_names)}", "why": p.matched_because,
-                "escalate": p.escalate_reason, "attempt": p.attempt}  # fmt: skip
+                "escalate": p.escalate_reason, "attempt": attempt, "rule_attempt": p.attempt}  # fmt: skip
         self.store.record(incident_id, EventKind.NOTE, actor="policy", step=host.current_step, payload=note)
         self.store.add_artifact(incident_id, "plan", f"plan-{plan_no}",
                                 {"plan": p.to_json(), "job_state": js.to_json(),

@@ -113,10 +113,10 @@ class PlanRunner:
 
 def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:
     """Transition when valid from the current state (a no-op otherwise, e.g. frozen -> frozen)."""
-    from supervisor.incidents.states import can_transition
+    from supervisor.incidents.states import REOPEN, can_transition
 
     current = incidents.get(incident_id).state
-    if current == target or not can_transition(current, target):
+    if current == target or not can_transition(current, target) or (current, target) == REOPEN:
         return False
     incidents.transition(incident_id, target, reason, actor="supervisor", step=step)
     return True

@@ -22,14 +22,48 @@ from supervisor.incidents import (
 from tests.incidents.builders import diagnosis
 
 
-def test_terminal_states_have_no_way_out_and_active_ones_do() -> None:
+def test_terminal_states_have_one_way_out_reopening_a_resolved_incident() -> None:
     for state in IncidentState:
-        assert state.is_terminal == (not TRANSITIONS[state])
+        assert state.is_active == (not state.is_terminal) and state.is_active <= bool(TRANSITIONS[state])
     assert {s for s in IncidentState if s.is_terminal} == {
         IncidentState.RESOLVED,
         IncidentState.ESCALATED,
         IncidentState.DISMISSED,
     }
+    # A person decided, or there was nothing to fix: final. A resolved fault may come back.
+    assert {s for s in IncidentState if s.is_final} == {IncidentState.ESCALATED, IncidentState.DISMISSED}
+    assert TRANSITIONS[IncidentState.RESOLVED] == {IncidentState.OPEN}
+
+
+def test_reopen_brings_a_resolved_incident_back_with_its_attempt_and_new_onset(store: IncidentStore) -> None:
+    inc = store.open_incident("j", diagnosis(), key=1)
+    store.transition(inc.id, "acting", "fix", actor="supervisor")
+    store.transition(inc.id, "resolved", "window passed", actor="supervisor")
+    with pytest.raises(IncidentStoreError, match="reopened with IncidentStore.reopen"):
+        store.transition(inc.id, "open", "came back", actor="supervisor")
+    again = store.reopen(inc.id, diagnosis(onset_step=251, detected_step=253), reason="onset 251 near 257",
+                         attempt=2, step=253, key=9)  # fmt: skip
+    assert (again.state, again.onset_step, again.closed_at, again.analyzer_key) == (
+        IncidentState.OPEN,
+        251,
+        None,
+        9,
+    )
+    assert store.find("j", 9) == again and store.active("j") == [again]
+    *_, detected, changed = store.timeline(inc.id)
+    assert (detected.kind, detected.step, detected.payload["attempt"]) == (EventKind.DETECTED, 253, 2)
+    assert changed.payload == {"from": "resolved", "to": "open", "reason": "onset 251 near 257",
+                               "reopened": True, "attempt": 2}  # fmt: skip
+    assert [d.onset_step for _, d in store.detections("j")] == [100, 251]
+
+
+@pytest.mark.parametrize("final", ["escalated", "dismissed"])
+def test_escalated_and_dismissed_incidents_are_never_reopened(store: IncidentStore, final: str) -> None:
+    inc = store.open_incident("j", diagnosis())
+    store.transition(inc.id, final, "a person decides", actor="supervisor")
+    with pytest.raises(IncidentStoreError, match=f"only a resolved incident can be reopened; it is {final}"):
+        store.reopen(inc.id, diagnosis(), reason="x", attempt=2)
+    assert store.get(inc.id).state.value == final
 
 
 def test_open_incident_records_detection_and_indexes_the_diagnosis(store: IncidentStore) -> None:

@@ -38,6 +38,20 @@ def calm(step: int, rank: int) -> float:
     return 3.0 - 0.001 * step
 
 
+def spikes_once(*steps: int, factor: float = 8.0) -> Loss:
+    """A one-step loss spike on rank 0 at each of ``steps``, each only the first time the trace
+    reaches it (a fault a rollback cures; the next one is the fault coming back)."""
+    fired: set[int] = set()
+
+    def loss(step: int, rank: int) -> float:
+        if step in steps and step not in fired and rank == 0:
+            fired.add(step)
+            return calm(step, rank) * factor
+        return calm(step, rank)
+
+    return loss
+
+
 def spike_at(at: int, factor: float = 8.0) -> Loss:
     """A one-step loss spike on rank 0 at step ``at`` (repeated wherever the trace reaches ``at``)."""
 
@@ -61,6 +75,11 @@ class FakeRanks:
     ended: bool = False
     applied: list[dict[str, Any]] = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    grads_follow_loss: bool = False
+    """A spike moves the grad norm and the update with the loss (an optimizer fault, not a metric
+    artifact); by default only the loss moves."""
+    on_checkpoint: Callable[[int], None] | None = None
+    """Writes the checkpoint files of a step before its ``checkpoint_saved`` record goes out."""
     _seq: dict[int, int] = field(default_factory=dict)
     _unacked: dict[int, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
 
@@ -100,8 +119,9 @@ class FakeRanks:
 
     def record(self, step: int, rank: int, events: list[str] | None = None) -> dict[str, Any]:
         loss = self.loss(step, rank)
+        up = max(1.0, loss / calm(step, rank)) if self.grads_follow_loss and math.isfinite(loss) else 1.0
         return {"step": step, "rank": rank, "world_size": self.world_size, "loss": loss,
-                "grad_norm": 1.0 + self.rng.gauss(0, 0.02), "param_norm": 100.0, "update_norm": 0.1,
+                "grad_norm": up * (1.0 + self.rng.gauss(0, 0.02)), "param_norm": 100.0, "update_norm": 0.1 * up,
                 "tokens_per_s": 1000.0, "lr": 1e-3, "nonfinite": not math.isfinite(loss),
                 "events": events or []}  # fmt: skip
 
@@ -115,16 +135,18 @@ class FakeRanks:
                 return
             self.step += 1
             saved = checkpoint_every and self.step % checkpoint_every == 0
+            if saved and self.on_checkpoint is not None:
+                self.on_checkpoint(self.step)
             for rank in range(self.world_size):
                 self.send(ctl, rank, [self.record(self.step, rank, ["checkpoint_saved"] if saved else [])])
             ctl.iterate()
 
-    def run(self, ctl: Controller, until: Callable[[], bool], limit: int = 2000) -> None:
+    def run(self, ctl: Controller, until: Callable[[], bool], limit: int = 2000, *, checkpoint_every: int = 0) -> None:  # fmt: skip
         """Train and iterate, one step or boundary at a time, until ``until()`` holds."""
         for _ in range(limit):
             if until():
                 return
-            self.train(ctl, 1)
+            self.train(ctl, 1, checkpoint_every=checkpoint_every)
             ctl.iterate()
         raise AssertionError(f"not reached; status {ctl.status()}")
 

@@ -1,0 +1,82 @@
+"""Issue 13 point 4 on the real controller (tests/runtime/harness.py): an observation window
+passed, the incident was resolved, and the fault came back -- the same incident is reopened
+(same id, next attempt), and the policy's ``recurrence.max_attempts`` bounds the attempts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from supervisor.checkpoint.training_state import save_training_state
+from supervisor.incidents import EventKind, IncidentState
+from supervisor.runtime.controller import Controller
+from supervisor.runtime.state import JobPhase
+from tests.runtime.conftest import FAST, make_job
+from tests.runtime.harness import FakeRanks, FakeWorkers, spikes_once
+
+REOPEN = str(Path(__file__).parent / "policies" / "reopen.yaml")
+
+
+def saver(ctl: Controller) -> object:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def save(step: int) -> None:
+        save_training_state(ctl.checkpoints, step, rank=0, world_size=1, model=model, optimizer=optimizer)
+
+    return save
+
+
+@pytest.mark.slow
+def test_a_fault_back_after_its_window_reopens_the_incident_until_attempts_run_out(tmp_path: Path) -> None:
+    # Onset 130, rolled back to 100, observed to 150 (onset + margin), resolved; back at 170,
+    # 230 and 262 (irregular: no period to find): attempts 2, 3 and 4 reopen incident 1, and
+    # the fourth occurrence escalates (recurrence.max_attempts=3).
+    job = make_job(tmp_path, "back", max_steps=400, policy=REOPEN, resources={"num_workers": 1})
+    ranks = FakeRanks(1, 400, spikes_once(130, 170, 230, 262), grads_follow_loss=True)
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ranks.on_checkpoint = saver(ctl)  # type: ignore[assignment]
+    ctl.boot()
+    store = ctl.incidents
+
+    def only() -> object:
+        [inc] = store.list_incidents(job="back")
+        return inc
+
+    ranks.run(ctl, lambda: only().state is IncidentState.RESOLVED if store.list_incidents() else False,
+              checkpoint_every=25)  # fmt: skip
+    first = only()
+    rollback = next(e for e in store.timeline(first.id) if e.kind is EventKind.ROLLED_BACK)
+    assert (rollback.result or {}).get("to_step", rollback.payload.get("to_step")) == 100
+    window = store.last_done(first.id, EventKind.OBSERVATION).result["window"]
+    assert window[-1] >= 150 and ranks.step < 170  # the window covered the onset + margin, then resolved
+
+    ranks.run(ctl, lambda: only().state is not IncidentState.RESOLVED, checkpoint_every=25)
+    again = only()  # the same id: no second incident
+    assert again.id == first.id and again.state is IncidentState.OPEN and again.onset_step == 170
+    assert again.closed_at is None
+    [reopened] = [e for e in store.timeline(first.id)
+                  if e.payload.get("reopened") and e.kind is EventKind.STATE_CHANGED]  # fmt: skip
+    assert (reopened.payload["from"], reopened.payload["to"], reopened.payload["attempt"]) == (
+        "resolved", "open", 2)  # fmt: skip
+    assert "recurrence.reopen_within_steps=300" in reopened.payload["reason"]
+    assert "attempt 2" in reopened.payload["reason"]
+
+    ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
+    final = only()
+    assert final.id == first.id and final.state is IncidentState.ESCALATED, ctl.status()
+    attempts = [e.payload["attempt"] for e in store.timeline(first.id)
+                if e.kind is EventKind.STATE_CHANGED and e.payload.get("reopened")]  # fmt: skip
+    assert attempts == [2, 3, 4]
+    plans = [e.payload for e in store.timeline(first.id) if e.kind is EventKind.NOTE and "plan" in e.payload]
+    assert [p["attempt"] for p in plans] == [1, 2, 3, 4] and plans[-1]["escalate"]
+    assert "recurrence.max_attempts=3" in plans[-1]["escalate"]
+    assert ctl.phase is JobPhase.ESCALATED
+    # The record reads as one incident: each occurrence detected, each reopen with its reason.
+    from supervisor.incidents.postmortem import build_postmortem
+
+    texts = [t for _, t in build_postmortem(store, first.id).timeline]
+    assert sum(t.startswith("Detected a loss spike") for t in texts) == 4
+    assert any(t.startswith("Incident resolved → open") and "attempt 3" in t for t in texts), texts
