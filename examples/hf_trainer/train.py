@@ -16,7 +16,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from examples.tinylm.data import build_dataset
-from supervisor.integrations.hf import SupervisorCallback  # supervisor
+from supervisor.integrations.hf import SupervisorCallback, resume_checkpoint  # supervisor
 
 
 class ByteLM(torch.utils.data.Dataset[dict[str, Any]]):
@@ -46,6 +46,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data-bytes", type=int, default=300_000, help="Bytes of text per source.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/hf_trainer/out")
+    ap.add_argument("--save-every", type=int, default=0, help="Trainer checkpoints every N steps (0: none).")
     ap.add_argument("--trace", default="hf_trace.jsonl", help="Offline trace (no supervisor).")
     return ap.parse_args()
 
@@ -59,14 +60,15 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr, warmup_steps=20, lr_scheduler_type="cosine", weight_decay=0.1,
-        adam_beta2=0.95, max_grad_norm=1.0, logging_steps=50, save_strategy="no", report_to=[],
+        adam_beta2=0.95, max_grad_norm=1.0, logging_steps=50, report_to=[],
+        save_strategy="steps" if args.save_every else "no", save_steps=args.save_every or 500,
         use_cpu=True, ddp_find_unused_parameters=False, ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, seed=args.seed, dataloader_drop_last=True, disable_tqdm=True,
     )  # fmt: skip
     dataset = ByteLM(args.seq_len, args.data_bytes, args.seed)
     trainer = Trainer(
         model=model, args=training, train_dataset=dataset, callbacks=[SupervisorCallback(trace=args.trace)]
     )  # supervisor
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_checkpoint())  # supervisor: a restart resumes here
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from examples.tinylm.data import build_dataset, collate
 from examples.tinylm.model import TinyLM, TinyLMConfig
-from supervisor.integrations.lightning import SupervisorCallback  # supervisor
+from supervisor.integrations.lightning import SupervisorCallback, resume_checkpoint  # supervisor
 
 
 class LitLM(pl.LightningModule):
@@ -60,6 +61,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data-bytes", type=int, default=300_000, help="Bytes of text per source.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trace", default="lightning_trace.jsonl", help="Offline trace (no supervisor).")
+    ap.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps (0: none).")
+    ap.add_argument("--ckpt-dir", default="runs/lightning/ckpt", help="Where ModelCheckpoint writes.")
     return ap.parse_args()
 
 
@@ -71,13 +74,18 @@ def main() -> None:
         build_dataset(args.seq_len, args.data_bytes, args.seed), batch_size=args.batch_size, shuffle=True,
         collate_fn=collate, drop_last=True,
     )  # fmt: skip
+    saves = (
+        [ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.save_every, save_top_k=-1)]
+        if args.save_every
+        else []
+    )
     trainer = pl.Trainer(
         max_steps=args.steps, accelerator="cpu", strategy="ddp" if distributed else "auto",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", "1")),
-        gradient_clip_val=1.0, enable_checkpointing=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[SupervisorCallback(trace=args.trace)],  # supervisor
+        gradient_clip_val=1.0, enable_checkpointing=bool(args.save_every), logger=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[SupervisorCallback(trace=args.trace), *saves],  # supervisor
     )  # fmt: skip
-    trainer.fit(LitLM(args), loader)
+    trainer.fit(LitLM(args), loader, ckpt_path=resume_checkpoint())  # supervisor: a restart resumes here
 
 
 if __name__ == "__main__":

@@ -13,11 +13,20 @@ later verification then finds them missing and quarantines the step).
 
 The source is a key in the store's storage backend (for a local store: a path under its
 root): a directory (every file under it is listed, recursively) or a single file.
+
+``adopt_local`` takes the framework's local path instead (what a callback sees): a path under
+a local store's root is adopted in place; any other (a store on S3, an ``output_dir`` outside
+the storage path) is first uploaded to ``<job>/framework/<name>``, so the checkpoint is in
+storage like every other, and ``local_copy`` hands it back as a local path to a resuming
+framework (downloaded once into a cache folder when the store is remote).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from supervisor.checkpoint.hashing import hash_path, hash_reader
 from supervisor.checkpoint.manifest import COMPONENTS, FileEntry, Manifest
@@ -101,4 +110,64 @@ def _entry(store: CheckpointStore, folder: str, name: str, components: list[str]
     return FileEntry(name=name, size=size, checksum=checksum, rank=None, components=components)
 
 
-__all__ = ["adopt"]
+def adopt_local(
+    store: CheckpointStore,
+    step: int,
+    path: str | Path,
+    *,
+    components: Iterable[str] = ("model", "optimizer"),
+    world_size: int = 1,
+    metrics: Mapping[str, float | None] | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> Manifest:
+    """Adopt the finished framework checkpoint at local ``path`` (a directory or one file).
+
+    Under a local store's root it is adopted where it is; elsewhere it is uploaded first to
+    ``<job>/framework/<name>`` (module doc), file by file through the backend.
+    """
+    path = Path(path).resolve()
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory", field="source")
+    backend = store.backend
+    if isinstance(backend, LocalBackend) and (path == backend.root or backend.root in path.parents):
+        key = path.relative_to(backend.root).as_posix()
+    else:
+        key = join_key(store.job, "framework", path.name)
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for f in files:
+            name = f.relative_to(path).as_posix() if path.is_dir() else ""
+            with f.open("rb") as src, backend.open_write(join_key(key, name) if name else key) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    return adopt(store, step, key, components=components, world_size=world_size, metrics=metrics,
+                 extra={"local_path": str(path), "kind": "directory" if path.is_dir() else "file",
+                        **dict(extra or {})})  # fmt: skip
+
+
+def local_copy(store: CheckpointStore, manifest: Manifest, cache: str | Path | None = None) -> Path:
+    """A local path of adopted checkpoint ``manifest`` for the framework to load (verify it first).
+
+    A local store's files are used where they are; a remote store's are downloaded into
+    ``cache`` (default ``$SUPERVISOR_CACHE`` or ``~/.cache/spike-supervisor``), once.
+    """
+    if manifest.source is None:
+        raise CheckpointError(
+            f"step {manifest.step} is the supervisor's own checkpoint, not a framework's", field="source"
+        )
+    single = manifest.extra.get("kind") == "file"
+    backend = store.backend
+    if isinstance(backend, LocalBackend):
+        folder = backend.path(manifest.source)
+        return folder / manifest.files[0].name if single else folder
+    root = Path(cache or os.environ.get("SUPERVISOR_CACHE", "~/.cache/spike-supervisor")).expanduser()
+    dest = root / store.job / f"step_{manifest.step:08d}"
+    for entry in manifest.files:
+        target = dest / entry.name
+        if target.is_file() and target.stat().st_size == entry.size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with backend.open_read(join_key(manifest.source, entry.name)) as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    return dest / manifest.files[0].name if single else dest
+
+
+__all__ = ["adopt", "adopt_local", "local_copy"]

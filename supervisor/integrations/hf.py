@@ -11,8 +11,14 @@ norm before clipping, the LR the step used and the sampled update ratio. At the 
 boundary (``on_step_end``) it carries out the supervisor's directives in place: freeze
 (parks every rank), snapshot, rollback (model, optimizer and scheduler state loaded into
 the live objects; ``state.global_step`` follows so ``max_steps`` still means optimizer steps
-of the kept timeline), LR scale / re-warm and clip overrides, stop. A restarted worker group
-resumes from the supervisor's verified checkpoint before its first step.
+of the kept timeline), LR scale / re-warm and clip overrides, stop.
+
+Checkpoints: with ``save_strategy="steps"`` each ``checkpoint-N/`` the Trainer writes is
+adopted by the supervisor's store once written (``on_save``): manifest, checksums, health
+marks; these are then the job's checkpoints and a rollback to one restarts the worker group,
+which resumes through the Trainer's own path when the script passes
+``trainer.train(resume_from_checkpoint=resume_checkpoint())``. Without Trainer checkpoints
+the supervisor's own are saved every ``checkpoint.every_steps`` and loaded in place.
 
 To see the grad norm *before* clipping, the callback takes over ``max_grad_norm``: it sets
 the Trainer's to 0 (no clip there) and clips to the same value itself, just before
@@ -28,7 +34,10 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from supervisor.integrations.common import FrameworkProbe, LossTap
+from supervisor.integrations.common import FrameworkProbe, LossTap, resume_checkpoint
+
+#: What a Trainer ``checkpoint-N/`` holds (``scheduler.pt`` and per-rank RNG state beside them).
+COMPONENTS = ("model", "optimizer", "scheduler", "rng")
 
 
 class SupervisorCallback(TrainerCallback):
@@ -50,10 +59,20 @@ class SupervisorCallback(TrainerCallback):
         shifted = not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
         self.tap = LossTap(model, shifted=shifted)
         # Under a supervisor the job's max_steps ends training; alone, the Trainer's own does.
+        saves = str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps"
         self.fp = FrameworkProbe(
-            model, optimizer, kw.get("lr_scheduler"), trace=self.trace, grad_clip=clip, **self.settings
-        )
+            model, optimizer, kw.get("lr_scheduler"), framework="transformers", saves=saves,
+            resumed_at=state.global_step, trace=self.trace, grad_clip=clip, **self.settings,
+        )  # fmt: skip
         state.global_step = self.fp.step  # a resumed group continues the supervisor's timeline
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        # The Trainer calls this on every rank right after it wrote checkpoint-<global_step>/.
+        if self.fp is not None:
+            folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
+            self.fp.adopt(state.global_step, folder, COMPONENTS)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -73,3 +92,6 @@ class SupervisorCallback(TrainerCallback):
             self.fp.close()
         if self.tap is not None:
             self.tap.remove()
+
+
+__all__ = ["SupervisorCallback", "resume_checkpoint"]

@@ -13,8 +13,15 @@ it carries out the supervisor's directives in place: freeze, snapshot, rollback 
 optimizer and scheduler state loaded into the live objects; the loop's step counter follows
 so ``max_steps`` still counts the kept timeline), LR scale / re-warm, a clip override
 (applied before Lightning's own ``gradient_clip_val``), stop (``trainer.should_stop``).
-A restarted worker group resumes from the supervisor's verified checkpoint in
-``on_train_start``. The user's ``ModelCheckpoint`` and loggers are untouched.
+The user's ``ModelCheckpoint`` and loggers are untouched.
+
+Checkpoints: every ``.ckpt`` the Trainer writes (``ModelCheckpoint``, ``trainer.save_checkpoint``)
+is adopted by the supervisor's store once ``Trainer.save_checkpoint`` returned (the file is
+complete on every rank then): manifest, checksums, health marks. With a ``ModelCheckpoint``
+saving every N training steps these are the job's checkpoints, and a rollback to one restarts
+the worker group, which resumes through Lightning's own path when the script passes
+``trainer.fit(module, data, ckpt_path=resume_checkpoint())``. Without one the supervisor saves
+its own every ``checkpoint.every_steps`` and loads them in place.
 
 Hazard: Lightning runs ``training_step`` and ``backward`` inside ``optimizer.step(closure)``,
 so an optimizer pre-step hook fires before the gradients exist; the grad norm and the clip
@@ -29,11 +36,14 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from supervisor.integrations.common import FrameworkProbe
+from supervisor.integrations.common import FrameworkProbe, resume_checkpoint
 from supervisor.logging import get_logger
 from supervisor.sdk.metrics import grad_norm
 
 log = get_logger("supervisor.integrations.lightning")
+
+#: What a Lightning ``.ckpt`` holds (module and optimizer state, LR schedulers, loop state).
+COMPONENTS = ("model", "optimizer", "scheduler")
 
 
 class SupervisorCallback(pl.Callback):
@@ -54,10 +64,31 @@ class SupervisorCallback(pl.Callback):
             )
         configs = trainer.lr_scheduler_configs
         scheduler = configs[0].scheduler if configs else None
+        saves = any(getattr(cb, "_every_n_train_steps", 0) for cb in trainer.checkpoint_callbacks)
         self.fp = FrameworkProbe(
-            pl_module, trainer.optimizers[0], scheduler, trace=self.trace, **self.settings
-        )
+            pl_module, trainer.optimizers[0], scheduler, framework="lightning", saves=saves,
+            resumed_at=trainer.global_step, trace=self.trace, **self.settings,
+        )  # fmt: skip
         _set_global_step(trainer, self.fp.step)
+        self._watch_saves(trainer)
+
+    def _watch_saves(self, trainer: pl.Trainer) -> None:
+        """Adopt each checkpoint once ``Trainer.save_checkpoint`` (which ends in a barrier) returned.
+
+        Lightning tells callbacks about a save *before* the file is written
+        (``on_save_checkpoint``), so the adapter wraps the trainer's own method instead.
+        """
+        save = trainer.save_checkpoint
+        fp = self.fp
+
+        def save_and_adopt(
+            filepath: Any, weights_only: bool | None = None, storage_options: Any = None
+        ) -> None:
+            save(filepath, weights_only=weights_only, storage_options=storage_options)
+            if fp is not None and trainer.training and not weights_only:
+                fp.adopt(trainer.global_step, filepath, COMPONENTS)
+
+        trainer.save_checkpoint = save_and_adopt  # type: ignore[method-assign]
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -105,3 +136,6 @@ def _set_global_step(trainer: pl.Trainer, step: int) -> None:
         progress.ready = progress.completed = step
     except AttributeError as exc:  # a Lightning version with another layout: say so, keep training
         log.warning("global_step_not_moved", step=step, error=repr(exc))
+
+
+__all__ = ["SupervisorCallback", "resume_checkpoint"]

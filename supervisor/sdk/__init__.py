@@ -112,6 +112,7 @@ def watch(
     transport: Transport | None = None,
     checkpoint: Any = None,
     trace: str | Path | None = None,
+    restore: bool = True,
     **settings: Any,
 ) -> Probe:
     """A probe for a loop that keeps its own optimizer step; report each step with ``probe.record``.
@@ -120,7 +121,8 @@ def watch(
     overrides and the grad norm; ``probe.proceed()`` is the step boundary (freeze, snapshot,
     in-place rollback of model / optimizer / scheduler, periodic checkpoint, stop). Exclusions
     by sample ID and batch skips need the ``SupervisedLoader``: without it such a directive is
-    refused (acknowledged as failed), never silently ignored.
+    refused (acknowledged as failed), never silently ignored. ``restore=False``: the caller
+    resumes itself (a framework that loads its own checkpoint, ``supervisor.integrations``).
     """
     probe = init(
         model, optimizer, scheduler=scheduler, scaler=scaler, ctx=ctx, transport=transport,
@@ -128,6 +130,6 @@ def watch(
     )  # fmt: skip
     probe.watch_optimizer()
     resume = getattr(resolve_ctx(ctx), "resume_step", None)
-    if resume is not None:
+    if restore and resume is not None:
         probe.steering.restore(int(resume))
     return probe
