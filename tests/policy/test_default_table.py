@@ -115,3 +115,31 @@ def test_periodic_excludes_the_offending_source(default_policy: Policy) -> None:
     p = plan(diag("periodic", ("data",), source_local="code", period=50), state(), default_policy)
     apply = p.action("apply")
     assert apply is not None and apply.params["exclude"]["sources"] == ["code"]
+
+
+@pytest.mark.parametrize("phenotype", ["divergence", "slow_recovery"])
+def test_a_sustained_source_local_rise_keeps_the_source_out(
+    phenotype: str, default_policy: Policy, default_yaml: dict[str, Any]
+) -> None:
+    """One source serving bad data: a rollback would meet it again, so the source is excluded."""
+    p = plan(
+        diag(phenotype, ("data",), source_local="web", suspect_samples=("web:a:0",)), state(), default_policy
+    )
+    assert p.rule == "source_local", p.matched_because
+    assert p.action_names == yaml_actions(default_yaml, "source_local")
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"] == {"samples": ["web:a:0"], "sources": ["web"]}
+    # Rank-local, or with evidence that the weights took a bad step: the other rules decide.
+    assert plan(diag(phenotype, ("data",), source_local="web", rank_local=True, first_rank=1), state(),
+                default_policy).rule != "source_local"  # fmt: skip
+    jump = diag(phenotype, ("optimizer", "data"), source_local="web")
+    jump.causes[0].evidence.append("update ratio 9x its level at step 345")
+    assert plan(jump, state(), default_policy).rule == "optimizer_state"
+
+
+def test_a_bad_batch_confined_to_one_source_excludes_the_source(default_policy: Policy) -> None:
+    d = diag("transient", ("data",), source_local="web", nonfinite=True)
+    p = plan(d, state(), default_policy)
+    apply = p.action("apply")
+    assert p.rule == "bad_batch_step" and apply is not None
+    assert apply.params["exclude"]["sources"] == ["web"]

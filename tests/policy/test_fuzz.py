@@ -54,8 +54,9 @@ def _assert_one_line_error(tmp_path: Path, text: str | bytes) -> None:
     res = CliRunner().invoke(cli, ["policy", "validate", str(path)])
     assert res.exit_code == 2, res.output
     assert isinstance(res.exception, SystemExit)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), res.stderr
+    lines = res.stderr.splitlines()  # every problem, one line each, each naming the file
+    assert lines and all(line.startswith(f"error: {path}: ") for line in lines), res.stderr
+    assert len(lines) == len(set(lines)), res.stderr
     assert "Traceback" not in res.output
 
 

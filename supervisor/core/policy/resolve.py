@@ -102,7 +102,8 @@ def _exclude(e: Exclude, d: Diagnosis) -> tuple[dict[str, Any], list[str]]:
         words.append(f"{len(out['samples'])} sample(s)" if out["samples"] else "no samples (none named)")
     if e.sources is not None:
         src = ([d.source_local] if d.source_local else []) if e.sources == "suspect" else list(e.sources)
-        out["sources"] = src
+        if src:  # `suspect` on an incident that is not source-local excludes no source: say so, add nothing
+            out["sources"] = src
         words.append(f"source(s) {', '.join(src)}" if src else "no source (incident not source-local)")
     if e.batch_range is not None:
         end = d.end_step if d.end_step is not None else d.peak_step
