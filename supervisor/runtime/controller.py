@@ -111,7 +111,7 @@ class Controller:
         self.ending: tuple[JobPhase, str] | None = None
         self._stop_sent = 0.0
         self._finish_sent: str | None = None
-        self._relaunch: tuple[float, int | None, int, int, int] | None = None
+        self._relaunch: tuple[float, int | None, int, int | None, int | None] | None = None
         self._last_persist = 0.0
         self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
         self._last_export = 0.0
@@ -251,9 +251,13 @@ class Controller:
         self.directives.note_events(rank, step, events)
         if not rec.get("control"):
             self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
-        batch = (rec.get("attrs") or {}).get("batch")
+        attrs = rec.get("attrs") or {}
+        batch = attrs.get("batch")
         if isinstance(batch, int):
             self.batches[step] = batch
+        clip = attrs.get("grad_clip")
+        if isinstance(clip, int | float) and not isinstance(clip, bool) and clip >= 0:
+            self.state.reported_grad_clip = float(clip)  # the job's own clip (JobState.grad_clip)
         for ev in events:
             if ev.startswith(_END):
                 self.state.held_at[rank] = step
@@ -387,6 +391,23 @@ class Controller:
         # 6. Launch after the policy's backoff (the loop keeps serving meanwhile).
         self._relaunch = (time.monotonic() + decision.delay_s, resume, after_seq, began.id, incident.id)
 
+    def restart_group(self, to_step: int, key: str, reason: str) -> None:
+        """A rollback carried out as a restart (``integrations.recovery``): the group goes down and a
+        new generation resumes from ``to_step``. Keyed like ``rewind``: done once per rollback."""
+        if key in self.state.effects:
+            return
+        # 1. Take the old generation down; 2. the timeline continues from the target (persisted);
+        # 3. the new generation hears the freeze and the fixes already applied; 4. launch.
+        self.set_phase(JobPhase.RESTARTING, reason)
+        self.workers.shutdown()
+        self.state.generation += 1
+        self.state.held_at.clear()
+        self.rewind(to_step, key, reason)
+        after_seq = self.directives.last_seq
+        self._redeliver()
+        self.persist(force=True)
+        self._relaunch = (time.monotonic(), to_step, after_seq, None, None)
+
     def _maybe_relaunch(self) -> None:
         assert self._relaunch is not None
         due, resume, after_seq, event_id, incident_id = self._relaunch
@@ -396,16 +417,20 @@ class Controller:
         try:
             self.workers.launch(self.state.generation, resume, after_seq)
         except SupervisorError as exc:
-            self.incidents.finish(event_id, result={"error": exc.one_line()}, failed=True)
-            move(self.incidents, incident_id, IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
-                 self.current_step)  # fmt: skip
+            if event_id is not None and incident_id is not None:  # a failure's restart is its own incident
+                self.incidents.finish(event_id, result={"error": exc.one_line()}, failed=True)
+                move(self.incidents, incident_id, IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
+                     self.current_step)  # fmt: skip
             self.workers.shutdown()
             self.ended = True
             self._end(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
             return
-        self.incidents.finish(event_id, result={"resume_step": resume, "generation": self.state.generation})
-        move(self.incidents, incident_id, IncidentState.RESOLVED, f"worker group restarted from step {resume}",
-             self.current_step)  # fmt: skip
+        if event_id is not None and incident_id is not None:
+            self.incidents.finish(
+                event_id, result={"resume_step": resume, "generation": self.state.generation}
+            )
+            move(self.incidents, incident_id, IncidentState.RESOLVED, f"worker group restarted from step {resume}",
+                 self.current_step)  # fmt: skip
         self._group_started()
 
     def _restart_target(self) -> int | None:

@@ -34,6 +34,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.observe import StepStats, baseline
 from supervisor.runtime.plans import PlanRunner, move
+from supervisor.runtime.replay import has_replay_hooks
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 log = get_logger("supervisor.runtime.incidents")
@@ -94,6 +95,8 @@ class IncidentFlow:
         self._diagnosis: Diagnosis | None = None
         self._opened_at: list[tuple[int, int]] = []  # (step, incident id) of incidents opened this run
         self._dismiss_after = False
+        self.can_replay = has_replay_hooks(host.job.entrypoint)
+        """False: the job defines no ``replay_hooks`` (the policy then excludes without replay)."""
 
     # -- detector side ------------------------------------------------------------------------
     def observe(self, step: int, records: list[Record]) -> None:
@@ -309,23 +312,17 @@ class IncidentFlow:
         )
 
     def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int) -> JobState:
+        """The job as the policy engine sees it now: what it runs (LR, LR override, clip, grad
+        norm), its checkpoints, this incident's attempts, the rank-local incidents before it
+        (repeat offenders), and whether it can replay."""
         host = self.host
         last = self.state.last_incident_step
         refs = None
         if host.checkpoints is not None:
             refs = tuple((m.step, m.health) for m in host.checkpoints.manifests())
         pre = [h for h in host.history if h.step < d.onset_step]
-        lr = next((h.lr for h in reversed(pre) if h.lr is not None), None)
         grads = sorted(h.grad_norm for h in pre[-200:] if h.grad_norm is not None)
-        extra: dict[str, Any] = {
-            "lr": lr,
-            "grad_norm": grads[len(grads) // 2] if grads else None,
-            "incident_attempt": self.state.attempts_of.get(str(incident_id), 0),
-        }
         mult = getattr(self.analyzer, "lr_multiplier", None)
-        if mult is not None:  # the supervisor's own LR override in force (a fix is relative to it)
-            extra["lr_scale"] = float(mult(host.current_step + 1))
-        fields = getattr(JobState, "__dataclass_fields__", {})
         return JobState(
             step=host.current_step,
             attempts=self.state.attempts,
@@ -333,8 +330,42 @@ class IncidentFlow:
             steps_since_last_incident=None if last is None else host.current_step - last,
             checkpoints=refs,
             state_maybe_nonfinite=d.nonfinite,
-            **{k: v for k, v in extra.items() if k in fields},
+            lr=next((h.lr for h in reversed(pre) if h.lr is not None), None),
+            # the supervisor's own LR override in force (a fix is relative to it)
+            lr_scale=float(mult(host.current_step + 1)) if mult is not None else 1.0,
+            grad_clip=self._grad_clip(),
+            grad_norm=grads[len(grads) // 2] if grads else None,
+            incident_attempt=self.state.attempts_of.get(str(incident_id), 0),
+            rank_incidents=self._rank_incidents(incident_id, d),
+            can_replay=self.can_replay,
         )
+
+    def _grad_clip(self) -> float | None:
+        """The clip in force: the supervisor's newest clip override still on this timeline, else the
+        clip the job reports (``attrs.grad_clip`` in its records, or ``grad_clip`` in job.yaml's
+        ``config:``); None: not known."""
+        for iv in reversed(getattr(self.analyzer, "interventions", None) or []):
+            if iv.kind == "override" and iv.grad_clip is not None and iv.step <= self.host.current_step:
+                return float(iv.grad_clip)
+        if self.state.reported_grad_clip is not None:
+            return self.state.reported_grad_clip
+        clip = dict(self.host.job.config or {}).get("grad_clip")
+        return float(clip) if isinstance(clip, int | float) and not isinstance(clip, bool) else None
+
+    def _rank_incidents(self, incident_id: int, d: Diagnosis) -> tuple[tuple[int, int], ...]:
+        """(onset, rank) of every earlier rank-local occurrence in this job -- each occurrence of a
+        reopened incident counts -- except dismissed ones (not a fault of the rank) and this one."""
+        out = []
+        dismissed = {
+            i.id for i in self.store.list_incidents(job=self.host.job.name, state=IncidentState.DISMISSED)
+        }
+        for inc_id, seen in self.store.detections(self.host.job.name):
+            if inc_id in dismissed or not seen.rank_local or seen.first_rank is None:
+                continue
+            if inc_id == incident_id and seen.onset_step == d.onset_step:
+                continue
+            out.append((seen.onset_step, int(seen.first_rank)))
+        return tuple(out)
 
     def _maybe_replan(self, active: ActivePlan, d: Diagnosis) -> None:
         """Re-make the plan when the diagnosis changed so that the policy now plans differently,

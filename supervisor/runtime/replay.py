@@ -22,11 +22,51 @@ precision, not at the model.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from supervisor.sdk.replay import GRAD_RATIO, LOSS_MARGIN, verdict  # one verdict for both replay paths
 
-__all__ = ["GRAD_RATIO", "LOSS_MARGIN", "run_replay", "verdict"]
+__all__ = ["GRAD_RATIO", "LOSS_MARGIN", "has_replay_hooks", "run_replay", "verdict"]
+
+HOOKS = "replay_hooks"
+
+
+def has_replay_hooks(entrypoint: str) -> bool | None:
+    """Whether the entrypoint's module defines (or imports) ``replay_hooks``, read from its source
+    without running it (the supervisor never imports the user's training code). None when it
+    cannot tell: a command entrypoint (its ranks may still replay through the SDK), or a module
+    whose source is not found."""
+    if len(entrypoint.split()) > 1:
+        return None
+    try:
+        if entrypoint.endswith(".py"):
+            path = Path(entrypoint)
+        else:
+            spec = importlib.util.find_spec(entrypoint.partition(":")[0])
+            if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+                return None
+            path = Path(spec.origin)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    return HOOKS in _top_level_names(tree)
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
 
 
 def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: bool) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class RuntimeState(BaseModel):
     """Rank -> step where that rank holds at the end of training, waiting for a release."""
     restart_steps: list[int] = Field(default_factory=list)
     """Steps at which the worker group was restarted (the restart policy counts them)."""
+    reported_grad_clip: float | None = None
+    """The clip the job reports in its records (``attrs.grad_clip``), newest; None: never reported."""
     stalled_since: float | None = None
     downtime_s: float = 0.0
     """Wall time during which training did not advance (frozen, restarting, held at the end)."""

@@ -201,6 +201,7 @@ class FakeWorkers:
         if self.ranks is not None:  # the new generation starts from the resume point
             self.ranks.generation, self.ranks.after_seq = generation, after_seq
             self.ranks.step, self.ranks.frozen, self.ranks.ended = resume or 0, False, False
+            self.ranks._unacked, self.ranks._seq = {}, {}  # the dead generation's links died with it
 
     def watch(self, silent_ranks: list[int]) -> GroupEvent | None:
         if self.events:
