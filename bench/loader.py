@@ -98,16 +98,19 @@ def startup(make: Any, repeat: int) -> float:
 
 
 def per_batch(loaders: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds per batch, per block: ``<name>`` wall time, ``<name>/cpu`` the training process's CPU time
+    (what the loader adds runs there: order, exclusions, IDs; the workers' share is the same for both)."""
     its = {name: iter(ld) for name, ld in loaders.items()}
     for it in its.values():  # warm-up: workers started, first blocks mapped
         for _ in range(args.block):
             next(it)
-    out: dict[str, list[float]] = {name: [] for name in loaders}
+    out: dict[str, list[float]] = {key: [] for name in loaders for key in (name, f"{name}/cpu")}
     for _ in range(args.rounds):
         for name, it in its.items():
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             for _ in range(args.block):
                 next(it)
+            out[f"{name}/cpu"].append((time.process_time() - cpu) / args.block)
             out[name].append((time.perf_counter() - t) / args.block)
     return out
 
@@ -181,9 +184,10 @@ def main() -> None:
         print(f"batch {args.batch} x {args.seq} tokens; per batch: {args.rounds} blocks of {args.block}")
         print(
             "| n | excluded | workers | start-up plain | start-up supervised | per batch plain "
-            "(median / p10) | per batch supervised (median / p10) | overhead median / p10 |"
+            "(median / p10) | per batch supervised (median / p10) | overhead median / p10 "
+            "| training-process CPU per batch plain / supervised (median) | CPU overhead |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for n in sizes:
             ds = IndexSpace(n, path, args.seq)
             for count in (0, 100_000):
@@ -203,10 +207,12 @@ def run_row(
     lds["supervised"].close()
     pm, sm = statistics.median(times["plain"]), statistics.median(times["supervised"])
     pp, sp = p10(times["plain"]), p10(times["supervised"])
+    pc, sc = statistics.median(times["plain/cpu"]), statistics.median(times["supervised/cpu"])
     plain_start = f"{s_plain * 1e3:.1f} ms" if s_plain is not None else "not run (8 GB randperm)"
     print(f"| 1e{len(str(n)) - 1} | {count:,} | {workers} | {plain_start} | {s_sup * 1e3:.1f} ms | "
           f"{pm * 1e3:.3f} / {pp * 1e3:.3f} ms | {sm * 1e3:.3f} / {sp * 1e3:.3f} ms | "
-          f"{(sm / pm - 1) * 100:+.1f}% / {(sp / pp - 1) * 100:+.1f}% |", flush=True)  # fmt: skip
+          f"{(sm / pm - 1) * 100:+.1f}% / {(sp / pp - 1) * 100:+.1f}% | "
+          f"{pc * 1e3:.3f} / {sc * 1e3:.3f} ms | {(sc / pc - 1) * 100:+.1f}% |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from torch.utils.data import IterableDataset, default_collate
 from supervisor.sdk.context import dist_info
 from supervisor.sdk.data.exclusions import ExclusionSet
 from supervisor.sdk.data.ids import BatchMeta, attach
+from supervisor.sdk.data.lookup import inverse
 from supervisor.sdk.data.mapstyle import MapPipeline
 from supervisor.sdk.data.schedule import Cursor, Schedule
 from supervisor.sdk.data.shards import as_shards
@@ -113,6 +114,7 @@ class SupervisedLoader:
             schedule = Schedule(
                 len(dataset), batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
                 sample_id=self._id_of, source=self._source_of, exclusions=self.excluded,
+                index_of=inverse(dataset, len(dataset)),
             )  # fmt: skip
             if persistent_workers is None:
                 persistent_workers = num_workers > 0

@@ -10,12 +10,16 @@ Skipped batches and excluded batch ranges are drawn and dropped, so batch indice
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from supervisor.sdk.data.exclusions import ExclusionSet
 from supervisor.sdk.data.ids import BatchMeta
+from supervisor.sdk.data.lookup import Inverse, excluded_indices, member
 from supervisor.sdk.data.order import Permutation
 
 BLOCK = 4096
@@ -45,6 +49,26 @@ class Draw(BatchMeta):
     after: Cursor
 
 
+class _Block:
+    """``BLOCK`` mapped positions of one epoch and, when something is excluded, which of them remain."""
+
+    __slots__ = ("epoch", "start", "stop", "array", "indices", "kept_at", "kept", "version")
+
+    def __init__(self, epoch: int, start: int, array: np.ndarray, version: int) -> None:
+        self.epoch, self.start, self.stop, self.version = epoch, start, start + array.size, version
+        self.array = array
+        self.indices: list[int] = array.tolist()
+        self.kept_at: list[int] | None = None
+        """Offsets (in the block) of the allowed samples, ascending; None when all are allowed."""
+        self.kept: list[int] = self.indices
+
+    def filter(self, keep: np.ndarray | None) -> None:
+        if keep is None:
+            self.kept_at, self.kept = None, self.indices
+        else:
+            self.kept_at, self.kept = np.flatnonzero(keep).tolist(), self.array[keep].tolist()
+
+
 class Schedule:
     def __init__(
         self,
@@ -58,22 +82,53 @@ class Schedule:
         sample_id: Callable[[int], Any] | None,
         source: Callable[[int], Any] | None,
         exclusions: ExclusionSet,
+        index_of: Inverse | None = None,
     ) -> None:
+        """``index_of`` inverts ``sample_id`` (``lookup.inverse``): excluded IDs are then filtered
+        as indices, vectorised, instead of naming every drawn sample."""
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.seed, self.shuffle = seed, shuffle
         self.id_of, self.source_of, self.exclusions = sample_id, source, exclusions
+        self.index_of = index_of
         self.cursor = Cursor()
         self._perm: tuple[tuple[int, int], Permutation] | None = None
-        self._block: tuple[int, int, Any] | None = None  # (epoch, start, indices)
+        self._block: _Block | None = None
+        self._excluded: tuple[int, np.ndarray] | None = None  # (exclusions.version, sorted indices)
 
-    def _block_at(self, epoch: int, pos: int) -> tuple[int, list[int]]:
-        """The mapped block holding position ``pos`` of ``epoch``: (its first position, indices)."""
-        blk = self._block
-        if blk is None or blk[0] != epoch or not blk[1] <= pos < blk[1] + len(blk[2]):
+    def _block_at(self, epoch: int, pos: int) -> _Block:
+        """The mapped block holding position ``pos`` of ``epoch``, filtered by the current exclusions."""
+        blk, version = self._block, self.exclusions.version
+        if blk is None or blk.epoch != epoch or not blk.start <= pos < blk.stop:
             if self._perm is None or self._perm[0] != (self.seed, epoch):
                 self._perm = ((self.seed, epoch), Permutation(self.n, self.seed, epoch, shuffle=self.shuffle))
-            blk = self._block = (epoch, pos, self._perm[1].block(pos, BLOCK).tolist())
-        return blk[1], blk[2]
+            blk = self._block = _Block(epoch, pos, self._perm[1].block(pos, BLOCK), version - 1)
+        if blk.version != version:
+            blk.version = version
+            blk.filter(self._keep(blk))
+        return blk
+
+    def _keep(self, blk: _Block) -> np.ndarray | None:
+        """Which of the block's indices are allowed (None: all). One vectorised lookup when IDs invert."""
+        ex, indices = self.exclusions, blk.indices
+        if not (ex.samples or ex.sources):
+            return None
+        keep = np.ones(len(indices), dtype=bool)
+        if ex.samples and self.index_of is not None:
+            keep &= ~member(blk.array, self._excluded_indices())
+        elif ex.samples:
+            samples, name = ex.samples, self.sample_id
+            keep &= np.fromiter((name(i) not in samples for i in indices), bool, len(indices))
+        if ex.sources:
+            sources, src = ex.sources, self.source
+            keep &= np.fromiter((src(i) not in sources for i in indices), bool, len(indices))
+        return keep
+
+    def _excluded_indices(self) -> np.ndarray:
+        ex, cached = self.exclusions, self._excluded
+        if cached is None or cached[0] != ex.version:
+            assert self.index_of is not None
+            cached = self._excluded = (ex.version, excluded_indices(ex.samples, self.index_of))
+        return cached[1]
 
     def sample_id(self, i: int) -> str:
         return str(self.id_of(i)) if self.id_of is not None else str(i)
@@ -81,33 +136,30 @@ class Schedule:
     def source(self, i: int) -> str:
         return str(self.source_of(i)) if self.source_of is not None else "default"
 
-    def _allowed(self, i: int) -> bool:
-        ex = self.exclusions
-        if ex.sources and self.source(i) in ex.sources:
-            return False
-        return not (ex.samples and self.sample_id(i) in ex.samples)
-
     def _global_batch(self) -> list[int]:
         c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
-        check = bool(self.exclusions.samples or self.exclusions.sources)
-        allowed = self._allowed
         scanned = 0  # positions since the last accepted sample
         while len(picked) < need:
             if c.pos >= self.n:
                 c.epoch, c.pos = c.epoch + 1, 0
-            start, block = self._block_at(c.epoch, c.pos)
-            if not check:  # fast path: a slice of the mapped block
-                k = min(need - len(picked), start + len(block) - c.pos)
-                picked.extend(block[c.pos - start : c.pos - start + k])
+            blk = self._block_at(c.epoch, c.pos)
+            at = c.pos - blk.start
+            if blk.kept_at is None:  # nothing excluded here: a slice of the mapped block
+                k = min(need - len(picked), blk.stop - c.pos)
+                picked += blk.indices[at : at + k]
                 c.pos += k
                 continue
-            i = block[c.pos - start]
-            c.pos += 1
-            if allowed(i):
-                picked.append(i)
-                scanned = 0
-            elif (scanned := scanned + 1) > self.n:
-                raise ValueError("every sample is excluded: the loader cannot form a batch")
+            j = bisect.bisect_left(blk.kept_at, at)
+            k = min(need - len(picked), len(blk.kept_at) - j)
+            if k == 0:  # the rest of the block is excluded
+                scanned += blk.stop - c.pos
+                c.pos = blk.stop
+                if scanned > self.n:
+                    raise ValueError("every sample is excluded: the loader cannot form a batch")
+                continue
+            picked += blk.kept[j : j + k]
+            c.pos = blk.start + blk.kept_at[j + k - 1] + 1
+            scanned = 0
         return picked
 
     def next(self) -> Draw:
