@@ -210,6 +210,14 @@ class JobSpec(Section):
         "record incidents but run no policy action (no alert, freeze, rollback or fix); a crashed "
         "worker group is still restarted from a verified checkpoint.",
     )
+    recovery: Literal["auto", "restart"] = Field(
+        "auto",
+        description="How a rollback is carried out. `auto`: in place (every rank loads the target into its "
+        "live model and optimizer) when the target is the supervisor's own checkpoint, a restart of the "
+        "worker group when it is a framework's (HF `checkpoint-N/`, Lightning `.ckpt`), which the framework "
+        "loads through its own resume path. `restart`: every rollback restarts the worker group "
+        "(docs/integrations.md).",
+    )
 
     @field_validator("name")
     @classmethod
