@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from supervisor.incidents import EventKind
+from supervisor.integrations.recovery import rollback_mode
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
 from supervisor.runtime.stores import pick_rollback_target
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
@@ -47,10 +48,14 @@ class BlockLatestAction:
 
 
 class RollbackAction(DirectiveAction):
-    """All ranks load the chosen checkpoint in place; the target is picked and re-verified first.
+    """Back to the chosen checkpoint, in place or by restarting the worker group; the target is
+    picked and re-verified first (``supervisor.integrations.recovery`` says which mode and why).
 
-    The target is chosen in ``prepare`` and written into the pending event, so a restarted
-    supervisor finishes the *same* rollback instead of choosing (and loading) again.
+    In place: every rank loads the target at the step boundary (a ``RollbackInPlace``
+    directive). Restart: the group is shut down and a new generation resumes from the target
+    (a framework checkpoint through the framework's resume path); done once it is running.
+    The target and the mode are chosen in ``prepare`` and written into the pending event, so a
+    restarted supervisor finishes the *same* rollback instead of choosing (and loading) again.
     """
 
     event = EventKind.ROLLED_BACK
@@ -66,28 +71,43 @@ class RollbackAction(DirectiveAction):
             )
         except Exception as exc:  # no target: the action fails and the policy's on_failure decides
             return memo | {"error": str(exc)}
-        directive = RollbackInPlace(step=target, id=action_id)
-        return memo | {"to_step": target, "verification": verification, "directive": directive.to_dict()}
+        manifest = rt.checkpoints.find(target)
+        mode, why = rollback_mode(rt.job.recovery, manifest is not None and manifest.source is not None)
+        memo |= {"to_step": target, "verification": verification, "mode": mode, "why": why}
+        if mode == "restart":
+            return memo | {"restart_key": f"restart:{action_id}"}
+        return memo | {"directive": RollbackInPlace(step=target, id=action_id).to_dict()}
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
-        if "directive" in memo:
+        if "restart_key" in memo:
+            rt.restart_group(memo["to_step"], memo["restart_key"],
+                             f"rollback of incident {rt.incident_id}: {memo['why']}")  # fmt: skip
+        elif "directive" in memo:
             super().start(rt, params, memo)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if "error" in memo:
             return Outcome.fail(memo["error"])
+        if "restart_key" in memo:
+            if rt.generation_started_at < memo["started_at"]:
+                return None  # the new generation is not running yet (a failed launch ends the job)
+            return self.finished(rt, params, memo, Outcome.done())
         return super().poll(rt, params, memo)
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        # Keyed by the directive: a supervisor restarted after this ran does not rewind twice.
-        rt.rewind(
-            memo["to_step"], f"rewind:{memo['directive']['id']}", f"rollback of incident {rt.incident_id}"
-        )
+        # Keyed by the directive: a supervisor restarted after this ran does not rewind twice
+        # (a restart rewound when it took the group down, keyed by restart_key).
+        if "directive" in memo:
+            rt.rewind(
+                memo["to_step"], f"rewind:{memo['directive']['id']}", f"rollback of incident {rt.incident_id}"
+            )
         return Outcome.done(
             from_step=memo["from_step"],
             to_step=memo["to_step"],
             margin_steps=params.get("margin_steps"),
             onset_step=rt.diagnosis.onset_step,
             verification=memo["verification"],
+            mode=memo.get("mode", "in_place"),
+            mode_why=memo.get("why"),
             **out.result,
         )
