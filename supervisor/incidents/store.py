@@ -266,6 +266,16 @@ class IncidentStore:
                 out[current[incident_id]] = (incident_id, d)
         return out
 
+    def recurrences(self, incident_id: int) -> list[dict[str, Any]]:
+        """Occurrences of the incident's fault detected inside its observation window (``detected``
+        events marked ``in_window``): step, onset step and severity of each, oldest first."""
+        out = []
+        for e in self.timeline(incident_id):
+            if e.kind is EventKind.DETECTED and e.payload.get("in_window"):
+                d = e.payload.get("diagnosis") or {}
+                out.append({"step": e.step, "onset_step": d.get("onset_step"), "severity": d.get("severity")})
+        return out
+
     def update_diagnosis(
         self,
         incident_id: int,

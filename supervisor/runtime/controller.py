@@ -642,6 +642,9 @@ class Controller:
     def incidents_opened_since(self, step: int) -> int:
         return self.flow.opened_since(step)
 
+    def recurrences_since(self, step: int) -> list[dict[str, Any]]:
+        return self.flow.recurrences_since(step)
+
     def training_ended(self) -> bool:
         """No further training step will come: the workers are gone, or all hold at their last step."""
         return self.ended or (len(self.state.held_at) == self.world_size and self.assembler.watermark >= max(

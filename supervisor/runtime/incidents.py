@@ -116,7 +116,12 @@ class IncidentFlow:
             self._diagnosis = d
         if kind == "ready" and self.host.job.mode == "supervised" and key not in self.state.ready_keys:
             self.state.ready_keys.append(key)
-            if not self.store.get(incident_id).state.is_terminal and incident_id not in self.state.waiting:
+            acting_on = active is not None and incident_id == active.incident_id  # its plan is running
+            if (
+                not acting_on
+                and not self.store.get(incident_id).state.is_terminal
+                and incident_id not in self.state.waiting
+            ):
                 self.state.waiting.append(incident_id)
 
     def _open(self, d: Diagnosis, key: int, step: int) -> int:
@@ -127,6 +132,9 @@ class IncidentFlow:
         if existing is not None and existing.state.is_active and existing.onset_step == d.onset_step:
             log.info("incident_found_again", incident=existing.id, key=key, why="recorded before a restart")
             return int(existing.id)
+        observed = self._recurred_in_window(d, step)
+        if observed is not None:
+            return observed
         again = self._recurrence_of(d)
         if again is not None:
             incident_id = self._reopen(again, d, key, step)
@@ -136,6 +144,30 @@ class IncidentFlow:
             self._opened_at.append((step, incident_id))
         self.state.last_incident_step = step
         return incident_id
+
+    def _recurred_in_window(self, d: Diagnosis, step: int) -> int | None:
+        """The fault of the incident under observation came back inside its window: whatever its
+        severity, it is that incident's occurrence (recorded on it; the window fails on it), never
+        an incident of its own. Returns the observed incident's id, or None."""
+        active = self.state.active
+        if active is None or self.store.get(active.incident_id).state is not IncidentState.OBSERVING:
+            return None
+        if not same_fault(self.active_diagnosis, d):
+            return None
+        seen = self.store.recurrences(active.incident_id)
+        if not any(r["onset_step"] == d.onset_step for r in seen):  # once, even after a restart
+            self.store.record(active.incident_id, EventKind.DETECTED, actor="detector", step=step,
+                              payload={"diagnosis": d.to_json(), "in_window": True})  # fmt: skip
+            log.warning("fault_recurred_in_window", incident=active.incident_id, onset=d.onset_step,
+                        severity=d.severity.value)  # fmt: skip
+        self.state.last_incident_step = step
+        return active.incident_id
+
+    def recurrences_since(self, step: int) -> list[dict[str, Any]]:
+        """Occurrences of the active incident's fault detected inside its window after ``step``."""
+        if self.state.active is None:
+            return []
+        return [r for r in self.store.recurrences(self.state.active.incident_id) if r["step"] > step]
 
     def _reopen(self, again: tuple[Resolved, str], d: Diagnosis, key: int, step: int) -> int:
         """The same fault again: the resolved incident is reopened (same id, next attempt), so the

@@ -7,7 +7,7 @@ from typing import Any
 
 from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
-from supervisor.runtime.observe import Baseline, evaluate
+from supervisor.runtime.observe import Baseline, Check, evaluate
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
 
 
@@ -74,26 +74,27 @@ class ObserveAction:
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         window = rt.window_after(memo["from_step"])
-        if rt.incidents_opened_since(memo["from_step"]):
-            why = "a new anomaly was detected inside the observation window"
-            return Outcome.fail(
-                why, steps=len(window), passed=False, checks={"no_new_anomaly": {"ok": False, "detail": why}}
-            )
-        if len(window) < memo["steps"] and not rt.training_ended():
+        events = event_checks(rt, memo["from_step"])
+        early = any(not c.passed for c in events)  # the fault came back, or a new anomaly: fail now
+        if not early and len(window) < memo["steps"] and not rt.training_ended():
             return None
         base = rt.baseline()
-        if rt.training_ended() and len(window) < 5:
+        if not early and rt.training_ended() and len(window) < 5:
             return Outcome.skip(
                 f"training ended {len(window)} step(s) into the observation window", steps=len(window)
             )
-        if base is None:
+        if base is None and not early:
             return Outcome.fail(f"no baseline to judge against (window {len(window)} steps)")
         window = window[: memo["steps"]]
-        checks = evaluate(Baseline.from_json(base), window, criteria(rt, params.get("pass") or {}))
+        checks = list(events)
+        if base is not None and window:  # every criterion, on the steps seen so far when failing early
+            checks = (
+                evaluate(Baseline.from_json(base), window, criteria(rt, params.get("pass") or {})) + checks
+            )
         failed = [c.name for c in checks if not c.passed]
         result = {
-            "window": [window[0].step, window[-1].step],
-            "covers_onset": window[-1].step >= memo.get("onset_step", 0),
+            "window": [window[0].step, window[-1].step] if window else [memo["from_step"], memo["from_step"]],
+            "covers_onset": bool(window) and window[-1].step >= memo.get("onset_step", 0),
             "checks": {
                 c.name: {"ok": c.passed, "value": c.value, "limit": c.limit, "detail": c.detail}
                 for c in checks
@@ -101,9 +102,28 @@ class ObserveAction:
             "baseline": base,
             "passed": not failed,
         }
+        if early:
+            result["ended_early_at_step"] = rt.current_step
         if failed:
             return Outcome.fail(f"observation failed: {', '.join(failed)}", **result)
         return Outcome.done(**result)
+
+
+def event_checks(rt: Runtime, from_step: int) -> list[Check]:
+    """Criteria on what was detected inside the window: the fault coming back (at any severity,
+    even a ``low`` blip: the fix did not hold) and a new anomaly of medium or higher severity."""
+    back = rt.recurrences_since(from_step)
+    where = ", ".join(f"onset {r['onset_step']} ({r['severity']})" for r in back[:5])
+    recurrence = Check(
+        "recurrence", not back, float(len(back)), 0.0,
+        f"the fault came back inside the window: {where}" if back else "the fault did not come back",
+    )  # fmt: skip
+    new = rt.incidents_opened_since(from_step)
+    anomaly = Check(
+        "no_new_anomaly", not new, float(new), 0.0,
+        f"{new} new incident(s) of medium or higher severity inside the window" if new else "none",
+    )  # fmt: skip
+    return [recurrence, anomaly]
 
 
 def criteria(rt: Runtime, given: dict[str, Any]) -> dict[str, Any]:
