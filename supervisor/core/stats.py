@@ -72,14 +72,19 @@ def sorted_mad(s: list[float], med: float | None = None) -> float:
 
 
 class RollingWindow:
-    """The last ``size`` finite values, with exact median and MAD."""
+    """The last ``size`` finite values, with exact median and MAD.
 
-    __slots__ = ("size", "_fifo", "_sorted")
+    The MAD is cached until the window changes: a step reads it several times (the z-score, the
+    excess, the trend's noise) but the window moves at most once per step.
+    """
+
+    __slots__ = ("size", "_fifo", "_sorted", "_mad")
 
     def __init__(self, size: int, values: Iterable[float] = ()) -> None:
         self.size = size
         self._fifo: deque[float] = deque()
         self._sorted: list[float] = []
+        self._mad: float | None = None
         for v in values:
             self.push(v)
 
@@ -87,6 +92,7 @@ class RollingWindow:
         return len(self._fifo)
 
     def push(self, x: float) -> None:
+        self._mad = None
         self._fifo.append(x)
         bisect.insort(self._sorted, x)
         if len(self._fifo) > self.size:
@@ -99,10 +105,12 @@ class RollingWindow:
         return x
 
     def _remove(self, x: float) -> None:
+        self._mad = None
         i = bisect.bisect_left(self._sorted, x)
         del self._sorted[i]
 
     def clear(self) -> None:
+        self._mad = None
         self._fifo.clear()
         self._sorted.clear()
 
@@ -113,7 +121,9 @@ class RollingWindow:
         return self._sorted[-1] if self._sorted else math.nan
 
     def mad(self) -> float:
-        return sorted_mad(self._sorted)
+        if self._mad is None:
+            self._mad = sorted_mad(self._sorted)
+        return self._mad
 
     def values(self) -> list[float]:
         return list(self._fifo)

@@ -23,13 +23,27 @@ def test_sorted_mad_equals_brute_force(xs: list[float]) -> None:
 @settings(max_examples=100, deadline=None)
 def test_rolling_window_keeps_only_the_last_values(xs: list[float], size: int) -> None:
     w = RollingWindow(size)
-    for x in xs:
+    for i, x in enumerate(xs):
         w.push(x)
+        if i % 3 == 0:  # read between pushes: a cached MAD must follow the window
+            w.mad()
     tail = xs[-size:]
     assert len(w) == len(tail)
     assert w.median() == statistics.median(tail)
     m = statistics.median(tail)
     assert math.isclose(w.mad(), statistics.median([abs(x - m) for x in tail]), abs_tol=1e-9)
+
+
+def test_cached_mad_follows_pop_and_clear() -> None:
+    w = RollingWindow(8, [1.0, 2.0, 3.0, 10.0])
+    assert w.mad() == 1.0
+    w.pop_newest()
+    assert w.mad() == 1.0 and w.values() == [1.0, 2.0, 3.0]
+    w.push(3.0)
+    assert w.mad() == 0.5
+    w.clear()
+    w.push(5.0)
+    assert w.mad() == 0.0
 
 
 def test_identical_values_do_not_divide_by_zero() -> None:
