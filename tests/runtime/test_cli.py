@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from supervisor.cli.main import cli
-from tests.runtime.conftest import FAST, TINY, make_job, wait_for
+from tests.runtime.conftest import FAST, make_job, wait_for
 
 
 def test_launch_bad_job_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -46,15 +43,6 @@ def test_status_and_stop_from_the_cli(tmp_path: Path) -> None:
     assert api.list_jobs() == []
 
 
-@pytest.mark.slow
-def test_foreground_launch_exits_0_when_the_job_finishes(tmp_path: Path) -> None:
-    spec = make_job(tmp_path, "fg", max_steps=30).model_dump(mode="json", exclude_none=True)
-    spec["config"] = TINY
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    done = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli.main", "--log-level", "warning", "launch", str(path)],
-        capture_output=True, text=True, timeout=600, check=False, cwd=Path(__file__).parents[2],
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "finished" in done.stdout and "30/30" in done.stdout
+# A foreground `supervisor launch job.yaml` that finishes and exits 0 is run end to end by
+# tests/foundation/test_ray_address.py::test_launch_runs_on_a_fresh_local_ray_beside_the_head
+# (the same subprocess and code path: a fresh in-process local Ray whether or not a head runs).
