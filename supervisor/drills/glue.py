@@ -163,8 +163,27 @@ class MixtureDataset:
                 self._by_source.setdefault(str(self.dataset.source(i)), []).append(i)
         return self._by_source
 
+    @property
+    def base(self) -> Any:
+        """What ``locate`` indexes (the ``SupervisedLoader`` protocol): the unmixed dataset."""
+        return self.dataset
+
+    def locate(self, i: int, batch: int) -> int:
+        """The sample read for order index ``i`` at global batch ``batch``, under the weights of
+        the step that consumes it in a run without skips or exclusions (``batch + 1``).
+
+        The ``SupervisedLoader`` calls this in the training process as it draws a batch, so loader
+        workers read exactly the named sample and a restored cursor draws the same ones. The
+        plan's own step is not moved (``plan.mixture`` would): prefetching draws ahead of training."""
+        weights = None
+        for inj in self.plan.injectors:
+            weights = inj.mixture(batch + 1) or weights
+        return self._pick(i, weights)
+
     def _map(self, i: int) -> int:
-        weights = self.plan.mixture(self.plan.current_step())
+        return self._pick(i, self.plan.mixture(self.plan.current_step()))
+
+    def _pick(self, i: int, weights: dict[str, float] | None) -> int:
         if not weights:
             return i
         by_source = self._index()
