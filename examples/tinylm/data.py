@@ -25,6 +25,7 @@ using the map-style dataset: the IDs are the same.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import inspect
 import json
@@ -88,6 +89,17 @@ class TextDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def source(self, i: int) -> str:
         return self.chunks[i].source
+
+    def index_of(self, sample_id: str) -> int | None:
+        """The index ``sample_id`` names, or None: chunks are in (source, name, offset) order, so a
+        binary search finds it without a table of IDs (the loader and replay use this)."""
+        source, _, rest = sample_id.partition(":")
+        name, _, offset = rest.rpartition(":")
+        if not offset.isdecimal():
+            return None
+        key = (source, name, int(offset))
+        i = bisect.bisect_left(self.chunks, key, key=lambda c: (c.source, c.name, c.offset))
+        return i if i < len(self.chunks) and self.sample_id(i) == sample_id else None
 
     @property
     def sources(self) -> list[str]:

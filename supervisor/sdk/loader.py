@@ -12,7 +12,13 @@
   and memory do not grow with the dataset. Each *global* batch takes the next
   ``batch_size * world_size`` non-excluded samples; rank ``r`` gets slice ``r``. Every rank
   computes the same schedule without talking to the others. IDs and sources come from the
-  dataset's ``sample_id(i)`` / ``source(i)`` when it has them, else ``"<index>"`` / ``"default"``.
+  dataset's ``sample_id(i)`` / ``source(i)`` when it has them, else ``"<index>"`` / ``"default"``;
+  its ``index_of(sample_id)``, when it has one, finds a sample by ID without a table
+  (``supervisor.sdk.data.lookup``). A dataset whose sample at position ``i`` depends on where
+  training is (a mixture or curriculum schedule) defines ``locate(i, batch) -> index into
+  dataset.base``, ``batch`` being the global batch of ``i``'s position when nothing is excluded:
+  it is called in the training process as batches are drawn, so worker processes read exactly
+  what was named, and a restored cursor draws the same samples, minus exclusions.
 * **iterable / streaming** (an ``IterableDataset``, a Hugging Face streaming dataset,
   ``WebDatasetShards([...])``, or any ``Shards``): shards are split over ranks and loader
   workers, IDs are the items' keys or ``<shard>:<offset>``, exclusions are applied by ID in the
@@ -38,11 +44,11 @@ from typing import Any
 from torch.utils.data import IterableDataset, default_collate
 
 from supervisor.sdk.context import dist_info
+from supervisor.sdk.data import lookup
 from supervisor.sdk.data.exclusions import ExclusionSet
 from supervisor.sdk.data.ids import BatchMeta, attach
-from supervisor.sdk.data.lookup import inverse
 from supervisor.sdk.data.mapstyle import MapPipeline
-from supervisor.sdk.data.schedule import Cursor, Schedule
+from supervisor.sdk.data.schedule import Cursor, Locate, Schedule
 from supervisor.sdk.data.shards import as_shards
 from supervisor.sdk.data.stream import StreamPipeline, StreamSource
 from supervisor.sdk.directives import Exclusions
@@ -95,9 +101,13 @@ class SupervisedLoader:
             "num_workers": num_workers, "pin_memory": pin_memory, "prefetch_factor": prefetch_factor,
             "multiprocessing_context": multiprocessing_context,
         }  # fmt: skip
-        self._id_of = getattr(dataset, "sample_id", None)
-        self._source_of = getattr(dataset, "source", None)
         self.streaming = not is_map_style(dataset)
+        self._locate: Locate | None = None if self.streaming else getattr(dataset, "locate", None)
+        self.reads = dataset.base if self._locate is not None else dataset
+        """What samples are read from (and named by): the dataset, or the ``base`` of one that locates."""
+        self._id_of = getattr(self.reads, "sample_id", None)
+        self._source_of = getattr(self.reads, "source", None)
+        self._index_of = None if self.streaming else lookup.inverse(self.reads, len(self.reads))
         self._map: MapPipeline | None = None
         self._stream: StreamPipeline | None = None
         if self.streaming:
@@ -114,13 +124,13 @@ class SupervisedLoader:
             schedule = Schedule(
                 len(dataset), batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
                 sample_id=self._id_of, source=self._source_of, exclusions=self.excluded,
-                index_of=inverse(dataset, len(dataset)),
+                index_of=self._index_of, locate=self._locate,
             )  # fmt: skip
             if persistent_workers is None:
                 persistent_workers = num_workers > 0
             kw = {k: v for k, v in workers.items() if v is not None}
             self._map = MapPipeline(
-                dataset, schedule, self.collate_fn, persistent_workers=persistent_workers, **kw
+                self.reads, schedule, self.collate_fn, persistent_workers=persistent_workers, **kw
             )
 
     # -- metadata ------------------------------------------------------------------------------
@@ -224,13 +234,56 @@ class SupervisedLoader:
             self._stream.batch, self._stream.skip_pending = int(cur["batch"]), skip
         self._dirty = False
 
+    # -- samples by ID (replay) -----------------------------------------------------------------
+    def samples(self, sample_ids: list[str], *, deadline: float | None = None) -> list[Any]:
+        """The items these IDs name, in this order, found without a table of the dataset
+        (``supervisor.sdk.data.lookup``); an ID that names nothing is a ``KeyError``, never a
+        smaller batch. ``deadline`` (``time.monotonic()``) bounds a scan of IDs that do not invert."""
+        ids = [str(s) for s in sample_ids]
+        if self._stream is not None:
+            src = self._stream.source
+            found = lookup.find_in_stream(
+                ids, src.shards.names, src.shards.open, src.name_of, deadline=deadline
+            )
+        else:
+            n = len(self.reads)
+            at = lookup.find_indices(ids, n, self.sample_id, self._index_of, deadline=deadline)
+            found = {sid: self.reads[i] for sid, i in at.items()}
+        missing = [s for s in ids if s not in found]
+        if missing:
+            raise KeyError(f"samples not in the dataset: {missing[:3]}")
+        return [found[s] for s in ids]
+
+    def control_ids(self, n: int, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """``n`` ordinary sample IDs, the same on every rank, none of ``exclude`` nor excluded by this
+        loader: spread evenly over a map-style dataset, the first ones of a stream's shards."""
+        ex, chosen = self.excluded, list[str]()
+        if self._stream is not None:
+            src = self._stream.source
+            for j in range(len(src.shards.names)):
+                for k, item in enumerate(itertools.islice(src.shards.open(j), 4 * n)):
+                    sid = src.name_of(item, j, k)
+                    if sid not in exclude and ex.allows(sid, src.source_of(item)):
+                        chosen.append(sid)
+                        if len(chosen) == n:
+                            return chosen
+            return chosen
+        size = len(self.reads)
+        for i in range(0, size, max(1, size // (4 * n))):  # a range: nothing of dataset size is built
+            sid = self.sample_id(i)
+            if sid not in exclude and ex.allows(sid, self.source(i)):
+                chosen.append(sid)
+                if len(chosen) == n:
+                    break
+        return chosen
+
     def fixed_batch(self, n: int | None = None) -> Any:
         """The first ``n`` samples of the dataset (of its first shard for a stream), the same on every rank."""
         n = n or self.batch_size
         if self._stream is not None:
             items = list(itertools.islice(self._stream.source.shards.open(0), n))
         else:
-            items = [self.dataset[i] for i in range(min(n, len(self.dataset)))]
+            items = [self.reads[i] for i in range(min(n, len(self.reads)))]
         return self.collate_fn(items)
 
     def exclusions(self) -> Exclusions:

@@ -52,6 +52,11 @@ class TokenFile(torch.utils.data.Dataset[dict[str, Any]]):
     def source(self, i: int) -> str:
         return "even" if i % 2 == 0 else "odd"
 
+    def index_of(self, sample_id: str) -> int | None:
+        name, _, offset = sample_id.rpartition(":")
+        ok = name == self.path.name and offset.isdecimal() and int(offset) % self.seq_len == 0
+        return int(offset) // self.seq_len if ok else None
+
 
 def _rows() -> list[dict[str, Any]]:
     text = "".join(stdlib_texts(max_bytes_per_source=20_000, seed=0)["code"].values()).encode()

@@ -151,3 +151,56 @@ def test_everything_excluded_fails_clearly(token_file):
     ld.exclude(Exclusions(sources=("even", "odd")))
     with pytest.raises(ValueError, match="every sample is excluded"):
         ld.next_batch()
+
+
+def test_a_mixture_schedule_with_two_workers_reads_what_it_names_and_replays(token_file):
+    """``locate``: a mixture switch decided in the training process as each batch is drawn (the
+    mixture-shift drill's dataset), so worker processes read exactly the named samples."""
+    from supervisor.drills.faults import FaultPlan
+    from supervisor.drills.glue import plan_dataset
+
+    plan = FaultPlan.from_specs(
+        [{"kind": "mixture_shift", "step": 5, "weights": {"odd": 1.0}}], rank=0, world_size=1
+    )
+    mixed = plan_dataset(plan, token_file)
+    plan.step_fn = lambda: 0  # the training step never reaches the workers; it must not matter
+
+    def run(ld, n):
+        out = []
+        for _ in range(n):
+            b = ld.next_batch()
+            meta = ld.batch_meta(b)
+            for sid, row in zip(meta.sample_ids, b["input_ids"], strict=True):  # data == the named sample
+                assert torch.equal(row, token_file[token_file.index_of(sid)]["input_ids"]), sid
+            out.append((meta.batch_index, meta.sample_ids, meta.sources))
+        return out
+
+    ranks = [make(mixed, r, num_workers=2, prefetch_factor=4) for r in range(2)]
+    try:
+        for ld in ranks:
+            run(ld, 2)
+        saved = [ld.state_dict() for ld in ranks]
+        original = [run(ld, 6) for ld in ranks]
+        for per_rank in original:  # batch index 4 is consumed by step 5: from there on only "odd"
+            assert {s for _, _, srcs in per_rank[:2] for s in srcs} == {"even", "odd"}
+            assert {s for _, _, srcs in per_rank[2:] for s in srcs} == {"odd"}
+        bad = (original[0][3][1][0], original[1][1][1][2])
+        for ld, st in zip(ranks, saved, strict=True):  # in-place rollback + exclusion
+            ld.load_state_dict(st)
+            ld.exclude(Exclusions(samples=bad))
+        replay = [run(ld, 6) for ld in ranks]
+        want = [s for s in flat([[ids for _, ids, _ in r] for r in original]) if s not in bad]
+        assert flat([[ids for _, ids, _ in r] for r in replay])[: len(want)] == want
+        after = [ld.state_dict() for ld in ranks]
+        more = [run(ld, 4) for ld in ranks]
+    finally:
+        for ld in ranks:
+            ld.close()
+    restarted = [make(plan_dataset(plan, token_file), r, num_workers=2) for r in range(2)]
+    try:
+        for ld, st in zip(restarted, after, strict=True):
+            ld.load_state_dict(st)
+        assert [run(ld, 4) for ld in restarted] == more
+    finally:
+        for ld in restarted:
+            ld.close()

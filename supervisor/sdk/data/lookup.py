@@ -21,6 +21,7 @@ indices, and a block of the epoch's order is filtered with one vectorised lookup
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -79,7 +80,12 @@ def member(block: np.ndarray, sorted_indices: np.ndarray) -> np.ndarray:
 
 
 def find_indices(
-    sample_ids: list[str], n: int, sample_id: Callable[[int], Any], inv: Inverse | None
+    sample_ids: list[str],
+    n: int,
+    sample_id: Callable[[int], Any],
+    inv: Inverse | None,
+    *,
+    deadline: float | None = None,
 ) -> dict[str, int]:
     """Where each of ``sample_ids`` is (IDs not in the dataset are left out of the answer)."""
     if inv is not None:
@@ -87,6 +93,7 @@ def find_indices(
         return {sid: i for sid, i in out.items() if i is not None}
     wanted, found = set(sample_ids), {}
     for start in range(0, n, SCAN_BLOCK):
+        _check(deadline, wanted)
         for i in range(start, min(n, start + SCAN_BLOCK)):
             sid = str(sample_id(i))
             if sid in wanted:
@@ -102,6 +109,8 @@ def find_in_stream(
     names: list[str],
     open_shard: Callable[[int], Iterator[Any]],
     item_key: Callable[[Any, int, int], str],
+    *,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Items of a stream by ID: ``<shard>:<offset>`` IDs are opened where they are; keys are
     looked for by streaming the shards past, keeping only the items asked for."""
@@ -119,6 +128,8 @@ def find_in_stream(
             wanted.discard(sid)
     for j in range(len(names)) if wanted else ():
         for k, item in enumerate(open_shard(j)):
+            if k % SCAN_BLOCK == 0:
+                _check(deadline, wanted)
             key = item_key(item, j, k)
             if key in wanted:
                 found[key] = item
@@ -126,3 +137,11 @@ def find_in_stream(
                 if not wanted:
                     return found
     return found
+
+
+def _check(deadline: float | None, wanted: set[str]) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(
+            f"looking for {len(wanted)} sample IDs ran past its deadline: they name no index of the "
+            "dataset and the scan did not reach them (give the dataset index_of(sample_id))"
+        )

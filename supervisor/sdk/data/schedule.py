@@ -22,6 +22,10 @@ from supervisor.sdk.data.ids import BatchMeta
 from supervisor.sdk.data.lookup import Inverse, excluded_indices, member
 from supervisor.sdk.data.order import Permutation
 
+Locate = Callable[[int, int], int]
+"""``locate(i, batch)``: the dataset index read for order index ``i`` at global batch ``batch``
+(the batch its position falls in when nothing is excluded: positions drawn // global batch size)."""
+
 BLOCK = 4096
 """Positions mapped per numpy call (memory stays O(BLOCK) whatever the dataset size)."""
 
@@ -83,13 +87,16 @@ class Schedule:
         source: Callable[[int], Any] | None,
         exclusions: ExclusionSet,
         index_of: Inverse | None = None,
+        locate: Locate | None = None,
     ) -> None:
         """``index_of`` inverts ``sample_id`` (``lookup.inverse``): excluded IDs are then filtered
-        as indices, vectorised, instead of naming every drawn sample."""
+        as indices, vectorised, instead of naming every drawn sample. ``locate(i, batch)`` maps an
+        order position's index to the index read for global batch ``batch`` (a mixture schedule):
+        then every located sample is checked one by one, as it is drawn."""
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.seed, self.shuffle = seed, shuffle
         self.id_of, self.source_of, self.exclusions = sample_id, source, exclusions
-        self.index_of = index_of
+        self.index_of, self.locate = index_of, locate
         self.cursor = Cursor()
         self._perm: tuple[tuple[int, int], Permutation] | None = None
         self._block: _Block | None = None
@@ -110,7 +117,7 @@ class Schedule:
     def _keep(self, blk: _Block) -> np.ndarray | None:
         """Which of the block's indices are allowed (None: all). One vectorised lookup when IDs invert."""
         ex, indices = self.exclusions, blk.indices
-        if not (ex.samples or ex.sources):
+        if not (ex.samples or ex.sources) or self.locate is not None:
             return None
         keep = np.ones(len(indices), dtype=bool)
         if ex.samples and self.index_of is not None:
@@ -136,7 +143,35 @@ class Schedule:
     def source(self, i: int) -> str:
         return str(self.source_of(i)) if self.source_of is not None else "default"
 
+    def _allowed(self, i: int) -> bool:
+        ex = self.exclusions
+        if ex.sources and self.source(i) in ex.sources:
+            return False
+        return not (ex.samples and self.sample_id(i) in ex.samples)
+
+    def _located_batch(self, locate: Locate) -> list[int]:
+        """A global batch of located samples, each checked against the exclusions as it is drawn."""
+        c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
+        scanned = 0
+        while len(picked) < need:
+            if c.pos >= self.n:
+                c.epoch, c.pos = c.epoch + 1, 0
+            blk = self._block_at(c.epoch, c.pos)
+            # The position's own batch (as if nothing were excluded), not the batch being formed:
+            # then a located sample depends on its position only, and an exclusion never changes
+            # what the positions after it locate.
+            i = int(locate(blk.indices[c.pos - blk.start], (c.epoch * self.n + c.pos) // need))
+            c.pos += 1
+            if self._allowed(i):
+                picked.append(i)
+                scanned = 0
+            elif (scanned := scanned + 1) > self.n:
+                raise ValueError("every sample is excluded: the loader cannot form a batch")
+        return picked
+
     def _global_batch(self) -> list[int]:
+        if self.locate is not None:
+            return self._located_batch(self.locate)
         c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
         scanned = 0  # positions since the last accepted sample
         while len(picked) < need:

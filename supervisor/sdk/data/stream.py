@@ -64,13 +64,13 @@ class StreamSource(IterableDataset[Item]):
         return order[slot::slots] if n >= slots else order
 
     # -- identity ------------------------------------------------------------------------------
-    def _id(self, item: Any, shard: int, offset: int) -> str:
+    def name_of(self, item: Any, shard: int, offset: int) -> str:
         if self.id_fn is not None:
             return str(self.id_fn(item))
         found = item_id(item, self.id_key)
         return found if found is not None else f"{self.shards.names[shard]}:{offset}"
 
-    def _source(self, item: Any) -> str:
+    def source_of(self, item: Any) -> str:
         if self.source_fn is not None:
             return str(self.source_fn(item))
         if isinstance(item, Mapping) and isinstance(item.get("source"), str):
@@ -105,7 +105,7 @@ class StreamSource(IterableDataset[Item]):
                     st["k"] += 1
                     if n < slots and k % slots != slot:
                         continue
-                    sid, src = self._id(item, shard, offset), self._source(item)
+                    sid, src = self.name_of(item, shard, offset), self.source_of(item)
                     if self.exclusions.allows(sid, src):
                         yielded = True
                         yield sid, src, item
