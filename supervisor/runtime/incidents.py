@@ -29,7 +29,7 @@ from supervisor.core.policy import JobState, PlannedAction, Policy, plan
 from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
-from supervisor.incidents import EventKind, IncidentState
+from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.observe import StepStats, baseline
@@ -54,6 +54,16 @@ def make_analyzer(job: JobSpec, saved: Any) -> Any:
         except Exception as exc:  # an unreadable saved state must not stop supervision: start empty
             log.warning("analyzer_state_not_restored", error=repr(exc))
     return analyzer
+
+
+def timeline_of(step: int, rollback_targets: list[int]) -> int:
+    """Which run a step of the current history was trained on, given the targets of the rollbacks
+    so far (oldest first): the newest rollback n whose target is before it (0: the original run).
+    A later rollback to a target at or after the step kept that step as it was."""
+    for n in range(len(rollback_targets), 0, -1):
+        if rollback_targets[n - 1] < step:
+            return n
+    return 0
 
 
 def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
@@ -420,8 +430,20 @@ class IncidentFlow:
                          observation_failures=active.observation_failures)  # fmt: skip
 
     def _attach_series(self, incident_id: int, d: Diagnosis) -> None:
-        rows = [h.to_json() for h in self.host.history if h.step >= d.onset_step - 200]
-        self.store.attach_series(incident_id, rows)
+        """The per-step aggregates around the onset, each row into the timeline it was trained on:
+        ``replay`` 0 for the original run, n for steps re-run after this incident's n-th rollback
+        (a re-plan after a rollback must never overwrite the abandoned timeline's rows)."""
+        targets = [
+            int(e.result["to_step"])
+            for e in self.store.timeline(incident_id)
+            if e.kind is EventKind.ROLLED_BACK and e.status is EventStatus.DONE and (e.result or {}).get("to_step") is not None
+        ]  # fmt: skip
+        by_replay: dict[int, list[dict[str, Any]]] = {}
+        for h in self.host.history:
+            if h.step >= d.onset_step - 200:
+                by_replay.setdefault(timeline_of(h.step, targets), []).append(h.to_json())
+        for replay, rows in sorted(by_replay.items()):
+            self.store.attach_series(incident_id, rows, replay=replay)
 
     def _on_failure(self, active: ActivePlan, out: Outcome) -> None:
         """An action failed: skipped at the end of training, a failed observation, or on_failure."""

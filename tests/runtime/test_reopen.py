@@ -74,9 +74,21 @@ def test_a_fault_back_after_its_window_reopens_the_incident_until_attempts_run_o
     assert [p["attempt"] for p in plans] == [1, 2, 3, 4] and plans[-1]["escalate"]
     assert "recurrence.max_attempts=3" in plans[-1]["escalate"]
     assert ctl.phase is JobPhase.ESCALATED
+    # Each timeline keeps its own rows: re-plans after rollbacks never overwrite the original run.
+    original = {r["step"]: r["loss"] for r in store.series(first.id, replay=0) if "rank" not in r}
+    rerun = {r["step"]: r["loss"] for r in store.series(first.id, replay=1) if "rank" not in r}
+    assert original[130] > 10 > rerun[130]  # the spike in the original run; step 130 re-ran calm
     # The record reads as one incident: each occurrence detected, each reopen with its reason.
     from supervisor.incidents.postmortem import build_postmortem
 
     texts = [t for _, t in build_postmortem(store, first.id).timeline]
     assert sum(t.startswith("Detected a loss spike") for t in texts) == 4
     assert any(t.startswith("Incident resolved → open") and "attempt 3" in t for t in texts), texts
+
+
+def test_each_step_of_the_history_belongs_to_the_run_it_was_trained_on() -> None:
+    from supervisor.runtime.incidents import timeline_of
+
+    # Rolled back to 100 (replay 1), then to 150 (replay 2): 101..150 stayed replay 1's steps.
+    assert [timeline_of(s, [100, 150]) for s in (90, 100, 101, 150, 151)] == [0, 0, 1, 1, 2]
+    assert timeline_of(120, []) == 0
