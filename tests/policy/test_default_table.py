@@ -41,7 +41,7 @@ def yaml_actions(default_yaml: dict[str, Any], rule: str) -> list[str]:
 def test_phenotype_by_cause(
     phenotype: str, cause: str, default_policy: Policy, default_yaml: dict[str, Any]
 ) -> None:
-    p = plan(diag(phenotype, (cause, "data")), state(), default_policy)
+    p = plan(diag(phenotype, (cause, "data"), suspect_samples=("s:1",)), state(), default_policy)
     rule = expected_rule(phenotype, cause)
     assert p.rule == rule, p.matched_because
     assert p.action_names == yaml_actions(default_yaml, rule)
@@ -143,3 +143,13 @@ def test_a_bad_batch_confined_to_one_source_excludes_the_source(default_policy: 
     apply = p.action("apply")
     assert p.rule == "bad_batch_step" and apply is not None
     assert apply.params["exclude"]["sources"] == ["web"]
+
+
+def test_an_exclusion_of_nothing_is_not_a_fix(default_policy: Policy) -> None:
+    """Issue 13: a fix that changes nothing is never chosen. A transient with no suspect sample named
+    and no source confined: the quarantine resolves to nothing, so no apply, and the plan says why."""
+    p = plan(diag("transient", ("data",)), state(), default_policy)
+    assert p.action_names == ["alert", "observe"]
+    assert any(
+        "apply dropped: it would change nothing" in n and "no samples (none named)" in n for n in p.notes
+    )

@@ -97,12 +97,16 @@ def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
 def _exclude(e: Exclude, d: Diagnosis) -> tuple[dict[str, Any], list[str]]:
     out: dict[str, Any] = {}
     words: list[str] = []
+    # What resolves to nothing (no suspect named, not source-local) is said and left out: an
+    # empty exclusion would be a fix that changes nothing.
     if e.samples is not None:
-        out["samples"] = list(d.suspect_samples) if e.samples == "suspects" else list(e.samples)
-        words.append(f"{len(out['samples'])} sample(s)" if out["samples"] else "no samples (none named)")
+        samples = list(d.suspect_samples) if e.samples == "suspects" else list(e.samples)
+        if samples:
+            out["samples"] = samples
+        words.append(f"{len(samples)} sample(s)" if samples else "no samples (none named)")
     if e.sources is not None:
         src = ([d.source_local] if d.source_local else []) if e.sources == "suspect" else list(e.sources)
-        if src:  # `suspect` on an incident that is not source-local excludes no source: say so, add nothing
+        if src:
             out["sources"] = src
         words.append(f"source(s) {', '.join(src)}" if src else "no source (incident not source-local)")
     if e.batch_range is not None:
@@ -147,7 +151,9 @@ def _apply(p: Any, d: Diagnosis, state: JobState, rollback_to: int | None = None
         params["precision"] = p.precision
         words.append(f"precision {p.precision}")
     if p.exclude is not None:
-        params["exclude"], excluded = _exclude(p.exclude, d)
+        exclude, excluded = _exclude(p.exclude, d)
+        if exclude:
+            params["exclude"] = exclude
         words.append("quarantine " + ", ".join(excluded))
     if p.skip_batches is not None:
         params["skip_batches"] = p.skip_batches
