@@ -113,12 +113,14 @@ def from_env() -> EnvContext | None:
     from supervisor.checkpoint.store import CheckpointStore
     from supervisor.config.job import JobSpec
     from supervisor.sdk.local_link import SOCKET_ENV, LocalLink
-    from supervisor.sdk.transport import BatchingTransport
+    from supervisor.sdk.transport import HOLD_AT_END_S, BatchingTransport
     from supervisor.storage import open_backend
 
     job = JobSpec.model_validate_json(os.environ[JOB_ENV])
     link = LocalLink(os.environ[SOCKET_ENV])
-    transport = BatchingTransport(link.send, link.directives, flush_interval_s=0.05, name="supervisor")
+    # Held at the last step until the supervisor is done with it, as in-process ranks are.
+    transport = BatchingTransport(link.send, link.directives, flush_interval_s=0.05, name="supervisor",
+                                  hold_at_end_s=HOLD_AT_END_S)  # fmt: skip
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     resume = os.environ.get(RESUME_ENV)
     backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
