@@ -9,11 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.runtime.channel import SupervisorLink
-
-#: How long ranks wait at their last step for the supervisor (steering ``_hold_at_end``): long
-#: enough for a plan to freeze, snapshot and roll back; bounded so a supervisor that never
-#: comes back does not hold the workers forever (the run is then reported unfinished).
-HOLD_AT_END_S = 900.0
+from supervisor.sdk.transport import HOLD_AT_END_S  # the same hold as a command entrypoint's process
 
 
 class RayTransport:

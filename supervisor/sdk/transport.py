@@ -23,6 +23,13 @@ from typing import Any, Protocol, runtime_checkable
 from supervisor.logging import get_logger
 from supervisor.sdk.directives import Directive
 
+#: How long ranks wait at their last step for the supervisor (steering ``_hold_at_end``): long
+#: enough for a plan to freeze, snapshot and roll back; bounded so a supervisor that never
+#: comes back does not hold the workers forever (the run is then reported unfinished). Every
+#: transport with a supervisor at the other end holds: in the Ray actor and in a command
+#: entrypoint's own process alike.
+HOLD_AT_END_S = 900.0
+
 Sink = Callable[[list[dict[str, Any]]], None]
 DirectiveSource = Callable[[], list[Directive]]
 
@@ -62,7 +69,10 @@ class BatchingTransport:
         flush_interval_s: float = 0.2,
         max_buffer: int = 10_000,
         name: str = "telemetry",
+        hold_at_end_s: float = 0.0,
     ) -> None:
+        self.hold_at_end_s = hold_at_end_s
+        """Seconds the ranks hold at their last step for the supervisor (0: a local trace, no hold)."""
         self._sink = sink
         self._source = directives
         self._batch_size = batch_size
