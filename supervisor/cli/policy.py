@@ -95,6 +95,13 @@ def list_() -> None:
     help="How deeply the job is supervised: steer (SDK step boundary) or observe (records only).",
 )
 @click.option("--no-replay-hooks", is_flag=True, help="The job has no replay_hooks (replay is not possible).")
+@click.option(
+    "--recovery",
+    type=click.Choice(["auto", "restart"]),
+    default="auto",
+    show_default=True,
+    help="The job's job.yaml recovery: how a rollback is carried out (in place, or a worker-group restart).",
+)
 @json_option
 def explain(
     file: str,
@@ -104,6 +111,7 @@ def explain(
     grad_clip: float | None,
     supervision: str,
     no_replay_hooks: bool,
+    recovery: str,
     as_json: bool,
 ) -> None:
     """Run detection on TRACE and print, per incident, the matched rule and the planned actions."""
@@ -135,11 +143,11 @@ def explain(
                 "trace": {"path": str(trace_path), "format": trace.format, "records": len(trace.records)},
                 "skipped_lines": trace.skipped_lines,
                 "checkpoints": {"source": source, "items": [c.to_json() for c in checkpoints]},
-                "incidents": [e.to_json() for e in explained],
+                "incidents": [e.to_json() | {"recovery_mode": _mode(e, recovery)} for e in explained],
             }
         )
         return
-    _print_text(pol.name, trace_path, len(trace.records), checkpoints, source, explained)
+    _print_text(pol.name, trace_path, len(trace.records), checkpoints, source, explained, recovery)
 
 
 def _print_text(
@@ -149,6 +157,7 @@ def _print_text(
     checkpoints: tuple[CheckpointRef, ...],
     source: str,
     explained: list[ExplainedIncident],
+    recovery: str = "auto",
 ) -> None:
     click.echo(f"policy {policy_name!r} on {trace_path} ({n_records} records)")
     marks = ", ".join(f"{c.step} {c.mark.value}" for c in checkpoints[-6:]) or "none"
@@ -157,10 +166,22 @@ def _print_text(
         click.echo("no incidents detected: nothing to plan")
     for e in explained:
         click.echo("")
-        _print_incident(e)
+        _print_incident(e, recovery)
 
 
-def _print_incident(e: ExplainedIncident) -> None:
+def _mode(e: ExplainedIncident, recovery: str) -> dict[str, str] | None:
+    """How this plan's rollback is carried out, and why (``integrations.recovery``); None: no rollback."""
+    from supervisor.integrations.recovery import rollback_mode
+
+    if e.plan.recovery == "none":
+        return None
+    if e.plan.recovery == "restart":  # observe level: nothing to load state into at a step boundary
+        return {"mode": "restart", "why": "an observe-level job has no step-boundary control"}
+    mode, why = rollback_mode(recovery, None if recovery == "auto" else False)
+    return {"mode": mode, "why": why}
+
+
+def _print_incident(e: ExplainedIncident, recovery: str = "auto") -> None:
     d, p = e.diagnosis, e.plan
     end = "open" if d.end_step is None else str(d.end_step)
     causes = ", ".join(f"{c.cause.value} {c.score:.2f}" for c in d.causes[:3]) or "none"
@@ -175,7 +196,11 @@ def _print_incident(e: ExplainedIncident) -> None:
         f"{k} {v:.3g}" if v is not None else f"{k} unknown"
         for k, v in (("lr", s.lr), ("grad clip", s.grad_clip), ("median grad norm", s.grad_norm))
     )
-    click.echo(f"  job runs: {known}; supervision {p.supervision}, recovery {p.recovery.replace('_', '-')}")
+    mode = _mode(e, recovery)  # recovery mode line: surgical edit by F (issue 15 point 4)
+    shown = mode["mode"] if mode else p.recovery
+    click.echo(f"  job runs: {known}; supervision {p.supervision}, recovery {shown.replace('_', '-')}")
+    if mode:
+        click.echo(f"  recovery: {mode['why']}")
     if p.passed_over:  # the reasons are in --json ("passed_over")
         click.echo(f"  passed over: {', '.join(rule for rule, _ in p.passed_over)}")
     for i, a in enumerate(p.actions, 1):
