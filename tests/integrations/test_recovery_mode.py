@@ -87,3 +87,29 @@ def test_rollback_mode_on_the_real_controller(
     else:
         assert len(workers.launches) == 1
     assert ctl.phase.value == "finished" and ranks.step == 220
+
+
+def test_policy_explain_says_which_mode_and_why(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from supervisor.cli.main import cli
+    from tests.policy.test_explain_cli import write_divergence_trace
+
+    trace = tmp_path / "divergence.jsonl"
+    write_divergence_trace(trace)
+    base = ["policy", "explain", "default", "--trace", str(trace)]
+    auto = CliRunner().invoke(cli, base)
+    assert auto.exit_code == 0, auto.output
+    assert "supervision steer, recovery in-place" in auto.stdout
+    assert (
+        "recovery: recovery: auto: in place when the target is the supervisor's own checkpoint" in auto.stdout
+    )
+    forced = CliRunner().invoke(cli, [*base, "--recovery", "restart", "--json"])
+    assert forced.exit_code == 0, forced.output
+    import json
+
+    [incident] = json.loads(forced.stdout)["incidents"]
+    assert (
+        incident["recovery_mode"]["mode"] == "restart"
+        and "recovery: restart" in incident["recovery_mode"]["why"]
+    )
