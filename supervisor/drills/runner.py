@@ -8,6 +8,12 @@
    under ``<out>/reference/`` (run once, first, when a selected drill needs it).
 3. Each scenario: fresh storage under ``<out>/<name>/``, ``runtime.api.launch``, wait for a
    terminal phase (bounded by the scenario's ``timeout_s``), then the checks.
+
+``concurrency`` runs that many scenarios at once on the same Ray (each its own job name,
+storage and fault markers; the references start first, and a drill's checks wait for the
+reference loss they compare against). A tinylm drill keeps one core busy only about half of its
+wall time (Ray start-up, actor creation, checkpoint verification, the supervisor's polls), so
+two at a time fill a 2-core machine; the kill drills poll their own job's status only.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +74,11 @@ def run_drills(
     *,
     out_dir: Path,
     on_result: Callable[[DrillResult], None] | None = None,
-    num_cpus: int = 4,
+    num_cpus: int | None = None,
+    concurrency: int = 1,
 ) -> list[DrillResult]:
-    """Run ``scenarios`` in order on one local Ray session; returns one result per scenario."""
+    """Run ``scenarios`` on one local Ray session, ``concurrency`` at a time; one result per scenario,
+    in the order given. ``num_cpus`` (logical) defaults to what that many jobs ask for, at least 4."""
     import ray
 
     previous = os.environ.get(TRACE_ENV)
@@ -81,19 +91,10 @@ def run_drills(
     if started:
         from supervisor.runtime.names import NAMESPACE
 
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+        cpus = num_cpus or _cpus_for(scenarios, concurrency)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
     try:
-        losses, ran = _references(scenarios, out_dir, on_result)
-        results = []
-        for sc in scenarios:
-            if sc.name in ran:
-                results.append(ran[sc.name])
-                continue
-            res = run_one(sc, out_dir, losses.get(sc.config_hash()))
-            results.append(res)
-            if on_result:
-                on_result(res)
-        return results
+        return _Batch(scenarios, out_dir, on_result, max(1, concurrency)).run()
     finally:
         if started:
             ray.shutdown()
@@ -101,7 +102,113 @@ def run_drills(
             os.environ.pop(TRACE_ENV, None)
 
 
-def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> DrillResult:
+def _cpus_for(scenarios: list[LoadedScenario], concurrency: int) -> int:
+    """Logical CPUs for ``concurrency`` of the largest selected jobs, each with what a job's own local
+    Ray gets (``cluster.needed_cpus``: its workers plus room for a replay task, which needs a CPU
+    while the workers hold theirs)."""
+    from supervisor.runtime.cluster import needed_cpus
+
+    largest = max((needed_cpus(s.job_spec(Path("."))) for s in scenarios), default=4)
+    return largest * concurrency
+
+
+class _Batch:
+    """The scenarios of one ``run_drills`` call, run ``concurrency`` at a time.
+
+    1. Each training-config hash that a selected drill compares its final loss against gets a
+       reference: cached under ``<out>/reference/``, or a clean run submitted first.
+    2. Every other scenario is submitted in the order given; a finished run is checked once its
+       reference loss is known (the reference's own future), so a slow reference never blocks a
+       pool slot.
+    """
+
+    def __init__(
+        self,
+        scenarios: list[LoadedScenario],
+        out_dir: Path,
+        on_result: Callable[[DrillResult], None] | None,
+        concurrency: int,
+    ) -> None:
+        self.scenarios, self.out_dir, self.on_result = scenarios, out_dir, on_result
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="drill")
+        self.report_lock = threading.Lock()
+        self.losses: dict[str, Future[float | None]] = {}
+
+    def run(self) -> list[DrillResult]:
+        try:
+            ran = self._submit_references()
+            futures = {
+                sc.name: ran.get(sc.name) or self.pool.submit(self._run_and_check, sc)
+                for sc in self.scenarios
+            }
+            results = [futures[sc.name].result() for sc in self.scenarios]
+        except BaseException:
+            # Ctrl-C (or a bug): start nothing more and do not wait for the runs in flight; the
+            # caller's ray.shutdown() ends them, and their threads return on the lost actors.
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        self.pool.shutdown()
+        return results
+
+    def _submit_references(self) -> dict[str, Future[DrillResult]]:
+        selected = {s.name: s for s in self.scenarios}
+        clean = selected.get(REFERENCE) or next(iter(find_scenarios([REFERENCE])), None)
+        ran: dict[str, Future[DrillResult]] = {}
+        for sc in self.scenarios:
+            h = sc.config_hash()
+            if sc.expect.final_loss_tolerance is None or h in self.losses:
+                continue
+            cache = self.out_dir / "reference" / f"{h}.json"
+            if cache.exists():
+                done: Future[float | None] = Future()
+                self.losses[h] = done
+                done.set_result(json.loads(cache.read_text())["final_loss"])
+                continue
+            base = (
+                clean
+                if clean is not None and clean.config_hash() == h
+                else sc.without_faults(f"reference_{h[:8]}")
+            )
+            loss: Future[float | None] = Future()
+            self.losses[h] = loss
+            future = self.pool.submit(self._reference, base, h, loss)
+            if base.name in selected:
+                ran[base.name] = future
+        return ran
+
+    def _reference(self, base: LoadedScenario, h: str, loss: Future[float | None]) -> DrillResult:
+        try:
+            result = run_one(base, self.out_dir, None)
+            value = _final_loss(base, self.out_dir)
+        except BaseException:
+            loss.set_result(None)  # the drills that wait for it fail their loss check, not hang
+            raise
+        loss.set_result(value)
+        if value is not None and result.passed:
+            cache = self.out_dir / "reference" / f"{h}.json"
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"final_loss": value, "scenario": base.name, "config_hash": h}))
+        self._report(result)
+        return result
+
+    def _run_and_check(self, sc: LoadedScenario) -> DrillResult:
+        reference = self.losses.get(sc.config_hash())
+        result = run_one(sc, self.out_dir, reference_loss=reference.result if reference else None)
+        self._report(result)
+        return result
+
+    def _report(self, result: DrillResult) -> None:
+        if self.on_result:
+            with self.report_lock:  # one progress line at a time
+                self.on_result(result)
+
+
+def run_one(
+    sc: LoadedScenario,
+    out_dir: Path,
+    reference_loss: float | None | Callable[[], float | None],
+) -> DrillResult:
+    """Run one scenario and check it; ``reference_loss`` may be a callable, asked once the run ended."""
     from supervisor.incidents.paths import open_for_job
     from supervisor.runtime import api
 
@@ -135,7 +242,8 @@ def run_one(sc: LoadedScenario, out_dir: Path, reference_loss: float | None) -> 
     finally:
         _release(handle)
     wall = time.monotonic() - t0
-    outcome = RunOutcome(sc, job, status, wall, work, reference_loss, error, killed=killed)
+    reference = reference_loss() if callable(reference_loss) else reference_loss
+    outcome = RunOutcome(sc, job, status, wall, work, reference, error, killed=killed)
     with open_for_job(job) as store:
         checks = Checker(outcome, store).checks()
     res = DrillResult(sc.name, sc.scenario.description, checks, wall, status.get("phase"),
@@ -156,43 +264,6 @@ def _release(handle: Any) -> None:
         ray.kill(handle, no_restart=True)
     except Exception as exc:  # already gone: nothing to release
         log.debug("release_skipped", error=repr(exc))
-
-
-def _references(
-    scenarios: list[LoadedScenario], out_dir: Path, on_result: Callable[[DrillResult], None] | None
-) -> tuple[dict[str, float | None], dict[str, DrillResult]]:
-    """The clean final loss per training-config hash (cached), and the clean runs made for it now.
-
-    A hash is served by the ``clean`` scenario when it matches, else by the scenario itself
-    with its faults removed (``reference_<hash>``).
-    """
-    selected = {s.name: s for s in scenarios}
-    clean = selected.get(REFERENCE) or next(iter(find_scenarios([REFERENCE])), None)
-    losses: dict[str, float | None] = {}
-    ran: dict[str, DrillResult] = {}
-    for sc in scenarios:
-        h = sc.config_hash()
-        if sc.expect.final_loss_tolerance is None or h in losses:
-            continue
-        cache = out_dir / "reference" / f"{h}.json"
-        if cache.exists():
-            losses[h] = json.loads(cache.read_text())["final_loss"]
-            continue
-        base = (
-            clean
-            if clean is not None and clean.config_hash() == h
-            else sc.without_faults(f"reference_{h[:8]}")
-        )
-        result = run_one(base, out_dir, None)
-        if base.name in selected:
-            ran[base.name] = result
-        if on_result:
-            on_result(result)
-        losses[h] = loss = _final_loss(base, out_dir)
-        if loss is not None and result.passed:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({"final_loss": loss, "scenario": base.name, "config_hash": h}))
-    return losses, ran
 
 
 def _final_loss(sc: LoadedScenario, out_dir: Path) -> float | None:
