@@ -8,7 +8,8 @@ live state (with its RNG and hyperparameters) is put back. The same code path as
 step, on the same ranks and devices, so a model that needs the job's GPUs can be replayed
 (Megatron-LM's rerun state machine replays a step on the job's own ranks the same way).
 
-Batches come from the job's ``SupervisedLoader`` by sample ID; the loss from the probe's
+Batches come from the job's ``SupervisedLoader`` by sample ID (map-style or streaming, found
+without a table of the dataset); the loss from the probe's
 ``loss_fn``. Rank 0 writes the result to ``<job>/replays/<directive id>.json`` in the job's
 storage, where the supervisor's ``replay`` action reads it. A replay that runs past its
 deadline stops, puts the live state back and fails the directive.
@@ -72,10 +73,9 @@ def replay_on_ranks(probe: Probe, d: Replay) -> dict[str, Any]:
     from supervisor.checkpoint.training_state import load_training_state
 
     store, loader = probe.checkpoint, probe.loader
-    # A streaming loader cannot fetch samples by ID: the directive fails and the action replays offline.
-    map_style = hasattr(loader, "dataset") and not getattr(loader, "streaming", False)
-    if store is None or probe.loss_fn is None or loader is None or not map_style:
-        raise SupervisorError("replay on the ranks needs a checkpoint store, loss_fn and a map-style "
+    # Map-style and streaming SupervisedLoaders fetch samples by ID (``samples``); anything else cannot.
+    if store is None or probe.loss_fn is None or loader is None or not hasattr(loader, "samples"):
+        raise SupervisorError("replay on the ranks needs a checkpoint store, loss_fn and a "
                               "SupervisedLoader (sdk.init)", field="replay")  # fmt: skip
     deadline = time.monotonic() + d.deadline_s
     live = dcp_state.HostStager()
@@ -89,10 +89,14 @@ def replay_on_ranks(probe: Probe, d: Replay) -> dict[str, Any]:
         control, control_ids = _control_batch(loader, max(1, len(suspects)), set(suspects))
         out: dict[str, Any] = {"checkpoint_step": d.step, "suspect_samples": suspects, "control_samples": control_ids,
                                "world_size": probe.world_size, "on_ranks": True}  # fmt: skip
-        out["suspect"] = _measure(probe, _batch_of(loader, suspects), deadline) if suspects else None
+        out["suspect"] = (
+            _measure(probe, _batch_of(loader, suspects, deadline), deadline) if suspects else None
+        )
         out["control"] = _measure(probe, control, deadline)
         if d.numeric and suspects:
-            out["suspect_fp32_math"] = _measure(probe, _batch_of(loader, suspects), deadline, fp32_math=True)
+            out["suspect_fp32_math"] = _measure(
+                probe, _batch_of(loader, suspects, deadline), deadline, fp32_math=True
+            )
         out["verdict"], out["why"] = verdict(out)
     finally:
         # Put the live state back whatever happened: training resumes from where it was frozen.
@@ -129,28 +133,21 @@ def _measure(probe: Probe, batch: Any, deadline: float, *, fp32_math: bool = Fal
     return {"loss": float(loss.detach()), "grad_norm": float(norm)}
 
 
-def _batch_of(loader: Any, sample_ids: list[str]) -> Any:
-    """A batch of exactly these samples; an unknown ID is an error, never a smaller batch."""
-    index = {loader.sample_id(i): i for i in range(len(loader.dataset))}
-    missing = [s for s in sample_ids if s not in index]
-    if missing:
-        raise SupervisorError(f"replay: samples not in the dataset: {missing[:3]}", field="suspects")
-    return loader.collate_fn([loader.dataset[index[s]] for s in sample_ids])
+def _batch_of(loader: Any, sample_ids: list[str], deadline: float | None = None) -> Any:
+    """A batch of exactly these samples; an unknown ID is an error, never a smaller batch.
+
+    The loader finds them without a table of the dataset (IDs inverted to indices, or looked up
+    lazily: ``SupervisedLoader.samples``): replay's memory does not grow with the dataset."""
+    try:
+        items = loader.samples(sample_ids, deadline=deadline)
+    except (KeyError, TimeoutError) as exc:
+        raise SupervisorError(f"replay: {exc.args[0]}", field="suspects") from exc
+    return loader.collate_fn(items)
 
 
 def _control_batch(loader: Any, n: int, exclude: set[str]) -> tuple[Any, list[str]]:
-    """``n`` normal samples spread evenly over the dataset (the same on every rank), none of ``exclude``
-    nor of the loader's exclusions."""
-    size = len(loader.dataset)
-    stride = max(1, size // (4 * n))
-    excluded = loader.exclusions()
-    chosen: list[str] = []
-    for i in range(0, size, stride):
-        sid = loader.sample_id(i)
-        if sid not in exclude and sid not in excluded.samples and loader.source(i) not in excluded.sources:
-            chosen.append(sid)
-        if len(chosen) == n:
-            break
+    """``n`` normal samples (the same on every rank), none of ``exclude`` nor of the loader's exclusions."""
+    chosen = loader.control_ids(n, exclude)
     return _batch_of(loader, chosen), chosen
 
 
