@@ -7,6 +7,7 @@ samples. Batches are rebuilt from sample IDs, so the replay sees exactly the sto
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,21 +23,20 @@ class ReplayHooks:
     optimizer: torch.optim.Optimizer
     dataset: TextDataset
 
-    def __post_init__(self) -> None:
-        self._index = {self.dataset.sample_id(i): i for i in range(len(self.dataset))}
-
     def batch(self, sample_ids: list[str]) -> dict[str, Any]:
-        """A batch of exactly these samples; unknown IDs are an error, never silently dropped."""
-        missing = [s for s in sample_ids if s not in self._index]
+        """A batch of exactly these samples; unknown IDs are an error, never silently dropped.
+        ``index_of`` finds each by binary search: no table of every ID is built."""
+        at = [self.dataset.index_of(s) for s in sample_ids]
+        missing = [s for s, i in zip(sample_ids, at, strict=True) if i is None]
         if missing or not sample_ids:
             raise KeyError(f"samples not in the dataset: {missing[:3] or 'none given'}")
-        return collate([self.dataset[self._index[s]] for s in sample_ids])
+        return collate([self.dataset[i] for i in at if i is not None])
 
     def control_batch(self, n: int, exclude: set[str]) -> tuple[dict[str, Any], list[str]]:
         """``n`` normal samples, spread evenly over the dataset (deterministic), none of ``exclude``."""
         stride = max(1, len(self.dataset) // (4 * max(n, 1)))
-        ids = [sid for sid in (self.dataset.sample_id(i) for i in range(0, len(self.dataset), stride))]
-        chosen = [sid for sid in ids if sid not in exclude][:n]
+        ids = (self.dataset.sample_id(i) for i in range(0, len(self.dataset), stride))
+        chosen = list(itertools.islice((sid for sid in ids if sid not in exclude), n))
         return self.batch(chosen), chosen
 
     @staticmethod
