@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import time
+import tracemalloc
+
 import numpy as np
 import pytest
 
+from supervisor.errors import SupervisorError
 from supervisor.sdk import Exclusions, SupervisedLoader
 from supervisor.sdk.data import lookup
 from supervisor.sdk.data.exclusions import ExclusionSet
 from supervisor.sdk.data.order import Permutation
 from supervisor.sdk.data.schedule import BLOCK, Schedule
+from supervisor.sdk.data.shards import IterableShards, WebDatasetShards
+from supervisor.sdk.replay import _batch_of, _control_batch
+from tests.data.conftest import collate_rows, hf_stream, wds_source
 
 
 class Indexed:
-    """``n`` samples named ``"<i>"`` (no ``sample_id``: the loader's default IDs)."""
+    """``n`` samples named ``"<i>"`` (no ``sample_id``: the loader's default IDs); counts reads."""
 
     def __init__(self, n: int) -> None:
-        self.n = n
+        self.n, self.reads = n, 0
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> int:
+        self.reads += 1
         return i
 
 
@@ -34,6 +42,7 @@ class Named(Indexed):
             self.index_of = lambda sid: int(sid[4:]) if sid.startswith("doc-") else None
 
     def sample_id(self, i: int) -> str:
+        self.named = getattr(self, "named", 0) + 1
         return f"doc-{i}"
 
     def source(self, i: int) -> str:
@@ -100,3 +109,54 @@ def test_default_ids_invert_only_in_canonical_form():
     ]  # fmt: skip
     assert lookup.inverse(Named(10, False), 10) is None
     assert lookup.inverse(Named(10, True), 10)("doc-3") == 3
+
+
+def bounded(fn):
+    """``fn()`` and the peak of Python allocations while it ran."""
+    tracemalloc.start()
+    try:
+        return fn(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("ds", [Indexed(10**12), Named(10**12, True)])
+def test_replay_finds_samples_at_a_trillion_indices_without_a_table(ds):
+    ld = SupervisedLoader(ds, 4, seed=0, rank=0, world_size=1, collate_fn=list)
+    name = getattr(ds, "sample_id", str)
+    want = [7, 10**12 - 1, 123_456_789_012, 7]
+    (batch, peak) = bounded(lambda: _batch_of(ld, [str(name(i)) for i in want]))
+    assert batch == want and ds.reads <= len(want)
+    assert peak < 1 << 20  # a table of 10^12 IDs would not fit; a few IDs take a few KB
+    assert getattr(ds, "named", 0) <= 4 + 4 + 4  # the IDs asked for, one check each: no scan
+    (control, ids), peak = bounded(lambda: _control_batch(ld, 3, {str(name(0))}))
+    assert len(control) == 3 and str(name(0)) not in ids and peak < 1 << 20
+    with pytest.raises(SupervisorError, match="not in the dataset"):
+        _batch_of(ld, [str(name(3)), "no-such-sample", str(10**12)])
+
+
+def test_ids_that_do_not_invert_are_scanned_lazily_and_stop_when_found():
+    ds = Named(200_000, invertible=False)
+    ld = SupervisedLoader(ds, 4, seed=0, rank=0, world_size=1, collate_fn=list)
+    got, peak = bounded(lambda: ld.samples(["doc-5000", "doc-17"]))
+    assert got == [5000, 17]
+    assert ds.named <= 5000 + lookup.SCAN_BLOCK  # stopped at the block holding the last one found
+    assert peak < 1 << 20
+    with pytest.raises(SupervisorError, match="deadline"):
+        _batch_of(ld, ["doc-unknown"], deadline=time.monotonic() - 1)
+
+
+def test_stream_samples_by_shard_offset_and_by_key(jsonl_shards, tar_shards, rows):
+    plain = SupervisedLoader(
+        IterableShards([{"n": k} for k in range(50)]), 4, rank=0, world_size=1, collate_fn=list
+    )
+    assert plain.samples(["stream:41", "stream:3"]) == [{"n": 41}, {"n": 3}]  # <shard>:<offset>, opened there
+    with pytest.raises(KeyError):
+        plain.samples(["stream:50"])
+    for src, kw in ((hf_stream(jsonl_shards), {}), (WebDatasetShards(tar_shards), {"source_fn": wds_source})):
+        ld = SupervisedLoader(src, 4, rank=0, world_size=1, collate_fn=collate_rows, **kw)
+        picked = [rows[200], rows[3]]  # keys: found by streaming the shards past
+        batch = _batch_of(ld, [r["id"] for r in picked])
+        assert batch["input_ids"].tolist() == [r["tokens"] for r in picked]
+        control, ids = _control_batch(ld, 2, {rows[0]["id"]})
+        assert len(ids) == 2 and rows[0]["id"] not in ids and control["input_ids"].shape[0] == 2
