@@ -1,9 +1,12 @@
 """The cells of the matrix: family x optimizer x fault x load, and the job each one launches.
 
 Faults come from the drills (``supervisor/drills``: ``lr_spike``, ``garbage_batch``,
-``overflow``, ``periodic_garbage``) except the persistent LR bug, which is a bug in the job's
-own schedule (``config.lr_bug``): every timeline has it, rollbacks included, so only a person
-can fix it and the expected outcome is an escalation after bounded attempts.
+``overflow``) except two bugs in the job itself: the persistent LR bug is in the job's own
+schedule (``config.lr_bug``): every timeline has it, rollbacks included, so only a person
+can fix it and the expected outcome is an escalation after bounded attempts; the bad source
+(``config.bad_source``) is one source of the data mixture that serves random bytes from a
+step on (its files overwritten, a broken upstream): every sample of it is garbage from then
+on, whichever timeline reads it, until the source is kept out.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ OPTIMIZERS = ("adamw", "sgd")
 LOADS = ("idle", "busy")
 #: The data each family trains on: real text for the LMs, synthetic sequences for the CNN.
 DATA = {"gru": "stdlib", "encoder": "stdlib", "convnet": "synthetic"}
-#: The source that turns bad in the `bad_source` cell: a small one, so excluding it leaves the
-#: data (and the loss the run is compared on) close to the clean run's.
+#: The source that turns bad in the `bad_source` cell: the largest of four in the mixture, half of
+#: the samples (web text's share in most pretraining mixtures). That cell's final loss is compared
+#: with the clean run's on the other three sources.
 BAD_SOURCE = "web"
 
 #: Where the `nan_step` overflow is injected when the drill's default (the middle nn.Linear) does
@@ -28,18 +32,42 @@ BAD_SOURCE = "web"
 #: Names are as the probe sees the model (wrapped in DDP: `module.`).
 OVERFLOW_MODULE = {"encoder": "module.enc.layers.0.linear1"}
 
-FAULT_AT = 120
-MAX_STEPS = 240
+MAX_STEPS = 200
+"""Steps of every run; the fault comes at ``fault_step`` (120)."""
+CHECKPOINT_EVERY = 20
+
+
+def fault_step(max_steps: int) -> int:
+    """Three fifths into the run: well after the LR warm-up (20 steps) and the detector's history
+    (50 steps), where the loss has settled enough for a one-rank garbage batch to stand out (at
+    step 80 of these models it did not: rank 1 at 2x the loss went undetected), with six
+    checkpoints before it (a rollback 50 steps before the onset has a healthy target) and 80
+    steps after it to recover, pass the observation window and be judged."""
+    return max_steps * 3 // 5
 
 
 @dataclass(frozen=True)
 class Fault:
+    """A fault of the matrix. Every ``step`` in ``faults`` and ``config`` is relative to the
+    fault's onset (``fault_step``): 0 is the onset itself."""
+
     name: str
     description: str
     faults: tuple[dict[str, Any], ...] = ()
     config: tuple[tuple[str, Any], ...] = ()
     escalates: bool = False
     """The expected outcome: the job escalates (the persistent LR bug) instead of finishing."""
+    cost: int = 1
+    """Relative run time (recoveries re-run steps): longer cells start first, so the last jobs
+    running at once are short ones and the cores stay busy to the end."""
+
+    def at(self, onset: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """(drill faults, job config) with steps made absolute."""
+
+        def absolute(x: Any) -> Any:
+            return {**x, "step": onset + x["step"]} if isinstance(x, dict) and "step" in x else x
+
+        return [absolute(dict(x)) for x in self.faults], {k: absolute(v) for k, v in self.config}
 
 
 FAULTS: dict[str, Fault] = {
@@ -48,37 +76,33 @@ FAULTS: dict[str, Fault] = {
         Fault("clean", "no fault: the reference run; no incident of severity medium or more"),
         Fault(
             "lr_cured",
-            f"LR x30 from step {FAULT_AT} until rolled back (a bad scheduler state)",
-            ({"kind": "lr_spike", "step": FAULT_AT, "factor": 30},),
+            "LR x30 from the onset until rolled back (a bad scheduler state)",
+            ({"kind": "lr_spike", "step": 0, "factor": 30},),
+            cost=2,
         ),
         Fault(
             "lr_persistent",
-            f"LR x30 from step {FAULT_AT} in the job's own schedule: every timeline has it",
-            config=(("lr_bug", {"step": FAULT_AT, "factor": 30}),),
+            "LR x30 from the onset in the job's own schedule: every timeline has it",
+            config=(("lr_bug", {"step": 0, "factor": 30}),),
             escalates=True,
+            cost=3,
         ),
         Fault(
             "garbage_rank",
-            f"one batch of random tokens on rank 1 at step {FAULT_AT}",
-            ({"kind": "garbage_batch", "step": FAULT_AT, "rank": 1},),
+            "one batch of random tokens on rank 1 at the onset",
+            ({"kind": "garbage_batch", "step": 0, "rank": 1},),
         ),
         Fault(
             "nan_step",
-            f"one module's output overflows to Inf at step {FAULT_AT} (one step, every rank)",
-            ({"kind": "overflow", "step": FAULT_AT, "steps": 1},),
+            "one module's output overflows to Inf at the onset (one step, every rank)",
+            ({"kind": "overflow", "step": 0, "steps": 1},),
+            cost=2,
         ),
         Fault(
             "bad_source",
-            f"source `{BAD_SOURCE}` emits garbage every 10 steps from step {FAULT_AT - 20}",
-            (
-                {
-                    "kind": "periodic_garbage",
-                    "step": FAULT_AT - 20,
-                    "period": 10,
-                    "count": 6,
-                    "source": BAD_SOURCE,
-                },
-            ),
+            f"source `{BAD_SOURCE}` (half of the samples) serves random bytes from the onset on",
+            config=(("bad_source", {"source": BAD_SOURCE, "step": 0}),),
+            cost=2,
         ),
     )
 }
@@ -101,8 +125,7 @@ class Cell:
         return Cell(self.family, self.optimizer, "clean", self.load)
 
     def job(self, storage: Path, max_steps: int = MAX_STEPS) -> JobSpec:
-        f = FAULTS[self.fault]
-        faults = [dict(x) for x in f.faults]
+        faults, fault_config = FAULTS[self.fault].at(fault_step(max_steps))
         for x in faults:
             if x["kind"] == "overflow" and self.family in OVERFLOW_MODULE:
                 x["module"] = OVERFLOW_MODULE[self.family]
@@ -115,7 +138,7 @@ class Cell:
             "batch_size": 8,
             "bytes_per_source": 60_000,
             "extra_source": BAD_SOURCE,
-            **dict(f.config),
+            **fault_config,
         }
         return JobSpec.model_validate(
             {
@@ -124,7 +147,7 @@ class Cell:
                 "config": config,
                 "resources": {"num_workers": 2, "cpus_per_worker": 1},
                 "storage": {"path": str(storage)},
-                "checkpoint": {"every_steps": 20, "keep": 12},
+                "checkpoint": {"every_steps": CHECKPOINT_EVERY, "keep": 12},
                 "policy": "default",
                 "max_steps": max_steps,
                 "faults": faults,

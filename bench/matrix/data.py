@@ -52,7 +52,7 @@ def synthetic_texts(bytes_per_source: int, seed: int) -> dict[str, dict[str, str
 
 
 def extra_source(bytes_: int, seed: int) -> dict[str, str]:
-    """A small extra source (a fifth to a quarter of the others): the one that turns bad in a drill."""
+    """An extra source of ``bytes_`` (Markov text and sums): the one that turns bad in a drill."""
     rng = random.Random(seed + 7)
     return {
         f"page{i:03d}": _markov(rng, 2048) + " " + _arith(rng, 2048) for i in range(max(1, bytes_ // 4096))
@@ -60,8 +60,9 @@ def extra_source(bytes_: int, seed: int) -> dict[str, str]:
 
 
 def build(kind: str, seq_len: int, bytes_per_source: int, seed: int, extra: str | None = None) -> TextDataset:
-    """``extra`` names a small additional source (see ``extra_source``)."""
-    more = {extra: extra_source(bytes_per_source // 4, seed)} if extra else {}
+    """``extra`` names an additional source (``extra_source``) as large as the three others
+    together: half of the samples, as web text is in most pretraining mixtures."""
+    more = {extra: extra_source(bytes_per_source * 3, seed)} if extra else {}
     if kind == "synthetic":
         return TextDataset({**synthetic_texts(bytes_per_source, seed), **more}, seq_len)
     if kind == "stdlib":

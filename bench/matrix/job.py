@@ -7,9 +7,11 @@ gradient clipping) with the SDK's lines marked ``# sdk`` and the drill hooks mar
 ``config``: ``family`` (gru | encoder | convnet), ``optimizer`` (adamw | sgd), ``lr``,
 ``warmup_steps``, ``min_lr_ratio``, ``grad_clip``, ``batch_size``, ``seq_len``, ``d_model``,
 ``data`` (stdlib | synthetic), ``bytes_per_source``, ``extra_source`` (a small fourth source),
-``seed``, and ``lr_bug``
-(``{step, factor}``): a schedule bug in the job's own code, so the LR is ``factor`` x too high
-from ``step`` on in every timeline, rollbacks included (the persistent LR bug of the matrix).
+``seed``, and two bugs in the job's own code, for the matrix: ``lr_bug`` (``{step, factor}``):
+a schedule bug, so the LR is ``factor`` x too high from ``step`` on in every timeline, rollbacks
+included (the persistent LR bug); ``bad_source`` (``{source, step}``): from ``step`` on, every
+sample of that source reads as random bytes (its files overwritten with binary data), in every
+timeline and in a replay, until the supervisor keeps the source out (the bad source).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bench.matrix.data import build as build_data
 from bench.matrix.models import build_model, token_loss
 from examples.tinylm.data import TextDataset, collate
 from supervisor import sdk
+from supervisor.drills.batchio import garbage_rows, stable_seed
 from supervisor.drills.glue import attach, plan_for_worker, replay_view
 
 DEFAULTS: dict[str, Any] = {
@@ -42,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "extra_source": None,
     "seed": 0,
     "lr_bug": None,
+    "bad_source": None,
 }
 LR = {"adamw": 3e-3, "sgd": 0.3}
 VOCAB = 256
@@ -111,12 +115,25 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
     attach(faults, probe)  # drills
     for batch in loader:
         batch = faults.begin_step(probe.step_count + 1, batch)  # drills
+        batch = bad_source(cfg, probe.step_count + 1, batch)  # the job's data bug (matrix)
         with probe.step(batch) as s:  # sdk
             s.backward(token_loss(model, batch))  # sdk
             with faults.optimizer_step(probe.step_count + 1, model, optimizer):  # drills
                 s.optimizer_step()  # sdk
     probe.close()  # sdk
     return {"steps": probe.step_count}
+
+
+def bad_source(cfg: dict[str, Any], step: int | None, batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with the rows of ``cfg["bad_source"]["source"]`` turned to random bytes from its
+    ``step`` on (``step=None``: the source is bad now). Seeded by sample ID: the same sample is the
+    same garbage wherever it is read again."""
+    bug = cfg.get("bad_source")
+    if not bug or (step is not None and step < int(bug["step"])):
+        return batch
+    rows = [r for r, src in enumerate(batch.get("sources") or []) if src == bug["source"]]
+    ids = batch.get("sample_ids") or [f"{step}:{r}" for r in range(len(batch["input_ids"]))]
+    return garbage_rows(batch, rows, VOCAB, [stable_seed("bad_source", ids[r]) for r in rows])
 
 
 @dataclass
@@ -126,6 +143,7 @@ class ReplayHooks:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     dataset: TextDataset
+    config: dict[str, Any]
 
     def __post_init__(self) -> None:
         self._index = {self.dataset.sample_id(i): i for i in range(len(self.dataset))}
@@ -134,7 +152,9 @@ class ReplayHooks:
         missing = [s for s in sample_ids if s not in self._index]
         if missing or not sample_ids:
             raise KeyError(f"samples not in the dataset: {missing[:3] or 'none given'}")
-        return collate([self.dataset[self._index[s]] for s in sample_ids])
+        batch = collate([self.dataset[self._index[s]] for s in sample_ids])
+        sources = [self.dataset.source(self._index[s]) for s in sample_ids]
+        return bad_source(self.config, None, {**batch, "sample_ids": list(sample_ids), "sources": sources})
 
     def control_batch(self, n: int, exclude: set[str]) -> tuple[dict[str, Any], list[str]]:
         stride = max(1, len(self.dataset) // (4 * max(n, 1)))
@@ -150,5 +170,5 @@ class ReplayHooks:
 def replay_hooks(config: dict[str, Any], job: Any = None) -> Any:
     """Fresh model, optimizer and dataset built as a single-process run of this job."""
     model, optimizer, _scheduler, dataset = build(config, int(config.get("max_steps", 200)))
-    hooks = ReplayHooks(model=model, optimizer=optimizer, dataset=dataset)
+    hooks = ReplayHooks(model=model, optimizer=optimizer, dataset=dataset, config={**DEFAULTS, **config})
     return replay_view(hooks, job) if job is not None else hooks

@@ -27,6 +27,8 @@ def test_every_cell_is_a_valid_job_under_the_default_policy(tmp_path: Path) -> N
     assert [f.kind for f in Cell("encoder", "adamw", "garbage_rank", "busy").job(tmp_path).faults] == [
         "garbage_batch"
     ]
+    bad = Cell("gru", "sgd", "bad_source", "idle").job(tmp_path)
+    assert bad.config["bad_source"] == {"source": "web", "step": 120} and not bad.faults
 
 
 def test_subsets_keep_their_clean_reference_first() -> None:
@@ -55,6 +57,42 @@ def test_verdicts_follow_the_matrix_criteria() -> None:
     assert esc.ok and "after 2 plan(s): recurrence" in esc.verdict
     assert not _result("lr_persistent", "finished", 2.0, 2.0).ok
     assert "**no**" in table([_result("nan_step", "failed", None, 2.0, reason="x")])
+
+
+def test_a_bad_source_passes_only_when_the_supervisor_kept_it_out() -> None:
+    """Finishing near the clean loss is not enough: the cell must show the source (or its samples) excluded."""
+    assert not _result("bad_source", "finished", 2.0, 2.0).ok
+    seen = [
+        {"severity": "medium", "rules": ["source_local"], "excluded_sources": ["web"], "excluded_samples": 3}
+    ]
+    ok = _result("bad_source", "finished", 2.0, 2.0, incidents=seen)
+    assert ok.ok and "source `web` excluded" in ok.verdict
+    assert not _result("bad_source", "finished", 2.3, 2.0, incidents=seen).ok
+
+
+def test_the_bad_source_is_garbage_from_its_step_in_every_reading() -> None:
+    import torch
+
+    from bench.matrix.job import bad_source, replay_hooks
+
+    cfg = {"bad_source": {"source": "web", "step": 80}}
+    batch = {"input_ids": torch.arange(12).reshape(3, 4), "targets": torch.arange(12).reshape(3, 4),
+             "sample_ids": ["code:a:0", "web:b:0", "web:c:32"], "sources": ["code", "web", "web"]}  # fmt: skip
+    assert bad_source(cfg, 79, batch) is batch
+    bad = bad_source(cfg, 80, batch)
+    assert torch.equal(bad["input_ids"][0], batch["input_ids"][0])
+    assert not torch.equal(bad["input_ids"][1:], batch["input_ids"][1:])
+    assert torch.equal(bad_source(cfg, 150, batch)["input_ids"], bad["input_ids"])  # the same garbage again
+    # A replay rebuilds the batch from sample IDs and meets the same bad source.
+    job = {"data": "synthetic", "d_model": 8, "seq_len": 16, "bytes_per_source": 8192, "extra_source": "web"}
+    hooks = replay_hooks({**job, **cfg})
+    ds = hooks.dataset
+    web = next(ds.sample_id(i) for i in range(len(ds)) if ds.source(i) == "web")
+    other = next(ds.sample_id(i) for i in range(len(ds)) if ds.source(i) != "web")
+    clean = replay_hooks(job).batch([web, other])
+    replayed = hooks.batch([web, other])
+    assert torch.equal(replayed["input_ids"][1], clean["input_ids"][1])
+    assert not torch.equal(replayed["input_ids"][0], clean["input_ids"][0])
 
 
 @pytest.mark.slow
