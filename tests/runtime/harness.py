@@ -21,6 +21,7 @@ How it differs from production:
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
@@ -80,6 +81,10 @@ class FakeRanks:
     artifact); by default only the loss moves."""
     on_checkpoint: Callable[[int], None] | None = None
     """Writes the checkpoint files of a step before its ``checkpoint_saved`` record goes out."""
+    replay_result: dict[str, Any] | None = None
+    """What rank 0 leaves in storage for a ``replay`` directive (None: the ranks refuse it)."""
+    replays_at: list[int] = field(default_factory=list)
+    """The step each ``replay`` directive ran at."""
     _seq: dict[int, int] = field(default_factory=dict)
     _unacked: dict[int, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
 
@@ -169,6 +174,15 @@ class FakeRanks:
             self.ended = True
         elif kind == "apply":
             self.applied.append(d)
+        elif kind == "replay":
+            if self.replay_result is None:
+                self.control(ctl, [f"directive_failed:{d['id']}:{kind}"])
+                return
+            from supervisor.sdk.replay import result_key
+
+            self.replays_at.append(self.step)
+            body = json.dumps({**self.replay_result, "checkpoint_step": d["step"]}).encode()
+            ctl.checkpoints.backend.put_bytes(result_key(ctl.job.name, d["id"]), body)
         self.control(ctl, [f"directive_applied:{d['id']}:{kind}"])
 
     def control(self, ctl: Controller, events: list[str]) -> None:
@@ -223,6 +237,21 @@ class FakeWorkers:
     @staticmethod
     def ray_result(ref: Any) -> tuple[bool, Any] | None:
         return None
+
+
+def saver(ctl: Controller) -> Callable[[int], None]:
+    """``FakeRanks.on_checkpoint`` for a one-rank job: real checkpoint files of a tiny model."""
+    import torch
+
+    from supervisor.checkpoint.training_state import save_training_state
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def save(step: int) -> None:
+        save_training_state(ctl.checkpoints, step, rank=0, world_size=1, model=model, optimizer=optimizer)
+
+    return save
 
 
 def spin(ctl: Controller, until: Callable[[], bool], limit: int = 200) -> None:

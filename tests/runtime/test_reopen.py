@@ -7,26 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from supervisor.checkpoint.training_state import save_training_state
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
-from tests.runtime.harness import FakeRanks, FakeWorkers, spikes_once
+from tests.runtime.harness import FakeRanks, FakeWorkers, saver, spikes_once
 
 REOPEN = str(Path(__file__).parent / "policies" / "reopen.yaml")
-
-
-def saver(ctl: Controller) -> object:
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def save(step: int) -> None:
-        save_training_state(ctl.checkpoints, step, rank=0, world_size=1, model=model, optimizer=optimizer)
-
-    return save
 
 
 @pytest.mark.slow
@@ -37,7 +25,7 @@ def test_a_fault_back_after_its_window_reopens_the_incident_until_attempts_run_o
     job = make_job(tmp_path, "back", max_steps=400, policy=REOPEN, resources={"num_workers": 1})
     ranks = FakeRanks(1, 400, spikes_once(130, 170, 230, 262), grads_follow_loss=True)
     ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
-    ranks.on_checkpoint = saver(ctl)  # type: ignore[assignment]
+    ranks.on_checkpoint = saver(ctl)
     ctl.boot()
     store = ctl.incidents
 

@@ -1,9 +1,10 @@
 """replay: the suspect batch and a control batch from a verified checkpoint, on the job's own ranks.
 
-While the workers are alive, every rank runs a ``Replay`` directive at its boundary: the
+While the workers are alive (training, frozen, or held at their last step at the end of
+training), every rank runs a ``Replay`` directive at its boundary: the
 checkpoint's (sharded) state is loaded in place of the live state, the two batches run on
 the job's own devices, the live state is put back (``supervisor.sdk.replay``), and rank 0
-leaves the result in the job's storage. When training has ended, or the ranks cannot replay
+leaves the result in the job's storage. When the workers are gone, or the ranks cannot replay
 (no map-style loader, no loss function) and refuse the directive, the separate
 single-process Ray task (``supervisor.runtime.replay``, the job's ``replay_hooks``) replays
 instead: that is the offline path.
@@ -39,7 +40,7 @@ class ReplayAction:
         except Exception as exc:
             memo["error"] = f"no checkpoint to replay from: {exc}"
             return memo
-        if not rt.training_ended():
+        if not rt.workers_gone():  # live ranks replay, training or held at their last step alike
             directive = Replay(step=memo["checkpoint"], suspects=tuple(memo["suspects"]), numeric=memo["numeric"],
                                deadline_s=rt.settings.replay_timeout_s, id=action_id)  # fmt: skip
             memo["directive"] = directive.to_dict()
@@ -79,7 +80,7 @@ class ReplayAction:
     def _on_ranks(self, rt: Runtime, memo: dict[str, Any]) -> dict[str, Any] | bool | None:
         """The ranks' result; None while they run; False when they refused (fall back offline)."""
         directive_id = memo["directive"]["id"]
-        if rt.directives.failed_on(directive_id) or rt.training_ended():
+        if rt.directives.failed_on(directive_id) or rt.workers_gone():
             return False
         if set(rt.directives.acked_by(directive_id)) >= set(range(rt.world_size)):
             try:
