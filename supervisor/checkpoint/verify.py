@@ -26,6 +26,7 @@ from supervisor.storage.local import LocalBackend
 
 PER_RANK = ("optimizer", "rng")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+_PICKLED_OBJECTS = "UnpicklingError: Weights only load failed"
 """Files of an adopted checkpoint that the deep check opens with torch."""
 
 
@@ -175,6 +176,11 @@ def _each_file(
             continue  # an adopted framework file torch does not read (safetensors, json): checksum only
         with store.local_file(manifest.step, entry.name, manifest) as path:
             problem = check(path)
+        if manifest.source is not None and problem and problem.startswith(_PICKLED_OBJECTS):
+            # A framework pickles more than tensors (HF's RNG state, TrainingArguments) and loads it
+            # itself: torch's weights-only loader refusing an object means the archive opened and
+            # parsed (a damaged file fails before that), so it is not a reason to quarantine.
+            problem = None
         if problem:
             problems.append(f"{entry.name}: not loadable: {problem}")
     return problems
