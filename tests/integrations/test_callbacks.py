@@ -149,7 +149,8 @@ def test_hf_checkpoints_adopted_and_restart_resumes_through_trainer(tmp_path: Pa
     assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= {
         f.name for f in manifest.files
     }
-    assert verify(store, 3).ok and "checkpoint_saved:3" in events(first)
+    # Deep, as before a rollback: the RNG and TrainingArguments pickles are the Trainer's to load.
+    assert verify(store, 3, deep=True).ok and "checkpoint_saved:3" in events(first)
 
     restarted = ctx_for(store, 3)
     path = resume_checkpoint(restarted)
@@ -171,6 +172,7 @@ def test_lightning_checkpoints_adopted_and_restart_resumes_through_fit(tmp_path:
 
     from examples.lightning.train import LitLM
     from examples.tinylm.data import build_dataset, collate
+    from supervisor.checkpoint.verify import verify
     from supervisor.integrations.lightning import SupervisorCallback, resume_checkpoint
 
     store = CheckpointStore(open_backend(str(tmp_path / "store")), "job")
@@ -195,6 +197,7 @@ def test_lightning_checkpoints_adopted_and_restart_resumes_through_fit(tmp_path:
         first
     )
 
+    assert verify(store, 3, deep=True).ok
     restarted = ctx_for(store, 3)
     path = resume_checkpoint(restarted)
     assert path == str(tmp_path / "store" / "job" / "framework" / "epoch=0-step=3.ckpt")
