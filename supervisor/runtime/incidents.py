@@ -66,15 +66,25 @@ def timeline_of(step: int, rollback_targets: list[int]) -> int:
     return 0
 
 
+#: Findings specific enough that sharing one makes two incidents the same fault.
+_SPECIFIC = ("lr_jump", "update_jump", "nonfinite", "checksum", "after_resume")
+
+
 def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
-    """Whether ``b`` can be ``a`` coming back: the same top cause, or a shared finding (an LR jump,
-    NaN, a named rank deviating first). A worker-group restart is never a fault that comes back."""
+    """Whether ``b`` can be ``a`` coming back: a shared specific finding (an LR jump, an update
+    jump, NaN/Inf, disagreeing replicas), the same rank deviating first, the same data source --
+    or, short of any of these, the same top cause at medium severity or more (a ``low`` blip
+    that shares only a cause category is a blip of its own). A worker-group restart is never a
+    fault that comes back."""
     if Cause.DISTRIBUTED in (a.top_cause, b.top_cause) and not (a.rank_local and b.rank_local):
         return False
-    if a.rank_local and b.rank_local:
+    if a.rank_local and b.rank_local and a.first_rank is not None:
         return a.first_rank == b.first_rank
-    shared = set(findings(a)) & set(findings(b)) - {"rank_local"}
-    return a.top_cause is b.top_cause or bool(shared)
+    if a.source_local and a.source_local == b.source_local:
+        return True
+    if set(findings(a)) & set(findings(b)) & set(_SPECIFIC):
+        return True
+    return a.top_cause is b.top_cause and b.severity.rank >= Severity.MEDIUM.rank
 
 
 class FlowHost(Protocol):

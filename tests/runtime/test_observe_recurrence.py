@@ -42,3 +42,22 @@ def test_a_low_recurrence_inside_the_window_fails_it_and_is_no_incident_of_its_o
     assert second.status is EventStatus.DONE and second.result["checks"]["recurrence"]["ok"]
     states = [e.payload["to"] for e in timeline if e.kind is EventKind.STATE_CHANGED]
     assert states[-3:] == ["acting", "observing", "resolved"]  # re-planned after the failed window
+
+
+def test_what_counts_as_the_same_fault_coming_back() -> None:
+    from supervisor.core.model import Diagnosis
+    from supervisor.runtime.incidents import same_fault
+    from tests.incidents.builders import diagnosis
+
+    def d(**over: object) -> Diagnosis:
+        base = {"rank_local": False, "first_rank": None, "source_local": None, "severity": "medium"}
+        return Diagnosis.from_json(diagnosis(**{**base, **over}))
+
+    lr = [{"cause": "optimizer", "score": 0.9, "evidence": ["learning rate 1e-3 -> 3e-2 (30x)"]}]
+    assert same_fault(d(causes=lr), d(causes=lr, severity="low"))  # the LR jump again, even as a blip
+    assert same_fault(d(rank_local=True, first_rank=1), d(rank_local=True, first_rank=1, severity="low"))
+    assert not same_fault(d(rank_local=True, first_rank=1), d(rank_local=True, first_rank=0))
+    assert same_fault(d(), d())  # same top cause (data) at medium severity
+    assert not same_fault(d(), d(severity="low"))  # a low blip sharing only the cause category
+    machinery = [{"cause": "distributed", "score": 1.0, "evidence": ["worker rank(s) [1] lost"]}]
+    assert not same_fault(d(causes=machinery), d(causes=machinery))
