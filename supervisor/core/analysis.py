@@ -37,6 +37,8 @@ UpdateKind = Literal["opened", "ready", "refined", "closed"]
 
 #: Excursions kept for the periodic look-back (at one per step, the last 4,096 steps at least).
 EXCURSIONS = 4096
+#: Steps of loss z kept to date where a sustained rise began (``trigger.rise_start``).
+RISE_HISTORY = 256
 
 log = get_logger("supervisor.detect")
 
@@ -78,6 +80,8 @@ class StreamingAnalyzer:
         #: Steps whose loss (or one rank's) left its band, opened or not: earlier occurrences of a
         #: periodic fault that stayed under the alarm threshold are found here.
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
+        #: (step, loss z) of recent steps, for dating a slow rise from where it began.
+        self.loss_zs: deque[tuple[int, float]] = deque(maxlen=RISE_HISTORY)
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -100,6 +104,7 @@ class StreamingAnalyzer:
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline
         self.recent.append(sig)
+        self.loss_zs.append((step, sig.loss_z))
         self._note_excursion(sig)
         if self.open is not None:
             updates += self._continue(self.open, sig)
@@ -162,6 +167,7 @@ class StreamingAnalyzer:
         if sig.step - inc.facts.occurrences[-1] > st.max_incident_steps and not persisting:
             updates += self._close(inc)
             self.detector.reset()  # a level that never came back is the new normal; relearn it
+            self.loss_zs.clear()  # z's against the old level say nothing about the new one
             return updates
         if self._changed(inc):
             updates.append(self._update("refined", inc))
@@ -187,6 +193,7 @@ class StreamingAnalyzer:
             updates += self._close(inc)
         self.detector.reset()
         self.recent.clear()
+        self.loss_zs.clear()
         self.watch.cancel()
         return updates
 
@@ -230,8 +237,8 @@ class StreamingAnalyzer:
             facts=facts,
         )
         facts.occurrences.append(first.step)
-        if first.metric == "loss":
-            facts.rise_from = rise_start(self.recent, first.step, self.detector_interval())
+        if first.metric in ("loss", "loss_level"):
+            facts.rise_from = rise_start(self.loss_zs, first.step, self.detector_interval())
         if self.last_resume is not None and -1 <= first.step - self.last_resume <= st.resume_window:
             inc.after_resume = True
             facts.resume_step = self.last_resume
@@ -375,6 +382,8 @@ class StreamingAnalyzer:
         self.detector.forget_after(to_step)
         while self.recent and self.recent[-1].step > to_step:
             self.recent.pop()
+        while self.loss_zs and self.loss_zs[-1][0] > to_step:
+            self.loss_zs.pop()
         while self.excursions and self.excursions[-1][0] > to_step:
             self.excursions.pop()
         self.watch.cancel()
@@ -415,6 +424,7 @@ class StreamingAnalyzer:
             ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS
         )
         self.recent.clear()
+        self.loss_zs.clear()
         self.watch.cancel()
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}
 

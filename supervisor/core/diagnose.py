@@ -143,7 +143,8 @@ class Incident:
     def onset(self, phen: Phenotype) -> int:
         """The onset; for a sustained rise first seen in the loss, where that rise began."""
         sustained = phen in (Phenotype.DIVERGENCE, Phenotype.SLOW_RECOVERY) and self.facts.rising_steps >= 2
-        if sustained and self.facts.rise_from is not None and self.first_anomaly.metric == "loss":
+        first_in_loss = self.first_anomaly.metric in ("loss", "loss_level")
+        if sustained and self.facts.rise_from is not None and first_in_loss:
             return min(self.onset_step, self.facts.rise_from)
         return self.onset_step
 

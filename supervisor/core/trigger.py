@@ -28,11 +28,12 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from supervisor.core.detect import DetectorSettings, Signals
 from supervisor.core.model import FirstAnomaly
+from supervisor.core.stats import median
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,31 +230,49 @@ def _rose(recent: Sequence[Signals], st: DetectorSettings) -> bool:
     )
 
 
-#: A sustained rise is usually under way before its first out-of-band step: the loss sits above its
-#: level (z >= RISE_Z) for several steps. Where such a run leads into the onset, it is where the rise began.
+#: A loss back below its level by this robust z ends a slow rise (the ``trend`` incident's band).
 RISE_Z = 1.0
-RISE_MIN_STEPS = 3
+
+#: Page's CUSUM on the loss's robust z dates where a sustained rise began. ``CUSUM_K`` is the
+#: allowance (half the smallest shift worth dating, in noise units: 0.5 = a 1-sigma shift);
+#: ``CUSUM_CLIP`` caps one step's z, so a single heavy-tailed step adds at most CLIP - K and can
+#: neither start nor carry a run on its own; ``CUSUM_MIN`` is the sum the run must have reached at
+#: the onset to count as a rise rather than noise. A step below its level by ``CUSUM_BREAK`` noise
+#: units ends the run outright: the rise had not begun yet (a healthy bump earlier must not lend
+#: the sum its mass and pull the date back).
+CUSUM_K = 0.5
+CUSUM_CLIP = 3.0
+CUSUM_MIN = 5.0
+CUSUM_BREAK = 1.0
 
 
-def rise_start(recent: Sequence[Signals], onset: int, interval: int = 1) -> int | None:
-    """The first step of an unbroken run of loss above its level leading into ``onset`` (one dip
-    of a single step allowed), when that run is at least ``RISE_MIN_STEPS`` long and clearly up
-    on average; None otherwise. Used only when the incident turns out to be a sustained rise."""
-    before = [r for r in recent if r.step < onset]
-    run: list[Signals] = []
-    dip = False
-    prev = onset
-    for sig in reversed(before):
-        if prev - sig.step > interval:
-            break
-        z = sig.loss_z
-        if math.isfinite(z) and z >= RISE_Z:
-            run.append(sig)
-        elif not dip and run and math.isfinite(z) and z >= 0.0:
-            dip = True
-        else:
-            break
-        prev = sig.step
-    if len(run) < RISE_MIN_STEPS or sum(r.loss_z for r in run) / len(run) < 1.5 * RISE_Z:
+def rise_start(zs: Iterable[tuple[int, float]], onset: int, interval: int = 1) -> int | None:
+    """The first step of the CUSUM run leading into ``onset`` (the step after the sum was last
+    zero), when that run had reached ``CUSUM_MIN`` by the step before ``onset``; None otherwise
+    (an abrupt jump at ``onset`` is its own start: the noise before it is no rise).
+
+    ``zs`` are (step, loss z) in step order, each z against the level the detector had at that
+    step. They are first centred on their own median: the level of a falling loss lags it, so a
+    healthy stretch can sit a fraction of a noise unit above zero for hundreds of steps, and an
+    uncentred sum would drift up through it. Noise then keeps the sum near zero (its drift is -K);
+    a rise, even one too slow for any step to stand out and partly followed by the level, keeps it
+    climbing from where it began; a step clearly below the level (``CUSUM_BREAK``) resets it, as
+    does a gap wider than ``interval``. Used only when the incident turns out to be a sustained
+    rise first seen in the loss.
+    """
+    seq = [(step, z) for step, z in zs if step < onset and not math.isnan(z)]
+    if not seq:
         return None
-    return run[-1].step
+    center = median([min(max(z, -CUSUM_CLIP), CUSUM_CLIP) for _, z in seq])
+    total, start, prev = 0.0, None, None
+    for step, z in seq:
+        if prev is not None and step - prev > interval:
+            total, start = 0.0, None
+        prev = step
+        dz = z - center
+        total = max(0.0, total + min(dz, CUSUM_CLIP) - CUSUM_K) if dz > -CUSUM_BREAK else 0.0
+        if total == 0.0:
+            start = None
+        elif start is None:
+            start = step
+    return start if start is not None and total >= CUSUM_MIN else None

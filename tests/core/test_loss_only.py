@@ -23,8 +23,10 @@ def test_lr_divergence_from_the_loss_alone_dates_the_rise_and_plateau_is_diverge
             r.loss *= min(1000.0, math.exp(0.012 * (r.step - 250) ** 1.6))
     (d,) = analyze_records(recs).incidents
     assert d.phenotype is Phenotype.DIVERGENCE and d.severity is Severity.CRITICAL
-    assert 250 <= d.onset_step <= d.detected_step and d.detected_step is not None
-    assert d.onset_step < d.detected_step  # the rise began before its first out-of-band step
+    assert d.detected_step is not None and d.onset_step < d.detected_step  # dated before its first alarm
+    # Dated where the sum of the loss's excess began; noise can move that a few steps either way,
+    # and an early date is the safe side (a rollback goes back before it). Never a level window early.
+    assert 250 - 16 <= d.onset_step <= 252
     assert THIN in d.causes[0].evidence  # the cause is the shape's prior only: said so
 
 
