@@ -134,7 +134,7 @@ def test_a_sustained_source_local_rise_keeps_the_source_out(
                 default_policy).rule != "source_local"  # fmt: skip
     jump = diag(phenotype, ("optimizer", "data"), source_local="web")
     jump.causes[0].evidence.append("update ratio 9x its level at step 345")
-    assert plan(jump, state(), default_policy).rule == "optimizer_state"
+    assert plan(jump, state(), default_policy).rule == "bad_batch_step"  # rolls back, then keeps it out
 
 
 def test_a_bad_batch_confined_to_one_source_excludes_the_source(default_policy: Policy) -> None:
@@ -153,3 +153,20 @@ def test_an_exclusion_of_nothing_is_not_a_fix(default_policy: Policy) -> None:
     assert any(
         "apply dropped: it would change nothing" in n and "no samples (none named)" in n for n in p.notes
     )
+
+
+def test_a_source_local_update_jump_rolls_back_and_keeps_the_source_out(default_policy: Policy) -> None:
+    """Reproduces the matrix's bad_source cell (2026-11-30, gru/adamw): `web` served random bytes
+    from step 120; the diagnosis read "slow recovery, confined to source web, top cause optimizer
+    (update ratio jump)", rule optimizer_state rolled back and re-warmed, the bad source came back at
+    120 on the new timeline and the incident escalated. The data did it: roll back and exclude it."""
+    d = diag(
+        "slow_recovery", ("optimizer", "data"), onset=120, source_local="web", suspect_samples=("web:p:0",)
+    )
+    d.causes[0].evidence.append("update ratio 2.5x its level at step 128")
+    p = plan(d, state(step=131, checkpoints=((80, "healthy"), (100, "healthy"))), default_policy)
+    assert p.rule == "bad_batch_step", p.matched_because
+    rollback, apply = p.action("rollback"), p.action("apply")
+    assert rollback is not None and rollback.params["target_step"] == 100
+    assert apply is not None and apply.params["exclude"]["sources"] == ["web"]
+    assert "lr_scale" not in apply.params and "warmup_steps" not in apply.params
