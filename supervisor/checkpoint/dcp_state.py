@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.futures import Future
 
+from supervisor.checkpoint.dcp_reader import MmapReader
 from supervisor.checkpoint.hashing import hash_path, new_hasher
 from supervisor.checkpoint.manifest import FileEntry, Manifest
 from supervisor.checkpoint.store import CheckpointStore
@@ -200,7 +201,7 @@ def load(
     backend = store.backend
     try:
         if isinstance(backend, LocalBackend):
-            reader: dcp.StorageReader = dcp.FileSystemReader(backend.path(store.key(manifest.step, dirname)))
+            reader: dcp.StorageReader = MmapReader(backend.path(store.key(manifest.step, dirname)))
             dcp.load(state, storage_reader=reader, process_group=group, no_dist=_single())
         else:
             with tempfile.TemporaryDirectory(prefix="dcp-fetch-") as tmp:
@@ -215,8 +216,8 @@ def load(
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-class FetchingReader(dcp.FileSystemReader):
-    """A FileSystemReader over a local cache that fetches each file from the backend on first use:
+class FetchingReader(MmapReader):
+    """An MmapReader over a local cache that fetches each file from the backend on first use:
     a rank downloads ``.metadata`` and only the files its load plan reads."""
 
     def __init__(self, store: CheckpointStore, step: int, dirname: str, cache: Path) -> None:
