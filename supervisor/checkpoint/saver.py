@@ -3,15 +3,17 @@
 A save, on every rank at the same step:
 
 1. capture the small state (scheduler, scaler, RNG, data cursor, extra) and the model and
-   optimizer state (``get_state_dict``); for an asynchronous save, copy the latter to host
-   memory (``HostStager``). Only this step blocks training;
+   optimizer state (``get_state_dict``); for an asynchronous save, start the copy of the
+   latter to host memory (``staging.OverlappedStager``): buffers at once, parameters and
+   optimizer state in the background while the next forward and backward run. Training
+   waits only for this step, and its next ``optimizer.step()`` for the copy to finish;
 2. ``dcp.save`` the model and optimizer state, then write this rank's small-state file; every
    file is fsynced (or uploaded) and checksummed as stored;
 3. gather every rank's file entries to rank 0, which commits MANIFEST.json (the commit
    marker) only when every rank reported its files durable; the outcome is broadcast back,
    so a failure on any rank raises on every rank.
 
-Steps 2-3 of an asynchronous save run on one background thread, over a dedicated gloo
+Steps 2-3 of an asynchronous save run on one background thread (after the staging copy), over a dedicated gloo
 group (collectives on it never interleave with the training's). At most one save is in
 flight: the next save, a snapshot, a restore and ``close`` wait for it first. A rank that
 dies mid-save leaves files but no manifest: nothing names them, no rollback or restart can
@@ -35,6 +37,7 @@ import torch.distributed as dist
 from supervisor.checkpoint import dcp_state
 from supervisor.checkpoint.consistency import summarize
 from supervisor.checkpoint.manifest import FileEntry, Manifest
+from supervisor.checkpoint.staging import OverlappedStager, Staging, stable_storages
 from supervisor.checkpoint.store import CheckpointStore
 from supervisor.checkpoint.torch_io import capture_rng, save_file
 from supervisor.core.model import HealthMark
@@ -81,8 +84,14 @@ class SaveHandle:
     mark: HealthMark
     future: Future[Manifest | None]
     blocked_s: float
-    """How long training waited: the whole save if synchronous, the staging if not."""
+    """How long the save call took: the whole save if synchronous; else the capture, the copy of
+    the buffers and starting the background copy (``staged_wait_s`` adds what optimizer steps waited)."""
     started: float = field(default_factory=time.time)
+    staging: Staging | None = None
+
+    @property
+    def staged_wait_s(self) -> float:
+        return self.staging.waited_s if self.staging is not None else 0.0
 
     def done(self) -> bool:
         return self.future.done()
@@ -116,7 +125,8 @@ class Checkpointer:
         self.dedicated_group = dedicated_group
         self.in_flight: SaveHandle | None = None
         self._group: Any = None
-        self._stager: dcp_state.HostStager | None = None
+        self._stager: OverlappedStager | None = None
+        self._hooks: dict[int, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.log = store.log.bind(rank=rank)
 
@@ -157,16 +167,27 @@ class Checkpointer:
         if not self.dedicated_group:
             raise CheckpointError("an asynchronous save needs the dedicated checkpoint group")
         if self._stager is None:
-            self._stager = dcp_state.HostStager()
-        staged = self._stager.stage(state)
+            self._stager = OverlappedStager()
+        self._hook(optimizer)
+        staging = self._stager.stage(state, stable_storages(model))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        handle = SaveHandle(
-            step, mark, self._pool.submit(self._write_and_commit, staged, *job), time.perf_counter() - started
-        )
+        future = self._pool.submit(self._write_staged, staging, *job)
+        handle = SaveHandle(step, mark, future, time.perf_counter() - started, staging=staging)
         self.in_flight = handle
-        self.log.info("checkpoint staged", step=step, blocked_s=round(handle.blocked_s, 4))
+        self.log.info("checkpoint save started", step=step, blocked_s=round(handle.blocked_s, 4))
         return handle
+
+    def wait_staged(self) -> None:
+        """Block until the save in flight has its host copy (then the live state may change)."""
+        handle = self.in_flight
+        if handle is not None and handle.staging is not None:
+            handle.staging.wait()
+
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every ``optimizer.step()`` first waits for a background staging copy (module doc)."""
+        if id(optimizer) not in self._hooks:
+            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
 
     def poll(self) -> SaveHandle | None:
         """The in-flight save once it has finished (once), else None."""
@@ -194,9 +215,32 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        for hook in self._hooks.values():
+            hook.remove()
+        self._hooks.clear()
         return handle
 
     # -- the commit protocol --------------------------------------------------------------------
+    def _write_staged(
+        self,
+        staging: Staging,
+        step: int,
+        small: SmallState,
+        extra: dict[str, Any],
+        metrics: dict[str, float | None],
+        mark: HealthMark,
+        group: Any,
+    ) -> Manifest | None:
+        try:
+            state = staging.result()
+        except Exception as exc:  # a failed host copy fails the save on every rank, like a failed write
+            failed = f"staging to host memory failed: {type(exc).__name__}: {exc}"
+            world = self.world_size
+            return commit_everywhere(
+                self.store, step, failed, self.rank, world, group, extra, metrics, mark, "dcp"
+            )
+        return self._write_and_commit(state, step, small, extra, metrics, mark, group)
+
     def _write_and_commit(
         self,
         state: dict[str, Any],

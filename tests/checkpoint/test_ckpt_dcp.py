@@ -111,9 +111,8 @@ def test_async_save_single_process_local_and_s3(store: CheckpointStore) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     saver = Checkpointer(store, rank=0, world_size=1)
     handle = saver.save(3, model=model, optimizer=opt, data_state={"cursor": 7}, blocking=False)
-    with torch.no_grad():  # training goes on: the staged copy is what gets written
-        for p in model.parameters():
-            p.add_(1.0)
+    model(torch.randn(8, 16)).pow(2).mean().backward()  # training goes on: the staged copy is written
+    opt.step()
     assert store.latest() in (None, 3)  # never ahead of a commit
     manifest = saver.close().result()  # type: ignore[union-attr]
     assert manifest is not None and manifest.layout == "dcp" and handle.blocked_s >= 0
@@ -121,6 +120,52 @@ def test_async_save_single_process_local_and_s3(store: CheckpointStore) -> None:
     loaded = load_training_state(store, 3, rank=0, world_size=1, model=model, optimizer=opt)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert loaded.data_state == {"cursor": 7}
+
+
+def test_async_staging_overlaps_forward_and_the_optimizer_step_waits_for_it(tmp_path: Path) -> None:
+    """Parameters and optimizer state are copied in the background (only the optimizer step changes
+    them); buffers, which forward changes (BatchNorm statistics), are copied before save returns."""
+    store = CheckpointStore(LocalBackend(tmp_path / "storage"), "job")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train_step() -> None:
+        model(torch.randn(32, 512)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    train_step()
+    saver = Checkpointer(store, rank=0, world_size=1)
+    for step in (1, 2):  # the second save reuses the first one's host buffers
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        moments = [s["exp_avg"].clone() for s in opt.state.values()]
+        handle = saver.save(step, model=model, optimizer=opt, blocking=False)
+        assert handle.staging is not None
+        assert sorted(handle.staging.now) == ["1.num_batches_tracked", "1.running_mean", "1.running_var"]
+        model(torch.randn(32, 512)).pow(2).mean().backward()  # forward moves the running statistics
+        opt.step()  # ... and the optimizer step first waits for the background copy
+        assert handle.staging.done() and handle.staged_wait_s >= 0
+        opt.zero_grad()
+        assert saver.wait() is handle and handle.result() is not None
+        fresh = torch.nn.Sequential(
+            torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8)
+        )
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        train_step_state(fresh, fresh_opt)
+        load_training_state(store, step, rank=0, world_size=1, model=fresh, optimizer=fresh_opt)
+        assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+        assert all(
+            torch.equal(m, s["exp_avg"]) for m, s in zip(moments, fresh_opt.state.values(), strict=True)
+        )
+    saver.close()
+
+
+def train_step_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One step, so the optimizer has state tensors to load into."""
+    model(torch.randn(4, 512)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
 
 
 def test_one_save_in_flight_a_snapshot_waits_for_it(tmp_path: Path) -> None:
