@@ -10,11 +10,14 @@ space can be any size while the bytes are real.
   restore loads them (``load_state_dict``). The plain baseline shuffles with ``RandomSampler``,
   i.e. ``torch.randperm(n)``; at 10^9 that is an 8 GB table and is not run.
 * **per batch**: mean time per batch over blocks of ``--block`` batches after warm-up; plain
-  and supervised blocks alternate so machine noise hits both alike. Median and 10th
-  percentile over ``--rounds`` blocks; overhead = supervised / plain - 1. The plain baseline
-  at 10^9 iterates sequentially (no table), which is cheaper than any shuffle.
+  and supervised blocks alternate so machine noise hits both alike. Overhead = median
+  supervised / median plain - 1 over ``--rounds`` blocks, once per ``--repeat`` (fresh loaders
+  each time): the table gives the median over repeats and their range. Beside wall time, the
+  training process's CPU time per batch (``time.process_time``): what the supervised loader
+  adds (order, exclusions, IDs) runs there, and CPU time is steadier than wall time on a busy
+  machine. The plain baseline at 10^9 iterates sequentially (no table), cheaper than any shuffle.
 
-    python bench/loader.py                      # the full table (a few minutes on 2 busy cores)
+    python bench/loader.py                      # the full table (~10 minutes on 2 busy cores)
     python bench/loader.py --quick              # 10^6 only, fewer rounds
     python bench/loader.py --quick --workers 0 --block 10 --rounds 300   # steadier on a busy machine
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
@@ -115,10 +118,6 @@ def per_batch(loaders: dict[str, Any], args: argparse.Namespace) -> dict[str, li
     return out
 
 
-def p10(xs: list[float]) -> float:
-    return sorted(xs)[max(0, len(xs) // 10)]
-
-
 def stream_rows_per_s(rows: int) -> None:
     import json
 
@@ -169,6 +168,7 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=None, help="blocks per loader (default 15, --quick 6)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh plain + supervised loaders per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
     args = ap.parse_args()
@@ -181,13 +181,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tokens.u16"
         np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
-        print(f"batch {args.batch} x {args.seq} tokens; per batch: {args.rounds} blocks of {args.block}")
         print(
-            "| n | excluded | workers | start-up plain | start-up supervised | per batch plain "
-            "(median / p10) | per batch supervised (median / p10) | overhead median / p10 "
-            "| training-process CPU per batch plain / supervised (median) | CPU overhead |"
+            f"batch {args.batch} x {args.seq} tokens; per batch: {args.repeat} repeats x "
+            f"{args.rounds} interleaved blocks of {args.block} batches"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| n | excluded | workers | start-up plain | start-up supervised | per batch plain / "
+            "supervised (median) | overhead, wall: median of repeats [min, max] | overhead, "
+            "training-process CPU: median [min, max] |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for n in sizes:
             ds = IndexSpace(n, path, args.seq)
             for count in (0, 100_000):
@@ -202,17 +205,27 @@ def run_row(
     repeat = 3 if workers else 5
     s_sup = startup(lambda: supervised(ds, args, workers, excluded), repeat)
     s_plain = startup(lambda: plain(ds, args, workers), repeat) if n <= 10**8 else None
-    lds = {"plain": plain(ds, args, workers), "supervised": supervised(ds, args, workers, excluded)}
-    times = per_batch(lds, args)
-    lds["supervised"].close()
-    pm, sm = statistics.median(times["plain"]), statistics.median(times["supervised"])
-    pp, sp = p10(times["plain"]), p10(times["supervised"])
-    pc, sc = statistics.median(times["plain/cpu"]), statistics.median(times["supervised/cpu"])
+    per: dict[str, list[float]] = {"plain": [], "supervised": []}
+    wall, cpu = [], []  # one overhead per repeat: fresh loaders, interleaved blocks
+    for _ in range(args.repeat):
+        lds = {"plain": plain(ds, args, workers), "supervised": supervised(ds, args, workers, excluded)}
+        times = per_batch(lds, args)
+        lds["supervised"].close()
+        del lds
+        med = {k: statistics.median(v) for k, v in times.items()}
+        wall.append(med["supervised"] / med["plain"] - 1)
+        cpu.append(med["supervised/cpu"] / med["plain/cpu"] - 1)
+        for k in per:
+            per[k] += times[k]
     plain_start = f"{s_plain * 1e3:.1f} ms" if s_plain is not None else "not run (8 GB randperm)"
+    pm, sm = statistics.median(per["plain"]), statistics.median(per["supervised"])
     print(f"| 1e{len(str(n)) - 1} | {count:,} | {workers} | {plain_start} | {s_sup * 1e3:.1f} ms | "
-          f"{pm * 1e3:.3f} / {pp * 1e3:.3f} ms | {sm * 1e3:.3f} / {sp * 1e3:.3f} ms | "
-          f"{(sm / pm - 1) * 100:+.1f}% / {(sp / pp - 1) * 100:+.1f}% | "
-          f"{pc * 1e3:.3f} / {sc * 1e3:.3f} ms | {(sc / pc - 1) * 100:+.1f}% |", flush=True)  # fmt: skip
+          f"{pm * 1e3:.3f} / {sm * 1e3:.3f} ms | {spread(wall)} | {spread(cpu)} |", flush=True)  # fmt: skip
+
+
+def spread(xs: list[float]) -> str:
+    """Median over repeats, with the range: ``+1.2% [-0.4, +2.0]``."""
+    return f"{statistics.median(xs) * 100:+.1f}% [{min(xs) * 100:+.1f}, {max(xs) * 100:+.1f}]"
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ class ExclusionSet:
         self._starts = [lo for lo, _ in merged]
         self._ends = [hi for _, hi in merged]
 
+    @property
+    def has_ranges(self) -> bool:
+        return bool(self._starts)
+
     def batch_excluded(self, index: int) -> bool:
         k = bisect.bisect_right(self._starts, index) - 1
         return k >= 0 and index <= self._ends[k]

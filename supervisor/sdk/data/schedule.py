@@ -206,9 +206,9 @@ class Schedule:
             if c.skip_pending > 0:
                 c.skip_pending -= 1
                 continue
-            if self.exclusions.batch_excluded(index):
+            if self.exclusions.has_ranges and self.exclusions.batch_excluded(index):
                 continue
             mine = picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
             ids = list(map(str, mine)) if self.id_of is None else [self.sample_id(i) for i in mine]
             srcs = ["default"] * len(mine) if self.source_of is None else [self.source(i) for i in mine]
-            return Draw(ids, srcs, index, mine, c.copy())
+            return Draw(ids, srcs, index, mine, Cursor(c.epoch, c.pos, c.batch, c.skip_pending))
