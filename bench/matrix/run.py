@@ -20,9 +20,11 @@ Results go to ``<out>/results.json`` and the table to stdout (Markdown with ``--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -221,15 +223,39 @@ def start_ray(num_cpus: int, namespace: str) -> None:
 
     @retry(stop=stop_after_attempt(4), wait=wait_fixed(5), reraise=True)
     def init() -> None:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace=namespace,
-        )
+        before = _children()
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace=namespace,
+            )
+        except Exception:
+            # A node that timed out leaves its GCS (and maybe a raylet) running, and ray.shutdown()
+            # does not know them: end the processes this attempt started, by PID, before the next.
+            for pid in _children() - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise
 
     init()
+
+
+def _children() -> set[int]:
+    """PIDs of this process's children (Linux /proc)."""
+    me, out = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not readable
+            continue
+        if ppid == me:
+            out.add(int(entry.name))
+    return out
 
 
 def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeout_s: float) -> list[Result]:
