@@ -43,12 +43,15 @@ def ray_local() -> Iterator[None]:
         ray.shutdown()
 
 
-def command_job(tmp_path: Path, name: str, module: str, steps: int, **over: Any) -> JobSpec:
-    # The HF example writes its Trainer output_dir: keep it in the test's folder.
-    out = f" --output-dir {tmp_path / 'out'}" if "hf_trainer" in module else ""
+def command_job(
+    tmp_path: Path, name: str, module: str, steps: int, *, extra: str = "", **over: Any
+) -> JobSpec:
+    # The HF example writes its Trainer output_dir: keep it in the test's folder (under the
+    # storage path, so the Trainer's checkpoints are adopted where they are).
+    out = f" --output-dir {tmp_path / 'store' / name / 'hf'}" if "hf_trainer" in module else ""
     spec: dict[str, Any] = {
         "name": name,
-        "entrypoint": f"python -m {module} --steps {steps} {SMALL}{out}",
+        "entrypoint": f"python -m {module} --steps {steps} {SMALL}{out} {extra}".rstrip(),
         "max_steps": steps,
         "resources": {"num_workers": 2},
         "storage": {"path": str(tmp_path / "store")},
@@ -61,7 +64,9 @@ def command_job(tmp_path: Path, name: str, module: str, steps: int, **over: Any)
 
 
 def settings(trace: Path | None = None) -> RuntimeSettings:
-    over: dict[str, Any] = {"healthy_after_steps": 5, "step_deadline_s": 10.0, "directive_timeout_s": 90.0}
+    # After a rollback by restart, the fix is acknowledged once the new processes (importing
+    # torch and transformers on a loaded machine) reach their first step boundary.
+    over: dict[str, Any] = {"healthy_after_steps": 5, "step_deadline_s": 10.0, "directive_timeout_s": 180.0}
     if trace is not None:
         over["trace_path"] = str(trace)
     return RuntimeSettings.model_validate(over)
