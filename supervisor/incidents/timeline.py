@@ -230,7 +230,9 @@ def _rolled_back(e: Event, ctx: Context) -> str:
     if isinstance(src, int) and isinstance(dst, int):
         notes.append(f"{src - dst} steps to train again")
     lost = f" ({'; '.join(notes)})" if notes else ""
-    return f"Rolled back from step {src} to {kind}checkpoint {dst}{lost}."
+    # In place, or by a restart of the worker group (the record's mode_why says why).
+    how = " by restarting the worker group" if field(e, "mode") == "restart" else ""
+    return f"Rolled back from step {src} to {kind}checkpoint {dst}{how}{lost}."
 
 
 def _exclusion_words(e: Event) -> list[str]:
