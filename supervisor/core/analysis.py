@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, summarize
-from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident
+from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident, lr_still_raised
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
@@ -217,6 +217,8 @@ class StreamingAnalyzer:
             return (sig.co_z or 0.0) < band and sig.loss_z < band
         if rule == "checksum" and s.checksum_minority:
             return False
+        if lr_still_raised(inc) and (sig.co_z or 0.0) >= band:
+            return False  # the LR that jumped is still up and the updates show it: not over yet
         return not (sig.loss_z >= band)
 
     def _new_incident(self, sig: Signals, trig: Trigger) -> Incident:

@@ -33,6 +33,7 @@ class Point:
     update: float | None = None  # update ratio / its level
     loss_in_band: bool = True  # the loss alone (the phenotype is the loss curve's shape)
     rank_out: bool = False  # the incident's rank still stands out from the others (loss or fingerprint)
+    lr: float | None = None  # the step's learning rate (the supervisor's own scaling divided out)
 
 
 @dataclass(slots=True)
@@ -114,7 +115,18 @@ class Incident:
             )
         )
         self.trajectory.append(
-            Point(s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd, loss_in_band, rank_out)
+            Point(
+                s.step,
+                excess,
+                s.loss_main,
+                in_band,
+                s.nonfinite,
+                grad,
+                upd,
+                loss_in_band,
+                rank_out,
+                sig.lr_norm,
+            )
         )
         if len(self.trajectory) > settings.max_incident_steps + 8:
             del self.trajectory[0]
@@ -280,8 +292,11 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
         return Phenotype.TRANSIENT  # the loss never left its band (e.g. an update-ratio-only incident)
     recovered = next((p for p in after_peak if p.loss_in_band), None)
     if recovered is not None:
-        if recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc):
+        quick = recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc)
+        if quick and not lr_still_raised(inc):
             return Phenotype.TRANSIENT
+        # Slow to come back, or back while the learning rate that jumped stays up: the cause is still
+        # in place, so the next steps are not normal (a 30x LR under Adam: up, back, and on again).
         return Phenotype.SLOW_RECOVERY
     last = traj[-1]
     since_onset = last.step - inc.onset_step
@@ -295,8 +310,23 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
         return Phenotype.DIVERGENCE  # rose step after step to 10x its level and stays there: broken
     if last.step - inc.peak_step <= settings.transient_steps and last.excess >= 0.5 * inc.peak_excess:
         # Still up and not yet falling: too early to tell a plateau from the start of a recovery.
-        return Phenotype.TRANSIENT if since_onset <= 1 else Phenotype.SLOW_RECOVERY
+        early = since_onset <= 1 and not lr_still_raised(inc)
+        return Phenotype.TRANSIENT if early else Phenotype.SLOW_RECOVERY
     return Phenotype.SLOW_RECOVERY
+
+
+#: An LR this many times its pre-onset value is raised (the same factor makes an LR jump a fact).
+LR_RAISED = 1.5
+
+
+def lr_still_raised(inc: Incident) -> bool:
+    """The LR rose by ``LR_RAISED``x or more against the step before onset, and the latest step of
+    the incident still runs at that raised LR: the loss coming back does not end the fault."""
+    f = inc.facts
+    if f.lr_rise is None or f.lr_before is None or f.lr_before[1] <= 0 or not inc.trajectory:
+        return False
+    last = inc.trajectory[-1].lr
+    return last is not None and last / f.lr_before[1] >= LR_RAISED
 
 
 #: A rank-local fault still present after this many steps (and at the latest step) is persistent.

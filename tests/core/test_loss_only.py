@@ -84,3 +84,31 @@ def test_a_step_change_in_the_level_is_not_a_trend() -> None:
         if r.step >= 400:
             r.loss *= 1.12  # a harder data mix from 400 on: up once, then flat
     assert [d for d in analyze_records(recs).incidents if d.severity.rank >= Severity.MEDIUM.rank] == []
+
+
+def _lr_fault(lr_factor: float) -> list[Record]:
+    """A user-owned loop (``probe.record``) under a hot LR from step 200: the loss jumps, Adam's
+    normalised steps pull it back within a few steps, the update ratio stays up while the LR does.
+    The trace ends at 210, as a supervised run's does when the rollback cuts the incident short."""
+    recs = [r for r in synthetic_records(210, 2, seed=51) if r.step <= 210]
+    bump = {201: 2.3, 202: 1.25, 203: 1.2, 204: 1.1}
+    for r in recs:
+        if r.step >= 200:
+            r.lr = (r.lr or 0.0) * lr_factor
+            fade = max(0.4, 1.0 - 0.06 * (r.step - 200))  # Adam's second moments catch up a little
+            r.update_norm = (r.update_norm or 0.0) * max(1.0, 0.8 * lr_factor * fade)
+        set_loss(r, r.loss * bump.get(r.step, 1.0))
+    return recs
+
+
+def test_a_loss_back_in_band_under_a_raised_lr_is_not_a_transient() -> None:
+    """Issue 15's remark: an injected 30x LR read as ``transient`` because the loss came back fast."""
+    (d,) = analyze_records(_lr_fault(30.0)).incidents
+    assert d.phenotype is Phenotype.SLOW_RECOVERY and d.top_cause is Cause.OPTIMIZER
+    assert any("learning rate" in e for e in d.causes[0].evidence)
+    assert d.severity.rank >= Severity.HIGH.rank
+
+
+def test_the_same_loss_shape_with_the_lr_unchanged_stays_transient() -> None:
+    (d,) = analyze_records(_lr_fault(1.0)).incidents
+    assert d.phenotype is Phenotype.TRANSIENT
