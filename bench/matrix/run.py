@@ -105,23 +105,28 @@ def _release(handle: Any) -> None:
 
 
 def _final_loss(job: Any, without: str | None = None) -> float | None:
-    """Token-weighted loss of the last 10 steps of the timeline that finished, over all ranks;
-    ``without``: leaving that source's tokens out (from the records' per-source split)."""
+    """Loss of the last 10 steps of the timeline that finished, token-weighted over the ranks;
+    ``without``: leaving that source's tokens out (the records' per-source split), token-weighted
+    over the 10 steps (a rank's batch may hold no other source at some step)."""
     from supervisor.drills import series
 
     ws = job.resources.num_workers
     records = series.read_trace(Path(job.storage.path), job.name, ws)
-    if without is not None:
-        records = [r for r in (_drop_source(r, without) for r in records) if r is not None]
-    return series.final_loss(series.step_losses(records, ws, "last"), job.max_steps)
-
-
-def _drop_source(rec: dict[str, Any], source: str) -> dict[str, Any] | None:
-    parts = [v for k, v in (rec.get("sources") or {}).items() if k != source]
-    tokens = sum(float(p.get("tokens") or 0) for p in parts)
-    if not tokens:
+    if without is None:
+        return series.final_loss(series.step_losses(records, ws, "last"), job.max_steps)
+    last = {(int(r["step"]), int(r.get("rank", 0))): r for r in records}  # the timeline that finished
+    window = range(job.max_steps - 9, job.max_steps + 1)
+    if any((step, rank) not in last for step in window for rank in range(ws)):
         return None
-    return {**rec, "tokens": tokens, "loss_sum": sum(float(p.get("loss_sum") or 0) for p in parts)}
+    parts = [
+        part
+        for step in window
+        for rank in range(ws)
+        for name, part in (last[(step, rank)].get("sources") or {}).items()
+        if name != without
+    ]
+    tokens = sum(float(p.get("tokens") or 0) for p in parts)
+    return sum(float(p.get("loss_sum") or 0) for p in parts) / tokens if tokens else None
 
 
 def _incidents(job: Any) -> list[dict[str, Any]]:
