@@ -168,10 +168,12 @@ class Checkpointer:
             raise CheckpointError("an asynchronous save needs the dedicated checkpoint group")
         if self._stager is None:
             self._stager = OverlappedStager()
-        self._hook(optimizer)
-        staging = self._stager.stage(state, stable_storages(model))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._hook(optimizer)
+        staging = self._stager.stage(
+            state, stable_storages(model)
+        )  # last: the copy thread takes the GIL at times
         future = self._pool.submit(self._write_staged, staging, *job)
         handle = SaveHandle(step, mark, future, time.perf_counter() - started, staging=staging)
         self.in_flight = handle
