@@ -21,6 +21,7 @@ space can be any size while the bytes are real.
     python bench/loader.py --quick              # 10^6 only, fewer rounds
     python bench/loader.py --quick --workers 0 --block 10 --rounds 300   # steadier on a busy machine
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
+    python bench/loader.py --sampler            # the per-batch decision alone, CPU time (steady under load)
 
 ``--streams`` writes the same rows (512 tokens each) to 8 JSONL shards and 8 tar shards and
 times one epoch through ``SupervisedLoader`` with 0 and 2 workers (start-up included).
@@ -29,6 +30,7 @@ times one epoch through ``SupervisedLoader`` with 0 and 2 workers (start-up incl
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -161,6 +163,51 @@ def stream_rows_per_s(rows: int) -> None:
                 print(f"| {name} | {workers} | {per * 8 / (time.perf_counter() - t):,.0f} |", flush=True)
 
 
+def sampler_cpu(args: argparse.Namespace) -> None:
+    """What each loader runs in the training process to decide a batch, alone, in CPU time.
+
+    plain: the DataLoader's ``BatchSampler`` over ``RandomSampler`` (a ``randperm`` table; at
+    10^9 ``SequentialSampler``, cheaper than any shuffle). supervised: ``Schedule.next`` — the
+    permutation, the exclusion filter and the batch's sample IDs. Blocks of the two alternate;
+    the difference is the per-batch work the supervised loader adds in the training process,
+    whatever the workers and the machine's load do to wall time.
+    """
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    from supervisor.sdk.data.exclusions import ExclusionSet
+    from supervisor.sdk.data.lookup import inverse
+    from supervisor.sdk.data.schedule import Schedule
+    from supervisor.sdk.directives import Exclusions
+
+    print(
+        f"batch {args.batch}; CPU per batch, median of {args.rounds} x {args.repeat} blocks of 2,000 batches"
+    )
+    print("| n | excluded | plain sampler | supervised schedule | added per batch |")
+    print("|---|---|---|---|---|")
+    for n in (10**6, 10**9):
+        for count in (0, 100_000):
+            ex = ExclusionSet()
+            state = exclusion_state(n, count)
+            if state:
+                ex.add(Exclusions.from_dict(state["exclusions"]))
+            sched = Schedule(n, args.batch, rank=0, world_size=1, seed=0, shuffle=True, sample_id=None,
+                             source=None, exclusions=ex, index_of=inverse(range(n), n))  # fmt: skip
+            base = RandomSampler(range(n)) if n <= 10**8 else SequentialSampler(range(n))
+            plain_it = iter(BatchSampler(base, args.batch, drop_last=False))
+            steps = {"plain": functools.partial(next, plain_it), "supervised": sched.next}
+            out: dict[str, list[float]] = {"plain": [], "supervised": []}
+            for _ in range(args.rounds * args.repeat):
+                for name, step in steps.items():
+                    t = time.process_time()
+                    for _ in range(2_000):
+                        step()
+                    out[name].append((time.process_time() - t) / 2_000)
+            p, q = statistics.median(out["plain"]), statistics.median(out["supervised"])
+            print(
+                f"| 1e{len(str(n)) - 1} | {count:,} | {p * 1e6:.2f} us | {q * 1e6:.2f} us | {(q - p) * 1e6:+.2f} us |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
@@ -168,12 +215,17 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=None, help="blocks per loader (default 15, --quick 6)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sampler", action="store_true", help="only the per-batch decision, in CPU time")
     ap.add_argument("--repeat", type=int, default=3, help="fresh plain + supervised loaders per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
     args = ap.parse_args()
     if args.streams:
         stream_rows_per_s(args.streams)
+        return
+    if args.sampler:
+        args.rounds = args.rounds or 5
+        sampler_cpu(args)
         return
     sizes = [10**6] if args.quick else [10**6, 10**9]
     if args.rounds is None:

@@ -11,6 +11,7 @@ Skipped batches and excluded batch ranges are drawn and dropped, so batch indice
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,11 @@ class Draw(BatchMeta):
 class _Block:
     """``BLOCK`` mapped positions of one epoch and, when something is excluded, which of them remain."""
 
-    __slots__ = ("epoch", "start", "stop", "array", "indices", "kept_at", "kept", "version")
+    __slots__ = ("key", "start", "stop", "array", "indices", "kept_at", "kept", "version")
 
-    def __init__(self, epoch: int, start: int, array: np.ndarray, version: int) -> None:
-        self.epoch, self.start, self.stop, self.version = epoch, start, start + array.size, version
+    def __init__(self, key: tuple[int, int], start: int, array: np.ndarray, version: int) -> None:
+        self.key, self.start, self.stop, self.version = key, start, start + array.size, version
+        """``key``: (seed, epoch)."""
         self.array = array
         self.indices: list[int] = array.tolist()
         self.kept_at: list[int] | None = None
@@ -101,14 +103,17 @@ class Schedule:
         self._perm: tuple[tuple[int, int], Permutation] | None = None
         self._block: _Block | None = None
         self._excluded: tuple[int, np.ndarray] | None = None  # (exclusions.version, sorted indices)
+        self._ready: deque[tuple[list[int], int]] = deque()
+        """The rest of the current block cut into global batches: (indices, position after)."""
+        self._ready_at: tuple[int, int, int, int] | None = None  # (seed, epoch, pos, version) they follow
 
     def _block_at(self, epoch: int, pos: int) -> _Block:
         """The mapped block holding position ``pos`` of ``epoch``, filtered by the current exclusions."""
         blk, version = self._block, self.exclusions.version
-        if blk is None or blk.epoch != epoch or not blk.start <= pos < blk.stop:
+        if blk is None or blk.key != (self.seed, epoch) or not blk.start <= pos < blk.stop:
             if self._perm is None or self._perm[0] != (self.seed, epoch):
                 self._perm = ((self.seed, epoch), Permutation(self.n, self.seed, epoch, shuffle=self.shuffle))
-            blk = self._block = _Block(epoch, pos, self._perm[1].block(pos, BLOCK), version - 1)
+            blk = self._block = _Block((self.seed, epoch), pos, self._perm[1].block(pos, BLOCK), version - 1)
         if blk.version != version:
             blk.version = version
             blk.filter(self._keep(blk))
@@ -172,6 +177,33 @@ class Schedule:
     def _global_batch(self) -> list[int]:
         if self.locate is not None:
             return self._located_batch(self.locate)
+        c = self.cursor
+        if self._ready and self._ready_at == (self.seed, c.epoch, c.pos, self.exclusions.version):
+            picked, c.pos = self._ready.popleft()  # cut when the block was mapped: the common case
+            self._ready_at = (self.seed, c.epoch, c.pos, self.exclusions.version)
+            return picked
+        picked = self._scan()
+        self._cut(self._block_at(c.epoch, c.pos) if c.pos < self.n else None)
+        return picked
+
+    def _cut(self, blk: _Block | None) -> None:
+        """Cut the rest of ``blk`` after the cursor into whole global batches, all at once."""
+        c, need = self.cursor, self.batch_size * self.world_size
+        self._ready.clear()
+        if blk is None:
+            return
+        at = c.pos - blk.start
+        if blk.kept_at is None:
+            ends = range(at + need, len(blk.indices) + 1, need)
+            self._ready.extend((blk.indices[e - need : e], blk.start + e) for e in ends)
+        else:
+            j = bisect.bisect_left(blk.kept_at, at)
+            kept, kept_at = blk.kept, blk.kept_at
+            ends = range(j + need, len(kept) + 1, need)
+            self._ready.extend((kept[e - need : e], blk.start + kept_at[e - 1] + 1) for e in ends)
+        self._ready_at = (self.seed, c.epoch, c.pos, self.exclusions.version)
+
+    def _scan(self) -> list[int]:
         c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
         scanned = 0  # positions since the last accepted sample
         while len(picked) < need:
