@@ -10,8 +10,16 @@ whose state is 3x that: the weights and AdamW's two moments), interleaved in one
                    state-sized buffer (what any restore must at least do: write every byte to RAM)
   save torch       save_training_state(engine="torch"): torch.save per file, hashed, fsync, rename
   save dcp         save_training_state (DCP, synchronous): dcp.save + the commit protocol
-  async blocked    Checkpointer.save(blocking=False): what training waits for (staging to host
-                   memory; on CUDA a device -> pinned host copy); the write runs in background
+  train step       one training step (forward, backward, AdamW step) with nothing in flight
+  async blocked    Checkpointer.save(blocking=False), then one training step: the time of the call
+                   plus what that step's optimizer step waited for the staging copy. The call
+                   copies the buffers and starts the background copy of parameters and optimizer
+                   state to host memory (CUDA: device -> pinned host), which overlaps the step's
+                   forward and backward. Write, fsync, checksum and commit run in the background
+  next step        that training step's time: on a CPU-only box it shares the cores with the
+                   background copy and write, so it runs slower than a step alone (on a GPU the
+                   step runs on the device while the host writes)
+  staging (sync)   the same host copy done before returning (the previous design's blocked time)
   async total      from the call until the manifest is committed
   verify           verify() of the DCP checkpoint (stream every file through the checksum)
   restore torch    load_training_state of the torch.save checkpoint into the live model
@@ -27,6 +35,7 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +46,7 @@ import torch
 
 from supervisor import logging as slog
 from supervisor.checkpoint import CheckpointStore, StoreSettings, verify
+from supervisor.checkpoint.dcp_state import HostStager, live_state
 from supervisor.checkpoint.hashing import ALGORITHMS, available, default_algorithm, new_hasher
 from supervisor.checkpoint.saver import Checkpointer
 from supervisor.checkpoint.training_state import load_training_state, save_training_state
@@ -117,18 +127,24 @@ def main() -> None:
     ap.add_argument("--params", type=float, default=None, help="Model parameters instead (e.g. 1e9).")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--batch", type=int, default=16, help="Rows per training step (the step async saves overlap)."
+    )
     ap.add_argument("--dir", default=None, help="Where to write (default: a temp dir).")
     ap.add_argument("--checksum", default=default_algorithm(), choices=list(ALGORITHMS))
     ap.add_argument(
         "--ablations", action="store_true", help="Also time the design alternatives (bench/README.md)."
     )
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        cuda = torch.version.cuda or "none (a CPU build)"
+        print(f"checkpoint_io.py: --device cuda: torch {torch.__version__} (CUDA {cuda}) sees no CUDA device here",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     slog.configure("error")
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
-        if args.device == "cuda" and not torch.cuda.is_available():
-            ap.error("--device cuda: torch sees no CUDA device here")
-        run(work, args.gib, args.params, args.device, args.repeat, args.checksum)
+        run(work, args.gib, args.params, args.device, args.repeat, args.checksum, args.batch)
         if args.ablations:
             from checkpoint_io_ablations import ablations  # type: ignore[import-not-found]
 
@@ -137,18 +153,33 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(work: Path, gib: float, params: float | None, device: str, repeat: int, checksum: str) -> None:
+def train_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, batch: int, sync: Callable[[], object]
+) -> None:
+    x = torch.randn(batch, 4096, device=next(model.parameters()).device)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sync()
+
+
+def run(
+    work: Path, gib: float, params: float | None, device: str, repeat: int, checksum: str, batch: int
+) -> None:
     model, opt = build(gib, params, device)
     views = state_bytes(model, opt)
     nbytes = sum(len(v) for v in views)
     store = CheckpointStore(LocalBackend(work / "storage"), "bench", StoreSettings(checksum=checksum))
     saver = Checkpointer(store, rank=0, world_size=1)
-    keys = ("write", "read", "read_full", "save_torch", "save_dcp", "blocked", "async_total", "verify",
-            "restore_torch", "restore_dcp")  # fmt: skip
+    keys = ("write", "read", "read_full", "save_torch", "save_dcp", "step", "call", "step_after", "blocked",
+            "waited", "staging_sync", "async_total", "verify", "restore_torch", "restore_dcp")  # fmt: skip
     t: dict[str, list[float]] = {k: [] for k in keys}
     full = torch.empty(nbytes, dtype=torch.uint8)
     full.fill_(0)  # touched, like live parameters
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    stager = HostStager()
+    train = lambda: train_step(model, opt, batch, sync)  # noqa: E731
+    train()  # warm
     state: dict[str, Any] = {"rank": 0, "world_size": 1, "model": model, "optimizer": opt}
     # Interleaved, so drift in machine load hits every column alike. Nothing is deleted until
     # the end (on a filesystem mounted with `discard`, deletions slow down the next fsyncs),
@@ -168,10 +199,14 @@ def run(work: Path, gib: float, params: float | None, device: str, repeat: int, 
             timed(lambda s=torch_step: save_training_state(store, s, engine="torch", **state))
         )
         t["save_dcp"].append(timed(lambda s=dcp_step: save_training_state(store, s, **state)))
-        sync()
+        t["staging_sync"].append(timed(lambda: (stager.stage(live_state(model, opt)), sync())))
+        t["step"].append(timed(train))
         start = time.perf_counter()
         handle = saver.save(async_step, model=model, optimizer=opt, blocking=False)
-        t["blocked"].append(time.perf_counter() - start)
+        t["call"].append(time.perf_counter() - start)
+        t["step_after"].append(timed(train))
+        t["waited"].append(handle.staged_wait_s)
+        t["blocked"].append(t["call"][-1] + t["waited"][-1])
         handle.result()
         t["async_total"].append(time.perf_counter() - start)
         saver.poll()
@@ -186,11 +221,23 @@ def run(work: Path, gib: float, params: float | None, device: str, repeat: int, 
             for step in (torch_step, dcp_step, async_step):
                 store.delete_step(step, store.step_dirs().get(step, []))
     saver.close()
-    report(t, nbytes, checksum, repeat, device, views)
+    stager.close()
+    report(t, nbytes, checksum, repeat, device, views, batch)
+
+
+def spread(num: list[float], den: list[float]) -> str:
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    return f"{min(ratios):.3f}-{max(ratios):.3f} ({', '.join(f'{r:.3f}' for r in ratios)})"
 
 
 def report(
-    t: dict[str, list[float]], nbytes: int, checksum: str, repeat: int, device: str, views: list[memoryview]
+    t: dict[str, list[float]],
+    nbytes: int,
+    checksum: str,
+    repeat: int,
+    device: str,
+    views: list[memoryview],
+    batch: int,
 ) -> None:
     med = {k: statistics.median(v) for k, v in t.items()}
     gb = nbytes / 1e9
@@ -202,8 +249,14 @@ def report(
         ("save torch", med["save_torch"], f"{med['save_torch'] / med['write']:5.2f}x raw write+fsync"),
         ("save dcp (sync)", med["save_dcp"], f"{med['save_dcp'] / med['write']:5.2f}x raw write+fsync  (target <= 1.2); "
          f"{med['save_dcp'] / med['save_torch']:.2f}x save torch"),
+        ("train step", med["step"], f"batch {batch}: forward, backward, AdamW step, nothing in flight"),
+        ("async: the call", med["call"], "capture, copy of the buffers, background copy started"),
+        ("async: next step", med["step_after"], f"{med['step_after'] / med['step']:5.2f}x a step alone; "
+         f"its optimizer step waited {med['waited']:.3f} s for the copy"),
         ("async: blocked", med["blocked"], f"{med['blocked'] / med['save_dcp']:5.3f}x the sync dcp save  (target <= 0.15); "
-         f"first save {t['blocked'][0]:.3f} s (allocates the host buffers)"),
+         f"per repeat {spread(t['blocked'], t['save_dcp'])}"),
+        ("staging (sync)", med["staging_sync"], f"{med['staging_sync'] / med['save_dcp']:5.3f}x the sync dcp save  "
+         "(host copy before returning: the previous design's blocked time)"),
         ("async: total", med["async_total"], f"{med['async_total'] / med['save_dcp']:5.2f}x the sync dcp save"),
         ("verify (dcp)", med["verify"], f"{med['read'] / med['verify']:5.2f}x raw read speed  (target >= 0.8)"),
         ("restore torch", med["restore_torch"], f"{med['restore_torch'] / med['read']:5.2f}x raw read time"),
