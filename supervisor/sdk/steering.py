@@ -264,8 +264,9 @@ class Steering:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self, mark: HealthMark, *, blocking: bool = True) -> None:
-        """Save this step (every rank). A save still in flight finishes first (at most one per job);
-        an asynchronous one blocks only while the state is copied to host memory."""
+        """Save this step (every rank). A save still in flight finishes first (at most one per job).
+        An asynchronous one returns at once: parameters and optimizer state are copied to host
+        memory during the next forward and backward, and that step's optimizer step waits for it."""
         from supervisor.checkpoint.saver import Checkpointer
 
         p = self.probe
