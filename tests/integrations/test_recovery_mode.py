@@ -78,6 +78,9 @@ def test_rollback_mode_on_the_real_controller(
     rolled = next(e for e in timeline if e.kind is EventKind.ROLLED_BACK and e.result)
     assert rolled.result["mode"] == mode and rolled.result["to_step"] == 100, rolled.result
     assert ("framework" if framework else "recovery: " + recovery) in rolled.result["mode_why"]
+    from supervisor.incidents.timeline import describe
+
+    assert ("by restarting the worker group" in describe(rolled)) == (mode == "restart"), describe(rolled)
     if mode == "restart":
         # The group went down and generation 1 started from the target; it was frozen again
         # (the freeze is re-delivered), got the fix, and was released by the observation.
