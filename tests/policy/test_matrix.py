@@ -73,7 +73,8 @@ def test_a_bad_source_passes_only_when_the_supervisor_kept_it_out() -> None:
 def test_the_bad_source_is_garbage_from_its_step_in_every_reading() -> None:
     import torch
 
-    from bench.matrix.job import bad_source, replay_hooks
+    from bench.matrix.data import build as build_data
+    from bench.matrix.job import ReplayHooks, bad_source
 
     cfg = {"bad_source": {"source": "web", "step": 80}}
     batch = {"input_ids": torch.arange(12).reshape(3, 4), "targets": torch.arange(12).reshape(3, 4),
@@ -84,13 +85,12 @@ def test_the_bad_source_is_garbage_from_its_step_in_every_reading() -> None:
     assert not torch.equal(bad["input_ids"][1:], batch["input_ids"][1:])
     assert torch.equal(bad_source(cfg, 150, batch)["input_ids"], bad["input_ids"])  # the same garbage again
     # A replay rebuilds the batch from sample IDs and meets the same bad source.
-    job = {"data": "synthetic", "d_model": 8, "seq_len": 16, "bytes_per_source": 8192, "extra_source": "web"}
-    hooks = replay_hooks({**job, **cfg})
-    ds = hooks.dataset
+    ds = build_data("synthetic", 16, 8192, 0, "web")
     web = next(ds.sample_id(i) for i in range(len(ds)) if ds.source(i) == "web")
     other = next(ds.sample_id(i) for i in range(len(ds)) if ds.source(i) != "web")
-    clean = replay_hooks(job).batch([web, other])
-    replayed = hooks.batch([web, other])
+    hooks = ReplayHooks(model=torch.nn.Linear(1, 1), optimizer=None, dataset=ds, config=cfg)  # type: ignore[arg-type]
+    clean = ReplayHooks(model=torch.nn.Linear(1, 1), optimizer=None, dataset=ds, config={})  # type: ignore[arg-type]
+    replayed, clean = hooks.batch([web, other]), clean.batch([web, other])
     assert torch.equal(replayed["input_ids"][1], clean["input_ids"][1])
     assert not torch.equal(replayed["input_ids"][0], clean["input_ids"][0])
 
