@@ -11,9 +11,9 @@
 
 ``concurrency`` runs that many scenarios at once on the same Ray (each its own job name,
 storage and fault markers; the references start first, and a drill's checks wait for the
-reference loss they compare against). A tinylm drill keeps one core busy only about half of its
-wall time (Ray start-up, actor creation, checkpoint verification, the supervisor's polls), so
-two at a time fill a 2-core machine; the kill drills poll their own job's status only.
+reference loss they compare against). A tinylm drill leaves part of a 2-core machine idle (Ray
+starting actors, checkpoint verification, the supervisor's polls), which a second drill fills;
+the kill drills poll and kill their own job's actors only.
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ def run_drills(
     if started:
         from supervisor.runtime.names import NAMESPACE
 
-        cpus = num_cpus or _cpus_for(scenarios, concurrency)
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, namespace=NAMESPACE)
+        _start_ray(num_cpus or _cpus_for(scenarios, concurrency), NAMESPACE)
     try:
         return _Batch(scenarios, out_dir, on_result, max(1, concurrency)).run()
     finally:
@@ -100,6 +99,26 @@ def run_drills(
             ray.shutdown()
         if previous is None:
             os.environ.pop(TRACE_ENV, None)
+
+
+def _start_ray(num_cpus: int, namespace: str) -> None:
+    """A local Ray; started again (up to 3 times) when its raylet misses Ray's fixed 30 s
+    registration deadline, as it can on a saturated 2-core machine."""
+    import ray
+    from tenacity import retry, retry_if_exception, stop_after_attempt
+
+    def slow_start(exc: BaseException) -> bool:
+        if "timed out during startup" not in str(exc):
+            return False
+        log.warning("ray_start_retry", why=str(exc)[:200])
+        ray.shutdown()
+        return True
+
+    @retry(retry=retry_if_exception(slow_start), stop=stop_after_attempt(3), reraise=True)
+    def start() -> None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=namespace)
+
+    start()
 
 
 def _cpus_for(scenarios: list[LoadedScenario], concurrency: int) -> int:
