@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from supervisor import sdk
+from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, ConfigError, SupervisorError
 from supervisor.integrations.drills import inject_faults
 from supervisor.logging import get_logger
@@ -202,8 +203,18 @@ class FrameworkProbe:
             return
         try:
             last = p.pending.record if p.pending is not None else {}
-            if p.checkpoint.find(step) is not None:
-                log.info("adopt_skipped", step=step, why="the store already has a checkpoint of this step")
+            previous = p.checkpoint.find(step)
+            if previous is not None and previous.health not in (
+                HealthMark.QUARANTINED,
+                HealthMark.DIAGNOSTIC,
+            ):
+                # (an abandoned timeline's step is quarantined and a snapshot is evidence: both are
+                # kept as the step's history when this one replaces them)
+                log.info(
+                    "adopt_skipped",
+                    step=step,
+                    why=f"the store holds a {previous.health.value} checkpoint here",
+                )
                 return
             adopt_local(
                 p.checkpoint, step, path, components=components, world_size=p.world_size,
