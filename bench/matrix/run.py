@@ -226,6 +226,9 @@ def start_ray(num_cpus: int, namespace: str) -> None:
     import ray
     from tenacity import retry, stop_after_attempt, wait_fixed
 
+    # On a loaded host the raylet registers with the GCS late; Ray's own hint is to wait longer.
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
+
     @retry(stop=stop_after_attempt(4), wait=wait_fixed(5), reraise=True)
     def init() -> None:
         before = _children()
@@ -270,7 +273,7 @@ def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeo
     from supervisor.runtime.names import NAMESPACE
 
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
-    start_ray(3 * jobs, NAMESPACE)  # per job: 2 workers and a replay task (logical CPUs)
+    start_ray(2 * jobs + 2, NAMESPACE)  # logical CPUs: 2 workers per job, room for replay tasks
     results: dict[str, Result] = {}
     try:
         for load in LOADS:
