@@ -64,7 +64,12 @@ class SupervisorCallback(pl.Callback):
             )
         configs = trainer.lr_scheduler_configs
         scheduler = configs[0].scheduler if configs else None
-        saves = any(getattr(cb, "_every_n_train_steps", 0) for cb in trainer.checkpoint_callbacks)
+        # A ModelCheckpoint saving full training state every N steps makes the job's checkpoints
+        # (its step interval is only kept as ``_every_n_train_steps``); weights-only files cannot resume.
+        saves = any(
+            getattr(cb, "_every_n_train_steps", 0) and not getattr(cb, "save_weights_only", False)
+            for cb in trainer.checkpoint_callbacks
+        )
         self.fp = FrameworkProbe(
             pl_module, trainer.optimizers[0], scheduler, framework="lightning", saves=saves,
             resumed_at=trainer.global_step, trace=self.trace, **self.settings,
