@@ -21,14 +21,16 @@ STEPS = 150
 
 
 def test_lr_fault_rolled_back_in_place_and_final_loss_matches_plain_torchrun(tmp_path: Path) -> None:
+    job = command_job(tmp_path, "tr-lr", "examples.torchrun.train", STEPS,
+                      faults=[{"kind": "lr_spike", "step": 70, "factor": 40}])  # fmt: skip
+    handle = api.launch(job, settings(tmp_path / "sup.jsonl"))
+    # The clean reference runs under plain torchrun while the supervised job trains (its loss
+    # does not depend on timing; the two overlap their idle time).
     clean = plain_torchrun(tmp_path, "examples.torchrun.train", STEPS)
     assert len(clean) == 2
     analysed = CliRunner().invoke(cli, ["analyze", *map(str, clean)])
     assert analysed.exit_code == 0, analysed.output  # the clean trace analyses clean
 
-    job = command_job(tmp_path, "tr-lr", "examples.torchrun.train", STEPS,
-                      faults=[{"kind": "lr_spike", "step": 70, "factor": 40}])  # fmt: skip
-    handle = api.launch(job, settings(tmp_path / "sup.jsonl"))
     final = api.wait(handle, 900)
     ray.kill(handle)
     assert final["phase"] == "finished" and final["step"] == STEPS, final
