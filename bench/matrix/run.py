@@ -184,6 +184,10 @@ def judge(res: Result) -> None:
     else:
         ratio = res.loss_ratio
         within = ratio is not None and abs(ratio - 1) <= LOSS_TOLERANCE
+        if fault.name == "bad_source" and ratio is not None:
+            # Judged on the other sources, which get every step once the bad one is kept out:
+            # a lower loss there is the expected effect of the fix, only a higher one is harm.
+            within = ratio <= 1 + LOSS_TOLERANCE
         res.ok = res.phase == "finished" and within
         shown = f"{ratio:.3f}" if ratio is not None else "n/a"
         res.verdict = f"{res.phase}; loss {shown} x clean" + (

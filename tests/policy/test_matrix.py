@@ -68,6 +68,7 @@ def test_a_bad_source_passes_only_when_the_supervisor_kept_it_out() -> None:
     ok = _result("bad_source", "finished", 2.0, 2.0, incidents=seen)
     assert ok.ok and "source `web` excluded" in ok.verdict
     assert not _result("bad_source", "finished", 2.3, 2.0, incidents=seen).ok
+    assert _result("bad_source", "finished", 1.8, 2.0, incidents=seen).ok  # the other sources got its steps
 
 
 def test_the_bad_source_is_garbage_from_its_step_in_every_reading() -> None:
