@@ -126,9 +126,20 @@ class IncidentFlow:
     def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int) -> None:
         key = str(key_)
         incident_id = self.state.incident_keys.get(key)
-        if incident_id is None:
+        again = (
+            None if incident_id is None or kind != "refined" else self._chain_occurrence(key_, d, incident_id)
+        )
+        if again is not None:  # a periodic fault's next occurrence: the fault came back
+            d = again
+            incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
+            active = self.state.active
+            in_window = active is not None and incident_id == active.incident_id
+            if not in_window and incident_id not in self.state.waiting:
+                self.state.waiting.append(incident_id)  # planned again: ``ready`` came long ago
+        elif incident_id is None:
             incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
         elif kind in ("refined", "closed", "ready"):
+            d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
         active = self.state.active
         if active is not None and incident_id == active.incident_id:
@@ -164,6 +175,43 @@ class IncidentFlow:
             self._opened_at.append((step, incident_id))
         self.state.last_incident_step = step
         return incident_id
+
+    def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
+        """A periodic chain took a new occurrence after its incident was resolved, or while it is
+        observed (``core.periodic`` attaches it to the chain's head, whose key the incident already
+        has): the fault came back. Returns the diagnosis dated at that occurrence, else None -- so
+        a recurrence is never folded silently into a closed incident."""
+        if d.period is None or d.end_step is not None:
+            return None
+        head = next((i for i in getattr(self.analyzer, "incidents", ()) if i.key == key_), None)
+        if head is None or len(head.facts.occurrences) < 2:
+            return None
+        onset = int(head.facts.occurrences[-1])
+        inc = self.store.get(incident_id)
+        if inc.state is IncidentState.RESOLVED:
+            obs = self.store.last_done(incident_id, EventKind.OBSERVATION)
+            window = ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
+            since = window if window is not None else (inc.onset_step or 0)
+        elif inc.state is IncidentState.OBSERVING:
+            since = inc.onset_step or 0
+        else:
+            return None
+        if onset <= since:
+            return None
+        return replace(d, onset_step=onset, peak_step=max(onset, d.peak_step))
+
+    def _dated(self, incident_id: int, d: Diagnosis) -> Diagnosis:
+        """A periodic chain's refinement keeps the onset of the occurrence the incident was reopened
+        for: the chain dates itself at its first occurrence, which would move the reopened
+        incident's onset (and its rollback target) back to a fault already handled."""
+        if d.period is None:
+            return d
+        onset = self.store.get(incident_id).onset_step
+        return (
+            replace(d, onset_step=onset, peak_step=max(onset, d.peak_step))
+            if (onset or 0) > d.onset_step
+            else d
+        )
 
     def _recurred_in_window(self, d: Diagnosis, step: int) -> int | None:
         """The fault of the incident under observation came back inside its window: whatever its

@@ -80,3 +80,31 @@ def test_each_step_of_the_history_belongs_to_the_run_it_was_trained_on() -> None
     # Rolled back to 100 (replay 1), then to 150 (replay 2): 101..150 stayed replay 1's steps.
     assert [timeline_of(s, [100, 150]) for s in (90, 100, 101, 150, 151)] == [0, 0, 1, 1, 2]
     assert timeline_of(120, []) == 0
+
+
+@pytest.mark.slow
+def test_a_periodic_fault_back_after_resolution_reopens_instead_of_joining_the_closed_incident(
+    tmp_path: Path,
+) -> None:
+    # Onsets 130, 210, 290: regular, so the detector chains the third onto the first (one
+    # periodic incident, its key already the resolved incident's). Before the fix that update only
+    # refreshed the resolved incident's diagnosis: no plan, and the job "finished" with the fault
+    # unhandled. It is the fault coming back: reopened (attempt 3), planned, handled.
+    job = make_job(tmp_path, "chain", max_steps=340, policy=REOPEN, resources={"num_workers": 1})
+    ranks = FakeRanks(1, 340, spikes_once(130, 210, 290), grads_follow_loss=True)
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ranks.on_checkpoint = saver(ctl)
+    ctl.boot()
+    store = ctl.incidents
+    ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
+    [inc] = store.list_incidents(job="chain")
+    timeline = store.timeline(inc.id)
+    reopens = [(e.step, e.payload["attempt"]) for e in timeline
+               if e.kind is EventKind.STATE_CHANGED and e.payload.get("reopened")]  # fmt: skip
+    assert reopens == [(210, 2), (290, 3)], reopens
+    assert inc.onset_step == 290 and inc.state is IncidentState.RESOLVED
+    rollbacks = [(e.result or {}).get("to_step", e.payload.get("to_step")) for e in timeline
+                 if e.kind is EventKind.ROLLED_BACK]  # fmt: skip
+    # Every occurrence acted on, the periodic one included, each rolled back to before its own onset.
+    assert rollbacks == [100, 175, 250], rollbacks  # onset - margin 30, on the 25-step checkpoints
+    assert ctl.phase is JobPhase.FINISHED
