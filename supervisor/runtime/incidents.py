@@ -378,10 +378,7 @@ class IncidentFlow:
         js = self._job_state(incident_id, d, observation_failures)
         p = plan(d, js, host.policy)
         rule = p.rule or "fallback"
-        self.state.attempts[rule] = self.state.attempts.get(rule, 0) + 1
-        attempt = self.state.attempts_of[str(incident_id)] = (
-            self.state.attempts_of.get(str(incident_id), 0) + 1
-        )
+        attempt = self._count_attempt(incident_id, rule, +1)
         pre = [h for h in host.history if h.step < d.onset_step][-200:]
         base = baseline(pre)
         # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
@@ -410,6 +407,15 @@ class IncidentFlow:
         self._dismiss_after = d.top_cause is Cause.METRIC_ARTIFACT and all(
             a.name == "alert" for a in p.actions
         )
+
+    def _count_attempt(self, incident_id: int, rule: str, delta: int) -> int:
+        """Count (or uncount) one recovery attempt of ``incident_id`` under ``rule``; returns the
+        incident's attempts."""
+        self.state.attempts[rule] = max(0, self.state.attempts.get(rule, 0) + delta)
+        n = self.state.attempts_of[str(incident_id)] = max(
+            0, self.state.attempts_of.get(str(incident_id), 0) + delta
+        )
+        return n
 
     def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int) -> JobState:
         """The job as the policy engine sees it now: what it runs (LR, LR override, clip, grad
@@ -472,9 +478,14 @@ class IncidentFlow:
         before anything irreversible ran (``core.policy.recurrence.replan_reason``)."""
         if active.irreversible:
             return
+        # The plan in force ran nothing irreversible: it was no recovery attempt. Planned again from
+        # the same counts, a re-made plan is the same attempt (never one that uses up the bound).
+        old_rule = active.plan.rule or "fallback"
+        self._count_attempt(active.incident_id, old_rule, -1)
         new = plan(d, self._job_state(active.incident_id, d, active.observation_failures), self.host.policy)
         why = replan_reason(active.plan, new, active.index)
         if why is None:
+            self._count_attempt(active.incident_id, old_rule, +1)
             return
         self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
                           payload={"plan_remade": why})  # fmt: skip

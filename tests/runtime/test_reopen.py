@@ -108,3 +108,42 @@ def test_a_periodic_fault_back_after_resolution_reopens_instead_of_joining_the_c
     # Every occurrence acted on, the periodic one included, each rolled back to before its own onset.
     assert rollbacks == [100, 175, 250], rollbacks  # onset - margin 30, on the 25-step checkpoints
     assert ctl.phase is JobPhase.FINISHED
+
+
+def test_a_plan_remade_before_it_acted_is_the_same_attempt(tmp_path: Path) -> None:
+    # Issue 13 "bounded attempts": a plan re-made because the diagnosis changed class before its
+    # first irreversible action is not a recovery attempt of its own. Before the fix each re-make
+    # counted one, so two re-makes in three steps used up recurrence.max_attempts and escalated.
+    from dataclasses import replace
+
+    from supervisor.core.model import Severity
+
+    policy = tmp_path / "two.yaml"
+    policy.write_text(
+        "version: 1\nname: two\ndescription: two rules by severity\n"
+        "defaults: {max_attempts: 3, cooldown_steps: 0, max_observation_failures: 2, on_failure: escalate}\n"
+        "observation: {onset_margin_steps: 5, throughput: false}\n"
+        "recurrence: {reopen_within_steps: 300, max_attempts: 2}\n"
+        "rules:\n"
+        "  - name: big\n    match: {severity_at_least: high}\n"
+        "    actions: [alert, freeze, snapshot, {apply: {grad_clip: 0.25}}, {observe: {steps: 50}}, resume]\n"
+        "  - name: any\n    match: {severity_at_least: low}\n"
+        "    actions: [alert, freeze, snapshot, {apply: {grad_clip: 0.5}}, {observe: {steps: 50}}, resume]\n"
+    )
+    job = make_job(tmp_path, "remade", max_steps=260, policy=str(policy))
+    ranks = FakeRanks(2, 260, spikes_once(130))
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ctl.boot()
+    ranks.run(ctl, lambda: ctl.state.active is not None)
+    active = ctl.state.active
+    assert active is not None and not active.irreversible
+    first_rule = active.plan.rule
+    d = ctl.flow.active_diagnosis
+    for flip in (Severity.LOW if first_rule == "big" else Severity.CRITICAL, d.severity):  # there and back
+        ctl.flow._maybe_replan(ctl.state.active, replace(d, severity=flip))
+    assert ctl.state.active.plan_no == 3  # both re-makes happened
+    assert ctl.state.attempts_of[str(active.incident_id)] == 1
+    assert ctl.state.attempts.get(first_rule) == 1 and sum(ctl.state.attempts.values()) == 1
+    notes = [e.payload for e in ctl.incidents.timeline(active.incident_id)
+             if e.kind is EventKind.NOTE and "plan" in e.payload]  # fmt: skip
+    assert [n["attempt"] for n in notes] == [1, 1, 1] and not any(n["escalate"] for n in notes)
