@@ -89,7 +89,8 @@ def test_a_spike_in_the_last_steps_is_handled_while_the_workers_hold(tmp_path: P
     [downtime] = [
         e.payload["downtime_s"] for e in ctl.incidents.timeline(inc.id) if "downtime_s" in e.payload
     ]
-    assert 0 < downtime <= ctl.state.downtime_s + 1e-6  # frozen and held while handled, never the whole run
+    # the timeline rounds to 10 ms: allow half of that over the unrounded total
+    assert 0 < downtime <= ctl.state.downtime_s + 0.005  # frozen and held while handled, never the whole run
     acted = {e.kind: e for e in ctl.incidents.timeline(inc.id) if e.action_id}
     assert acted[EventKind.FIX_APPLIED].status is EventStatus.DONE
     observation = acted[EventKind.OBSERVATION]
