@@ -416,8 +416,37 @@ def _blip(inc: Incident) -> bool:
     return after[0].step - inc.peak_step <= typical_step(inc)
 
 
+def acted_on(inc: Incident) -> str | None:
+    """The first specific finding a policy acts on whatever the size of the loss's reaction, or None:
+    non-finite values, an LR jump or rise, an update-ratio jump, disagreeing replicas, a rank or a
+    source that deviated on its own, a restore just before the onset. Each names where the fault is
+    and what to undo (roll back, exclude the rank's batch or the source), so none is a note."""
+    f = inc.facts
+    found = (
+        ("nonfinite", f.nonfinite_step is not None),
+        ("lr_jump", f.lr_jump is not None or (f.lr_rise is not None and f.lr_before is not None)),
+        ("update_jump", f.update_spike is not None),
+        ("checksum", f.checksum is not None),
+        ("rank_local", inc.rank_local),
+        ("source_local", f.source is not None),
+        ("after_resume", inc.after_resume and f.resume_step is not None),
+    )
+    return next((name for name, hit in found if hit), None)
+
+
 def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
-    """How bad it is for training (not how sure we are): drives what a policy may do."""
+    """How bad it is for training (not how sure we are): drives what a policy may do. ``low`` is a
+    note; ``medium`` and above mean the policy will act, so a specific finding (``acted_on``) is
+    never below ``medium``, however small the loss's reaction (a 30x LR under Adam can leave the
+    loss within its noise for steps while every update is 30x its size)."""
+    size = _severity_of_shape(inc, phen, top)
+    if top == "metric_artifact" or size is not Severity.LOW or acted_on(inc) is None:
+        return size
+    return Severity.MEDIUM
+
+
+def _severity_of_shape(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
+    """Severity from the curve's shape and size alone."""
     if top == "metric_artifact":
         return Severity.LOW
     if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and calm_grads(inc):
@@ -438,6 +467,4 @@ def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     grad = inc.facts.grad_ratio_at_peak
     if inc.facts.nonfinite_step is not None or peak >= math.log(2.0) or (grad is not None and grad >= 10.0):
         return Severity.HIGH if peak >= math.log(2.0) else Severity.MEDIUM
-    if inc.rank_local and inc.facts.trigger == "rank":
-        return Severity.LOW  # one rank off while the global loss and the gradients stayed calm
     return Severity.MEDIUM if peak >= math.log(1.2) or (grad is not None and grad >= 3.0) else Severity.LOW

@@ -49,3 +49,41 @@ def test_rank_local_bad_batch_stays_medium() -> None:
     res = analyze_records(recs)
     assert res.incidents and res.incidents[0].rank_local
     assert res.incidents[0].severity.rank >= Severity.MEDIUM.rank
+
+
+def _calm_lr_bug(seed: int) -> list:  # type: ignore[type-arg]
+    """The matrix's cured LR bug (gru/AdamW, step 120): the LR 30x from the onset on, the update
+    ratio ~28x with it, the grad norm and the loss within their noise (Adam's steps are bounded;
+    the loss of these small models is noisy); the trace ends where the supervisor rolled back."""
+    recs = synthetic_records(310, 2, seed=seed)
+    for r in recs:
+        if r.step >= 300:
+            r.lr = (r.lr or 1e-3) * 30
+            r.update_norm = (r.update_norm or 1.0) * 28
+    return recs
+
+
+def test_an_lr_jump_the_policy_rolls_back_is_not_a_note() -> None:
+    """A specific optimizer finding (LR 30x, update ratio 28x) gets a rollback from the policy
+    however small the loss's reaction: medium at least, never `low`."""
+    for seed in range(3):
+        res = analyze_records(_calm_lr_bug(seed))
+        assert res.incidents, seed
+        d = res.incidents[0]
+        evidence = " ".join(e for c in d.causes for e in c.evidence)
+        assert "learning rate changed" in evidence and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
+
+
+def test_a_rank_local_garbage_batch_with_calm_global_gradients_is_not_a_note() -> None:
+    """The matrix's gru/SGD garbage batch: one rank's loss ~2.6x the other's for one step, the
+    averaged gradients barely move (grad norm 1.5-2x, update ratio 1x). The policy excludes the
+    batch (rule rank_local): medium at least."""
+    recs = synthetic_records(400, 2, seed=11)
+    (bad,) = at(recs, 300, rank=1)
+    set_loss(bad, bad.loss * 2.6)
+    for r in at(recs, 300):
+        r.grad_norm = (r.grad_norm or 1.0) * 1.5
+    res = analyze_records(recs)
+    (d,) = res.incidents
+    assert d.rank_local and d.first_rank == 1, d.to_json()
+    assert d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
