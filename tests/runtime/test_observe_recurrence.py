@@ -29,13 +29,14 @@ def test_a_low_recurrence_inside_the_window_fails_it_and_is_no_incident_of_its_o
     assert inc.state is IncidentState.RESOLVED
     timeline = ctl.incidents.timeline(inc.id)
     [again] = [e for e in timeline if e.kind is EventKind.DETECTED and e.payload.get("in_window")]
-    assert again.payload["diagnosis"]["onset_step"] == 150 and again.payload["diagnosis"]["severity"] == "low"
+    # rank 0 alone again: a rank-local fault, which the policy acts on, so medium (issue 19, core.diagnose.severity)
+    assert again.payload["diagnosis"]["onset_step"] == 150 and again.payload["diagnosis"]["severity"] == "medium"
 
     first, second = [e for e in timeline if e.kind is EventKind.OBSERVATION]
     assert first.status is EventStatus.FAILED and first.result["passed"] is False
     checks = first.result["checks"]
     assert checks["recurrence"] == {"ok": False, "value": 1.0, "limit": 0.0,
-                                    "detail": "the fault came back inside the window: onset 150 (low)"}  # fmt: skip
+                                    "detail": "the fault came back inside the window: onset 150 (medium)"}  # fmt: skip
     assert first.result["ended_early_at_step"] < 160  # failed when it came back, not at the window's end
     for name in ("finite", "loss", "grad_norm", "no_new_anomaly"):  # every criterion, with number and limit
         assert {"ok", "value", "limit", "detail"} <= set(checks[name]) and checks[name]["limit"] is not None
