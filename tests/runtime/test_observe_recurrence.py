@@ -30,7 +30,9 @@ def test_a_low_recurrence_inside_the_window_fails_it_and_is_no_incident_of_its_o
     timeline = ctl.incidents.timeline(inc.id)
     [again] = [e for e in timeline if e.kind is EventKind.DETECTED and e.payload.get("in_window")]
     # rank 0 alone again: a rank-local fault, which the policy acts on, so medium (issue 19, core.diagnose.severity)
-    assert again.payload["diagnosis"]["onset_step"] == 150 and again.payload["diagnosis"]["severity"] == "medium"
+    assert (
+        again.payload["diagnosis"]["onset_step"] == 150 and again.payload["diagnosis"]["severity"] == "medium"
+    )
 
     first, second = [e for e in timeline if e.kind is EventKind.OBSERVATION]
     assert first.status is EventStatus.FAILED and first.result["passed"] is False
