@@ -128,6 +128,37 @@ class LossTap:
         self.handle.remove()
 
 
+#: Keys a ``SupervisedLoader`` adds to a mapping batch (the model must not receive them).
+META_KEYS = ("sample_ids", "sources", "batch_index")
+
+
+class StepData:
+    """The sample IDs and first global batch index of one optimizer step's (micro-)batches."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.batch_index: int | None = None
+
+    def add(self, batch: Any) -> None:
+        if not isinstance(batch, dict) or not batch.get("sample_ids"):
+            return
+        self.ids += [str(x) for x in batch["sample_ids"]]
+        if self.batch_index is None and batch.get("batch_index") is not None:
+            self.batch_index = int(batch["batch_index"])
+
+    def take(self) -> dict[str, Any] | None:
+        out = {"sample_ids": self.ids, "batch_index": self.batch_index} if self.ids else None
+        self.ids, self.batch_index = [], None
+        return out
+
+
+def is_supervised_loader(loader: Any) -> bool:
+    """A ``SupervisedLoader`` (or one built on it): takes exclusions and skips, and resumes by cursor."""
+    from supervisor.sdk.loader import SupervisedLoader
+
+    return isinstance(loader, SupervisedLoader)
+
+
 class FrameworkProbe:
     """One rank's probe inside a framework's loop: ``step_end`` reports the step and runs the boundary.
 
@@ -145,13 +176,19 @@ class FrameworkProbe:
         framework: str,
         saves: bool,
         resumed_at: int,
+        loader: Any = None,
         **settings: Any,
     ) -> None:
         self.framework = framework
         self.ctx = settings.get("ctx")
         self.probe = sdk.watch(
-            model, inner_optimizer(optimizer), scheduler=inner_scheduler(scheduler), restore=False, **settings
-        )
+            model, inner_optimizer(optimizer), scheduler=inner_scheduler(scheduler), restore=False,
+            loader=loader, **settings,
+        )  # fmt: skip
+        if loader is not None:
+            # The framework draws the batches; the boundary runs from the callback (``step_end``), not
+            # inside the loader. The loader still takes exclusions, skips and a restored cursor.
+            loader.boundary = None
         if saves and self.probe.checkpoint is not None:
             self.probe.settings.checkpoint_every = None  # the framework's checkpoints are the job's
         self.plan = inject_faults(self.probe)
@@ -227,12 +264,24 @@ class FrameworkProbe:
             return
         p.event(f"checkpoint_saved:{step}")
 
-    def step_end(self, loss_sum: Any, tokens: Any, loss: Any = None) -> bool:
-        """Report the step just finished, then the boundary; True when training must stop."""
+    def begin(self) -> bool:
+        """The boundary before the first step; True when training must stop.
+
+        A restarted group hears its re-delivered freeze and the policy's fixes (LR, clip,
+        exclusions, skips) here, so not one step trains before them.
+        """
+        return not self.probe.proceed()
+
+    def step_end(self, loss_sum: Any, tokens: Any, loss: Any = None, batch: Any = None) -> bool:
+        """Report the step just finished, then the boundary; True when training must stop.
+
+        ``batch``: ``{"sample_ids": [...], "batch_index": i}`` of the step's data (a
+        ``SupervisedLoader``'s), so the diagnosis can name samples and the policy exclude them.
+        """
         if loss_sum is not None and tokens is not None:
-            self.probe.record(loss_sum=loss_sum, tokens=tokens)
+            self.probe.record(loss_sum=loss_sum, tokens=tokens, batch=batch)
         elif loss is not None:
-            self.probe.record(loss)
+            self.probe.record(loss, batch=batch)
         return not self.probe.proceed()
 
     def close(self) -> None:

@@ -36,14 +36,42 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from supervisor.integrations.common import FrameworkProbe, resume_checkpoint
+from supervisor.errors import ConfigError
+from supervisor.integrations.common import FrameworkProbe, StepData, is_supervised_loader, resume_checkpoint
 from supervisor.logging import get_logger
+from supervisor.sdk import loader as sdk_loader
 from supervisor.sdk.metrics import grad_norm
 
 log = get_logger("supervisor.integrations.lightning")
 
 #: What a Lightning ``.ckpt`` holds (module and optimizer state, LR schedulers, loop state).
 COMPONENTS = ("model", "optimizer", "scheduler")
+
+
+class SupervisedLoader(sdk_loader.SupervisedLoader):
+    """The SDK's ``SupervisedLoader`` (same arguments), with a length, for ``trainer.fit``.
+
+    Lightning draws one batch ahead of training from a loader without a length (to know the
+    epoch's last batch), and that batch would escape the supervisor's directives at the step
+    boundary; with a length it draws each batch when its step starts, so an exclusion, a skip
+    or an in-place rollback takes effect at the very next batch and a checkpoint's cursor is
+    exactly where training is. The length is one pass over the dataset (global batches); the
+    loader itself runs on across epochs. Lightning saves and restores its cursor and exclusions
+    in every ``.ckpt`` (``state_dict`` / ``load_state_dict``), so ``ckpt_path=`` resumes the data
+    too. Map-style datasets only: a stream has no length.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, **kwargs: Any) -> None:
+        if not sdk_loader.is_map_style(dataset):
+            raise ConfigError(
+                "supervisor.integrations.lightning.SupervisedLoader needs a map-style dataset (__len__ and "
+                "__getitem__): Lightning draws a batch ahead of a loader without a length",
+                field="train_dataloaders",
+            )
+        super().__init__(dataset, batch_size, **kwargs)
+
+    def __len__(self) -> int:
+        return max(1, len(self.dataset) // (self.batch_size * self.world_size))
 
 
 class SupervisorCallback(pl.Callback):
@@ -56,6 +84,7 @@ class SupervisorCallback(pl.Callback):
         self._norm: torch.Tensor | None = None
         self._loss_sum: torch.Tensor | None = None
         self._tokens: torch.Tensor | None = None
+        self._data = StepData()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if len(trainer.optimizers) != 1:
@@ -70,12 +99,16 @@ class SupervisorCallback(pl.Callback):
             getattr(cb, "_every_n_train_steps", 0) and not getattr(cb, "save_weights_only", False)
             for cb in trainer.checkpoint_callbacks
         )
+        loader = _supervised_loader(trainer)
         self.fp = FrameworkProbe(
             pl_module, trainer.optimizers[0], scheduler, framework="lightning", saves=saves,
-            resumed_at=trainer.global_step, trace=self.trace, **self.settings,
+            resumed_at=trainer.global_step, trace=self.trace, loader=loader, **self.settings,
         )  # fmt: skip
         _set_global_step(trainer, self.fp.step)
         self._watch_saves(trainer)
+        if self.fp.begin():  # directives due before the first step (a restarted group's freeze and fixes)
+            trainer.should_stop = True
+        _set_global_step(trainer, self.fp.step)
 
     def _watch_saves(self, trainer: pl.Trainer) -> None:
         """Adopt each checkpoint once ``Trainer.save_checkpoint`` (which ends in a barrier) returned.
@@ -91,7 +124,8 @@ class SupervisorCallback(pl.Callback):
         ) -> None:
             save(filepath, weights_only=weights_only, storage_options=storage_options)
             if fp is not None and trainer.training and not weights_only:
-                fp.adopt(trainer.global_step, filepath, COMPONENTS)
+                data = ("data_cursor", "exclusions") if fp.probe.loader is not None else ()
+                fp.adopt(trainer.global_step, filepath, COMPONENTS + data)
 
         trainer.save_checkpoint = save_and_adopt  # type: ignore[method-assign]
 
@@ -106,11 +140,13 @@ class SupervisorCallback(pl.Callback):
     ) -> None:
         assert self.fp is not None
         self._add_loss(outputs)
+        self._data.add(batch)
         if self._norm is None:  # gradient accumulation: no optimizer step after this batch
             return
         probe = self.fp.probe
+        data = self._data.take()
         if self._loss_sum is not None:
-            probe.record(loss_sum=self._loss_sum, tokens=self._tokens, grad_norm=self._norm)
+            probe.record(loss_sum=self._loss_sum, tokens=self._tokens, grad_norm=self._norm, batch=data)
         self._norm = self._loss_sum = self._tokens = None
         if not probe.proceed():
             trainer.should_stop = True
@@ -132,6 +168,21 @@ class SupervisorCallback(pl.Callback):
         self._tokens = n if self._tokens is None else self._tokens + n
 
 
+def _supervised_loader(trainer: pl.Trainer) -> SupervisedLoader | None:
+    """The run's training loader when it is a supervised one; a loader Lightning would draw ahead of
+    is refused here, at the start, rather than letting a batch slip past an exclusion."""
+    loader = trainer.train_dataloader
+    if not is_supervised_loader(loader):
+        return None
+    if not isinstance(loader, SupervisedLoader):
+        raise ConfigError(
+            "trainer.fit got the SDK's SupervisedLoader: pass supervisor.integrations.lightning.SupervisedLoader "
+            "(same arguments, with a length) so that Lightning does not draw a batch ahead of the supervisor",
+            field="train_dataloaders",
+        )
+    return loader
+
+
 def _set_global_step(trainer: pl.Trainer, step: int) -> None:
     """Lightning counts optimizer steps in its loop's progress; make it match the probe's timeline."""
     if trainer.global_step == step:
@@ -143,4 +194,4 @@ def _set_global_step(trainer: pl.Trainer, step: int) -> None:
         log.warning("global_step_not_moved", step=step, error=repr(exc))
 
 
-__all__ = ["SupervisorCallback", "resume_checkpoint"]
+__all__ = ["SupervisedLoader", "SupervisorCallback", "resume_checkpoint"]

@@ -265,6 +265,10 @@ class UserStep:
             rec["tokens_per_s"] = n / rec["step_time"]
         if isinstance(batch, dict) and batch.get("sample_ids"):
             rec["samples"] = list(batch["sample_ids"][: p.settings.max_samples])
+            if batch.get("batch_index") is not None:  # a SupervisedLoader's global batch (exclude_batches)
+                rec["attrs"] = {"batch": int(batch["batch_index"])}
+        else:
+            p._loader_ids(rec, batch)  # a tuple / tensor batch: the loader that yielded it knows its IDs
         self.stepped = 0
         self.flush()
         # Held until the boundary after this step: events of that boundary (checkpoint saved,
