@@ -1,5 +1,6 @@
 """A Hugging Face ``Trainer`` job: a tiny GPT-2 built from a config (no download), byte-level
-tokens of the Python stdlib's source. The supervisor's part is one callback (``# supervisor``).
+tokens of the Python stdlib's source. The supervisor's part is ``SupervisedTrainer`` and
+one callback (``# supervisor``).
 
     python -m examples.hf_trainer.train --steps 200
     torchrun --nproc_per_node 2 -m examples.hf_trainer.train --steps 200
@@ -13,10 +14,10 @@ import os
 from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
 
 from examples.tinylm.data import build_dataset
-from supervisor.integrations.hf import SupervisorCallback, resume_checkpoint  # supervisor
+from supervisor.integrations.hf import SupervisedTrainer, SupervisorCallback, resume_checkpoint  # supervisor
 
 
 class ByteLM(torch.utils.data.Dataset[dict[str, Any]]):
@@ -33,6 +34,12 @@ class ByteLM(torch.utils.data.Dataset[dict[str, Any]]):
         ids, targets = item["input_ids"], item["targets"]
         labels = torch.cat([ids[:1], targets[:-1]])  # the model shifts labels itself
         return {"input_ids": ids, "labels": labels}
+
+    def sample_id(self, i: int) -> str:  # stable IDs and sources for the records (SupervisedTrainer)
+        return self.ds.sample_id(i)
+
+    def source(self, i: int) -> str:
+        return self.ds.source(i)
 
 
 def parse() -> argparse.Namespace:
@@ -65,9 +72,11 @@ def main() -> None:
         use_cpu=True, ddp_find_unused_parameters=False, ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, seed=args.seed, dataloader_drop_last=True, disable_tqdm=True,
     )  # fmt: skip
     dataset = ByteLM(args.seq_len, args.data_bytes, args.seed)
-    trainer = Trainer(
+    # supervisor: SupervisedTrainer is a Trainer whose batches come from the SDK's SupervisedLoader
+    # (sample IDs in the records; the policy's exclusions and skips are carried out)
+    trainer = SupervisedTrainer(
         model=model, args=training, train_dataset=dataset, callbacks=[SupervisorCallback(trace=args.trace)]
-    )  # supervisor
+    )
     trainer.train(resume_from_checkpoint=resume_checkpoint())  # supervisor: a restart resumes here
 
 

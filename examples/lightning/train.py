@@ -1,5 +1,5 @@
 """A Lightning job: the tiny byte-level LM on the Python stdlib's source as a LightningModule.
-The supervisor's part is one callback (``# supervisor``).
+The supervisor's part is the loader and one callback (``# supervisor``).
 
     python -m examples.lightning.train --steps 200
     torchrun --nproc_per_node 2 -m examples.lightning.train --steps 200
@@ -20,7 +20,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from examples.tinylm.data import build_dataset, collate
 from examples.tinylm.model import TinyLM, TinyLMConfig
-from supervisor.integrations.lightning import SupervisorCallback, resume_checkpoint  # supervisor
+from supervisor.integrations.lightning import (  # supervisor
+    SupervisedLoader,
+    SupervisorCallback,
+    resume_checkpoint,
+)
 
 
 class LitLM(pl.LightningModule):
@@ -70,9 +74,11 @@ def main() -> None:
     args = parse()
     pl.seed_everything(args.seed, verbose=False)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    loader = torch.utils.data.DataLoader(
-        build_dataset(args.seq_len, args.data_bytes, args.seed), batch_size=args.batch_size, shuffle=True,
-        collate_fn=collate, drop_last=True,
+    # supervisor: the SDK's SupervisedLoader (sample IDs, exclusions, skips, a resumable cursor) in place
+    # of torch's DataLoader; it shards each global batch over the ranks itself.
+    loader = SupervisedLoader(
+        build_dataset(args.seq_len, args.data_bytes, args.seed), batch_size=args.batch_size, seed=args.seed,
+        collate_fn=collate,
     )  # fmt: skip
     saves = (
         [ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.save_every, save_top_k=-1)]
