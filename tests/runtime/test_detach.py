@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -24,20 +29,51 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture()
-def no_running_cluster() -> Iterator[None]:
-    """This test starts (and at the end stops) the machine's `ray start` head: never someone else's."""
-    probe = subprocess.run([str(BIN / "ray"), "status"], capture_output=True, text=True, check=False)
-    if probe.returncode == 0:
-        pytest.skip("a Ray cluster started with `ray start` is already running here; not touching it")
+def _stop_cluster_under(root: str) -> None:
+    """Stop the `ray start` head whose files live under `root`: its daemons (found by that path
+    on their command lines) and everything they started, by PID. `ray stop` would kill every
+    Ray process on the machine, other people's included."""
+    daemons = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(root in part for part in proc.info["cmdline"] or ()):
+                daemons.append(proc)
+    procs = {p.pid: p for d in daemons for p in [d, *_children(d)]}
+    for proc in procs.values():
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=15)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=15)
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
     try:
-        yield
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture()
+def private_cluster_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Ray's files (and so its `ray start` head, found through them) in a directory of this test's
+    own: the CLI processes start and join only that head, and the test stops only that one."""
+    root = tempfile.mkdtemp(prefix="rdt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    monkeypatch.setenv("RAY_TMPDIR", root)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        yield root
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, check=False)
+        _stop_cluster_under(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_detached_supervisor_is_followed_and_stopped_from_other_processes(
-    tmp_path: Path, no_running_cluster: None
+    tmp_path: Path, private_cluster_dir: str
 ) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(
