@@ -204,3 +204,33 @@ def test_a_mixture_schedule_with_two_workers_reads_what_it_names_and_replays(tok
     finally:
         for ld in restarted:
             ld.close()
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # 2-core CI
+def test_workers_schedule_in_turn_as_the_training_process_would(token_file):
+    """Three workers each draw the whole schedule and load every third batch: with sources, IDs
+    and batch ranges excluded, skips, an epoch boundary and a restored cursor, the batches are
+    exactly those of the in-process loader."""
+    ref, three = make(token_file, rank=1), make(token_file, rank=1, num_workers=3, prefetch_factor=1)
+    try:
+        first = ids(ref, 3)
+        assert ids(three, 3) == first
+        order = make(token_file, rank=1)
+        order.load_state_dict(ref.state_dict())
+        upcoming = sum(ids(order, 4), [])
+        for ld in (ref, three):
+            ld.exclude(Exclusions(samples=(upcoming[1], upcoming[6]), batch_ranges=((5, 6),)))
+            ld.skip(1)
+        assert ids(three, 5) == ids(ref, 5)
+        saved = three.state_dict()
+        assert saved == ref.state_dict()
+        for ld in (ref, three):
+            ld.exclude(Exclusions(sources=("odd",)))
+        tail = ids(ref, 90)  # across the end of epoch 0 (every other sample left)
+        assert ids(three, 90) == tail and three.state_dict() == ref.state_dict()
+        assert three.state_dict()["cursor"]["epoch"] == 1
+        assert not set(upcoming[1:2] + upcoming[6:7]) & set(sum(tail, []))
+        three.load_state_dict(saved)  # rollback: the odd source stays out
+        assert ids(three, 90) == tail
+    finally:
+        three.close()

@@ -38,7 +38,10 @@ class BatchMeta:
 
 def attach(batch: Any, meta: BatchMeta) -> Any:
     """``batch`` carrying ``meta`` where its type allows (the same object when mutable)."""
-    if type(batch) is dict or isinstance(batch, MutableMapping):
+    kind = type(batch)
+    if kind is torch.Tensor or kind is tuple or kind is list:  # the common shapes first: per batch
+        return batch
+    if kind is dict or isinstance(batch, MutableMapping):
         batch.update(meta.fields())
         return batch
     if isinstance(batch, Mapping):

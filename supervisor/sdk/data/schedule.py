@@ -99,6 +99,8 @@ class Schedule:
         self.seed, self.shuffle = seed, shuffle
         self.id_of, self.source_of, self.exclusions = sample_id, source, exclusions
         self.index_of, self.locate = index_of, locate
+        self.inverts = index_of is not None
+        """Excluded IDs are filtered as indices (``index_of`` here, or the cache a worker's copy holds)."""
         self.cursor = Cursor()
         self._perm: tuple[tuple[int, int], Permutation] | None = None
         self._block: _Block | None = None
@@ -125,7 +127,7 @@ class Schedule:
         if not (ex.samples or ex.sources) or self.locate is not None:
             return None
         keep = np.ones(len(indices), dtype=bool)
-        if ex.samples and self.index_of is not None:
+        if ex.samples and self.inverts:
             keep &= ~member(blk.array, self._excluded_indices())
         elif ex.samples:
             samples, name = ex.samples, self.sample_id
@@ -138,7 +140,7 @@ class Schedule:
     def _excluded_indices(self) -> np.ndarray:
         ex, cached = self.exclusions, self._excluded
         if cached is None or cached[0] != ex.version:
-            assert self.index_of is not None
+            assert self.index_of is not None, "a worker's copy carries its excluded indices"
             cached = self._excluded = (ex.version, excluded_indices(ex.samples, self.index_of))
         return cached[1]
 
@@ -231,6 +233,14 @@ class Schedule:
 
     def next(self) -> Draw:
         """The next batch this rank trains on; skipped and excluded batches are consumed silently."""
+        index, mine = self.advance()
+        c = self.cursor
+        ids = list(map(str, mine)) if self.id_of is None else [self.sample_id(i) for i in mine]
+        srcs = ["default"] * len(mine) if self.source_of is None else [self.source(i) for i in mine]
+        return Draw(ids, srcs, index, mine, Cursor(c.epoch, c.pos, c.batch, c.skip_pending))
+
+    def advance(self) -> tuple[int, list[int]]:
+        """``next`` without naming the samples: the batch index and this rank's dataset indices."""
         c = self.cursor
         while True:
             index, picked = c.batch, self._global_batch()
@@ -240,7 +250,19 @@ class Schedule:
                 continue
             if self.exclusions.has_ranges and self.exclusions.batch_excluded(index):
                 continue
-            mine = picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            ids = list(map(str, mine)) if self.id_of is None else [self.sample_id(i) for i in mine]
-            srcs = ["default"] * len(mine) if self.source_of is None else [self.source(i) for i in mine]
-            return Draw(ids, srcs, index, mine, Cursor(c.epoch, c.pos, c.batch, c.skip_pending))
+            return index, picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def for_worker(self) -> Schedule:
+        """A copy that continues from the cursor on its own in a loader worker process: the
+        exclusions frozen as they are now, the excluded IDs already inverted (so the copy pickles
+        without ``index_of``, which may be a closure, and no worker inverts 10^5 IDs again)."""
+        assert self.locate is None, "a locating dataset is scheduled in the training process"
+        ex = self.exclusions.copy()
+        out = Schedule(
+            self.n, self.batch_size, rank=self.rank, world_size=self.world_size, seed=self.seed,
+            shuffle=self.shuffle, sample_id=self.id_of, source=self.source_of, exclusions=ex,
+        )  # fmt: skip
+        out.cursor, out.inverts = self.cursor.copy(), self.inverts
+        if self.inverts and ex.samples:
+            out._excluded = (ex.version, self._excluded_indices())
+        return out
