@@ -143,12 +143,13 @@ class MixtureDataset:
 
     Index ``i`` is mapped, deterministically, to a sample of a source drawn with those
     weights; ``sample_id``/``source`` describe the sample actually returned, so exclusions and
-    per-source telemetry stay truthful.
+    per-source telemetry stay truthful. Memory is one count per source, whatever the dataset's size
+    (the sample of a source is found per index, ``_member``).
     """
 
     def __init__(self, dataset: Any, plan: FaultPlan) -> None:
         self.dataset, self.plan = dataset, plan
-        self._by_source: dict[str, list[int]] | None = None
+        self._counts: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -156,12 +157,27 @@ class MixtureDataset:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dataset, name)
 
-    def _index(self) -> dict[str, list[int]]:
-        if self._by_source is None:
-            self._by_source = {}
+    def _sizes(self) -> dict[str, int]:
+        """Samples per source, counted once: one integer per source, never a list of samples."""
+        if self._counts is None:
+            counts: dict[str, int] = {}
             for i in range(len(self.dataset)):
-                self._by_source.setdefault(str(self.dataset.source(i)), []).append(i)
-        return self._by_source
+                src = str(self.dataset.source(i))
+                counts[src] = counts.get(src, 0) + 1
+            self._counts = counts
+        return self._counts
+
+    def _member(self, name: str, i: int) -> int:
+        """A sample of source ``name`` fixed by ``i`` alone, uniform over that source, without a list
+        of its samples: seeded candidates over the whole dataset until one is of ``name`` (1 / share
+        tries on average). After 64 / share misses (probability below e^-64) the next one is taken."""
+        n = len(self.dataset)
+        j = 0
+        for t in range(64 * n // self._sizes()[name] + 1):
+            j = batchio.stable_seed("mixture-pick", i, t) % n
+            if str(self.dataset.source(j)) == name:
+                return j
+        return next(k % n for k in range(j, j + n) if str(self.dataset.source(k % n)) == name)
 
     @property
     def base(self) -> Any:
@@ -186,8 +202,8 @@ class MixtureDataset:
     def _pick(self, i: int, weights: dict[str, float] | None) -> int:
         if not weights:
             return i
-        by_source = self._index()
-        names = [n for n in sorted(weights) if weights[n] > 0 and n in by_source]
+        sizes = self._sizes()
+        names = [n for n in sorted(weights) if weights[n] > 0 and n in sizes]
         if not names:
             return i
         cumulative, total = [], 0.0
@@ -195,8 +211,7 @@ class MixtureDataset:
             total += weights[n]
             cumulative.append(total)
         u = batchio.stable_seed("mixture", i) / float(1 << 63) * total
-        pool = by_source[names[min(bisect.bisect_right(cumulative, u), len(names) - 1)]]
-        return pool[batchio.stable_seed("mixture-pick", i) % len(pool)]
+        return self._member(names[min(bisect.bisect_right(cumulative, u), len(names) - 1)], i)
 
     def __getitem__(self, i: int) -> Any:
         return self.dataset[self._map(i)]
