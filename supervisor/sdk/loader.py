@@ -25,9 +25,12 @@
   workers as samples stream past (``supervisor.sdk.data.stream``; needs the ``streaming`` extra).
 
 ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers`` and
-``multiprocessing_context`` mean what they mean for ``torch.utils.data.DataLoader``.
-Exclusions, skips and a restored cursor take effect at the next batch: prefetched batches are
-dropped and loading resumes from the cursor of the last batch the loop consumed.
+``multiprocessing_context`` mean what they mean for ``torch.utils.data.DataLoader``. With
+workers a map-style schedule runs in the workers, each batch coming back with its IDs and
+cursor (``supervisor.sdk.data.mapstyle``); the loader never ends an epoch, so workers live
+until a change. Exclusions, skips and a restored cursor take effect at the next batch:
+prefetched batches are dropped and loading resumes from the cursor of the last batch the loop
+consumed (map-style and stream workers are started afresh with the new state).
 
 Batches: a mapping gets ``sample_ids``, ``sources`` and ``batch_index``; any other shape
 (tuple, list, dataclass, tensor) is yielded as ``collate_fn`` made it, and the probe asks
