@@ -10,16 +10,18 @@ space can be any size while the bytes are real.
   restore loads them (``load_state_dict``). The plain baseline shuffles with ``RandomSampler``,
   i.e. ``torch.randperm(n)``; at 10^9 that is an 8 GB table and is not run.
 * **per batch**: mean time per batch over blocks of ``--block`` batches after warm-up; plain
-  and supervised blocks alternate so machine noise hits both alike. Overhead = median
-  supervised / median plain - 1 over ``--rounds`` blocks, once per ``--repeat`` (fresh loaders
-  each time): the table gives the median over repeats and their range. Beside wall time, the
-  training process's CPU time per batch (``time.process_time``): what the supervised loader
-  adds (order, exclusions, IDs) runs there, and CPU time is steadier than wall time on a busy
-  machine. The plain baseline at 10^9 iterates sequentially (no table), cheaper than any shuffle.
+  and supervised blocks alternate so machine noise hits both alike. Overhead = the median over
+  ``--rounds`` of (supervised block / the plain block just before it) - 1, once per ``--repeat``
+  (fresh loaders each time): the table gives the median over repeats and their range. Beside
+  wall time, the training process's CPU time per batch (``time.process_time``): what the
+  supervised loader adds there (single-process: order, exclusions, IDs; with workers: the IDs
+  and cursor unpickled beside each batch) is steadier than wall time on a busy machine. The
+  plain baseline at 10^9 iterates sequentially (no table), cheaper than any shuffle.
 
     python bench/loader.py                      # the full table (~10 minutes on 2 busy cores)
     python bench/loader.py --quick              # 10^6 only, fewer rounds
     python bench/loader.py --quick --workers 0 --block 10 --rounds 300   # steadier on a busy machine
+    python bench/loader.py --workers 2 --repeat 5 --block 10 --rounds 100  # workers, many short pairs
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
     python bench/loader.py --sampler            # the per-batch decision alone, CPU time (steady under load)
 
@@ -264,15 +266,20 @@ def run_row(
         times = per_batch(lds, args)
         lds["supervised"].close()
         del lds
-        med = {k: statistics.median(v) for k, v in times.items()}
-        wall.append(med["supervised"] / med["plain"] - 1)
-        cpu.append(med["supervised/cpu"] / med["plain/cpu"] - 1)
+        wall.append(paired(times["supervised"], times["plain"]))
+        cpu.append(paired(times["supervised/cpu"], times["plain/cpu"]))
         for k in per:
             per[k] += times[k]
     plain_start = f"{s_plain * 1e3:.1f} ms" if s_plain is not None else "not run (8 GB randperm)"
     pm, sm = statistics.median(per["plain"]), statistics.median(per["supervised"])
     print(f"| 1e{len(str(n)) - 1} | {count:,} | {workers} | {plain_start} | {s_sup * 1e3:.1f} ms | "
           f"{pm * 1e3:.3f} / {sm * 1e3:.3f} ms | {spread(wall)} | {spread(cpu)} |", flush=True)  # fmt: skip
+
+
+def paired(sup: list[float], plain: list[float]) -> float:
+    """Median over rounds of each supervised block against the plain block run just before it, - 1:
+    load that drifts over seconds hits both blocks of a pair alike and cancels."""
+    return statistics.median(s / p for s, p in zip(sup, plain, strict=True)) - 1
 
 
 def spread(xs: list[float]) -> str:
