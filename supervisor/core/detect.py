@@ -126,6 +126,7 @@ class Signals:
     lr_ratio: float | None  # this step's lr / the previous step's, the supervisor's own scaling divided out
     lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
     loss_trend: tuple[float, float, float] | None = None  # (level - level W ago, the W before, their noise)
+    rank_history: int = 0  # steps in the cross-rank spread window (the within-step baseline's depth)
 
     @property
     def step(self) -> int:
@@ -222,6 +223,7 @@ class Detector:
             lr_ratio=(lr / self.last_lr) if lr is not None and self.last_lr else None,
             lr_norm=lr,
             loss_trend=self._trend(),
+            rank_history=len(self.spread),
         )
 
     def trend_start(self) -> int | None:

@@ -17,7 +17,9 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
    a possible benign shift (heavy-tailed single-step noise never opens anything);
 5. the reported loss spikes while the recomputed one does not (a metric artifact);
 6. one rank far from the others' median, beyond both the usual spread and the usual worst rank,
-   with the gradients out of band too, or two steps in a row (once alone is micro-batch noise);
+   with the gradients out of band too, or two steps in a row (once alone is micro-batch noise),
+   or far enough to lift the step's loss ``min_loss_jump`` above the other ranks' (``_rank_split``:
+   within-step evidence that needs no co-moving gradient);
 7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state);
 8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm;
 9. the loss level rose over each of the last two level windows beyond its noise (``trend``): a
@@ -52,6 +54,8 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("nonfinite", True)
     if s.checksum_minority:
         return Trigger("checksum", True)
+    if _rank_split(sig, st):
+        return Trigger("rank", False)
     if not sig.ready:
         return None
     co = _co_moving(sig, recent)
@@ -121,6 +125,31 @@ def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
         and _ge(sig.rank_tail_z, st.z_threshold)
         and s.worst_dev >= math.log1p(st.min_loss_jump)
     )
+
+
+#: ``_rank_split``: the worst rank's loss at least this many times the other ranks' median at the
+#: same step (healthy 2-rank runs of 8-sample batches from mixed sources split 1.3-1.45x now and
+#: then; a garbage batch on one of them is 1.8-2.2x).
+SPLIT_MIN = math.log(1.5)
+
+
+def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
+    """One rank far from the others at this step, beyond every split seen so far (``_rank_far``),
+    the step's loss out of its band in time, and the step lifted ``min_loss_jump`` above the other
+    ranks' median by it: evidence across ranks and in time at once, so no co-moving gradient is
+    needed (a garbage batch on 1 of 2 ranks moved the averaged grad norm 1.7x, within the noise
+    of a young run). The time band tells a rank that rose from ranks that dipped (with the loss
+    noise tripled, healthy 4-rank runs split 1.6-2x with the step's loss at or below its level);
+    the lift tells a bad batch on 1 of 2 ranks (half the update) from one heavy-tailed
+    micro-batch among 64 (a 64th of it). It needs ``min_history`` steps of splits, as the loss's
+    rules need of the loss: with fewer, the window's largest split underestimates the tail."""
+    s = sig.summary
+    if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
+        return False
+    if not _rank_far(sig, st) or not sig.loss_z >= st.band_z:
+        return False
+    others = s.ranks_median_loss
+    return others is not None and others > 0.0 and s.loss_main >= others * (1.0 + st.min_loss_jump)
 
 
 def _recent_resume(recent: Sequence[Signals], st: DetectorSettings) -> bool:
