@@ -25,9 +25,8 @@ def inject_faults(probe: Any, ctx: Any = None) -> FaultPlan:
     """The job's fault plan, attached to ``probe`` (a ``sdk.watch`` probe); empty outside drills."""
     plan = plan_for_worker(resolve_ctx(ctx))
     if not plan:
-        attach(
-            plan, probe
-        )  # a drill's clean reference still writes its trace (its final loss is the yardstick)
+        # A drill's clean reference still writes its trace: its final loss is the yardstick.
+        attach(plan, probe)
         return plan
     unsupported = sorted(set(plan.kinds) & BATCH_FAULTS)
     if unsupported:
