@@ -213,6 +213,10 @@ class StreamingAnalyzer:
             return not (sig.rank_z is not None and sig.rank_z >= band)
         if rule == "trend":  # a slow rise: over only once the loss is back near its pre-incident level
             return sig.loss_z < RISE_Z
+        if rule == "source" and inc.facts.source is not None:  # judged on that source while it is there
+            name = inc.facts.source[0]
+            if name in sig.source_own:
+                return not sig.source_z[name] >= band
         if rule in ("grad", "resume"):  # open while the optimizer signal is still out of band
             return (sig.co_z or 0.0) < band and sig.loss_z < band
         if rule == "checksum" and s.checksum_minority:
@@ -225,11 +229,15 @@ class StreamingAnalyzer:
         st = self.settings
         s = sig.summary
         first = locate_first(self.recent, st, trig.rule, self.detector_interval())
+        if trig.source is not None:
+            first = self._source_onset(trig.source, first)
         start = self.detector.trend_start() if trig.rule == "trend" else None
         if start is not None and start < first.step:  # a slow rise: its first step is long before any alarm
             first = FirstAnomaly(step=start, metric="loss_level", value=first.value, baseline=first.baseline)
         level = self.detector.loss.level()
         facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
+        if trig.source is not None:
+            facts.source = (trig.source, sig.source_z[trig.source], s.sources[trig.source][1])
         inc = Incident(
             key=len(self.incidents) + 1,
             onset_step=first.step,
@@ -254,6 +262,29 @@ class StreamingAnalyzer:
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
         return inc
+
+    def _source_onset(self, name: str, first: FirstAnomaly) -> FirstAnomaly:
+        """Where the source left its band: the first of its latest appearances in a row out of band
+        (the loss of the mixture may have stayed in band all along); ``first`` if that is earlier."""
+        band = self.settings.band_z
+        start: Signals | None = None
+        for r in reversed(self.recent):
+            if name not in r.source_own:
+                continue
+            if not r.source_z[name] >= band:
+                break
+            start = r
+        if start is None or start.step >= first.step:
+            return first
+        loss = start.summary.sources[name][1]
+        z = start.source_z[name]
+        return FirstAnomaly(
+            step=start.step,
+            metric=f"source_loss:{name}",
+            value=loss,
+            baseline=loss / math.exp(start.source_own[name]),
+            z=round(z, 2) if math.isfinite(z) else None,
+        )
 
     def _localize(self, inc: Incident, sig: Signals, first_rank: int | None) -> None:
         """rank_local / first_rank and the suspect samples (that rank's batch at the first abnormal step)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.core.detect import DetectorSettings
 from supervisor.core.model import Cause, CauseScore, Phenotype
+from supervisor.core.trigger import SOURCE_PERSIST
 
 
 def typical_step(inc: Incident) -> int:
@@ -41,6 +42,7 @@ W = {
     "rank_local": 0.3,
     "rank_persistent": 0.6,
     "source_local": 0.3,
+    "source_persistent": 0.3,
     "metric_mismatch": 0.6,
     "token_collapse": 0.3,
     "calm_grads": 0.35,
@@ -148,6 +150,13 @@ def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | Non
             "source_local",
             f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band",
         )
+        if f.trigger == "source":  # measured against the source's own baseline, and persistent
+            b.add(
+                Cause.DATA,
+                "source_persistent",
+                f"source `{name}` out of its own band at {SOURCE_PERSIST} appearances in a row from step "
+                f"{inc.onset_step} while the other sources stayed in theirs: that source's data, not the model",
+            )
     _metric(inc, b, calm)
     if not any(b.evidence[c] for c in Cause if c is not prior) and len(b.evidence[prior]) == 1:
         b.evidence[prior].append(THIN)

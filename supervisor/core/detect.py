@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -127,6 +127,8 @@ class Signals:
     lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
     loss_trend: tuple[float, float, float] | None = None  # (level - level W ago, the W before, their noise)
     rank_history: int = 0  # steps in the cross-rank spread window (the within-step baseline's depth)
+    #: Sources of ``source_z`` scored against their own history: name -> log excess over their own level.
+    source_own: dict[str, float] = field(default_factory=dict)
 
     @property
     def step(self) -> int:
@@ -195,15 +197,19 @@ class Detector:
                 tail = max(MAD_TO_SIGMA * self.worst.mad(), self.settings.rank_floor)
                 rank_tail_z = (s.worst_dev - self.worst.median()) / tail
                 rank_new = s.worst_dev > TAIL_MARGIN * max(self.worst.max(), 0.0)
-        src_z = {}
+        src_z: dict[str, float] = {}
+        own: dict[str, float] = {}
         for name, (_tok, loss) in s.sources.items():
             tr = self.sources.get(name)
             lv = safe_log(loss)
             if lv is None:
                 continue
             # A source with no history of its own is compared with the global level and noise.
-            ref = tr if tr is not None and tr.history >= self.settings.min_history else self.loss
-            src_z[name] = ref.z(lv)
+            if tr is not None and tr.history >= self.settings.min_history:
+                src_z[name] = tr.z(lv)
+                own[name] = tr.excess(lv)
+            else:
+                src_z[name] = self.loss.z(lv)
         return Signals(
             summary=s,
             ready=self.loss.history >= self.settings.min_history,
@@ -224,6 +230,7 @@ class Detector:
             lr_norm=lr,
             loss_trend=self._trend(),
             rank_history=len(self.spread),
+            source_own=own,
         )
 
     def trend_start(self) -> int | None:

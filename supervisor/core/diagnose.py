@@ -105,6 +105,9 @@ class Incident:
         grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
         upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
         loss_in_band = not s.nonfinite and not sig.loss_z >= settings.band_z
+        bad_source = self.facts.source[0] if self.facts.trigger == "source" and self.facts.source else None
+        if bad_source is not None and bad_source in sig.source_own:  # its curve is that source's loss
+            loss_in_band = not s.nonfinite and not sig.source_z[bad_source] >= settings.band_z
         rank_out = (
             self.rank_local
             and self.first_rank is not None
@@ -277,6 +280,8 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
         return Phenotype.PERIODIC
     if persistent_rank_fault(inc, settings):
         return Phenotype.DIVERGENCE  # one rank broke and stays broken: it never comes back by itself
+    if source_persisting(inc, settings):
+        return Phenotype.SLOW_RECOVERY  # the source still serves bad data: the cause is in place
     traj = inc.trajectory
     if not traj:
         return Phenotype.TRANSIENT
@@ -327,6 +332,16 @@ def lr_still_raised(inc: Incident) -> bool:
         return False
     last = inc.trajectory[-1].lr
     return last is not None and last / f.lr_before[1] >= LR_RAISED
+
+
+def source_persisting(inc: Incident, settings: DetectorSettings) -> bool:
+    """A source-local incident (rule ``source``) whose source is still out of its band at most of
+    the last ``transient_steps`` steps: one noisy appearance back in band (a source has few samples
+    a step) is no recovery."""
+    if inc.facts.trigger != "source":
+        return False
+    tail = [p for p in inc.trajectory if p.step >= inc.onset_step][-settings.transient_steps :]
+    return len(tail) >= settings.transient_steps and 2 * sum(not p.loss_in_band for p in tail) > len(tail)
 
 
 #: A rank-local fault still present after this many steps (and at the latest step) is persistent.

@@ -24,7 +24,9 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm;
 9. the loss level rose over each of the last two level windows beyond its noise (``trend``): a
    divergence too slow for any one step to stand out, with no gradient metric logged or with the
-   gradients out of band too.
+   gradients out of band too;
+10. one data source's own loss out of its own band for ``SOURCE_PERSIST`` appearances in a row,
+   far out (``z_threshold``) at one of them, while the other sources stay in theirs (``source``; checked before the trend and rank rules).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from supervisor.core.stats import median
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    rule: str  # nonfinite | checksum | loss | loss_only | trend | metric | rank | resume | grad
+    rule: str  # nonfinite | checksum | loss | loss_only | trend | metric | rank | resume | grad | source
     immediate: bool  # ready to act on at once (facts, not shapes)
+    source: str | None = None  # rule "source": the source that left its band
 
 
 def _ge(x: float | None, t: float) -> bool:
@@ -69,6 +72,9 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("metric", True)
     if loss_hi and sig.jump >= st.loss_only_jump and sig.loss_unprecedented:
         return Trigger("loss_only", False)
+    bad_source = source_off(sig, recent, st)
+    if bad_source is not None:
+        return Trigger("source", False, bad_source)
     if _rising(sig, st) and (co is None or co >= st.band_z):
         return Trigger("trend", False)
     reported_jump = s.loss_true is not None and s.loss > s.loss_true * (1 + st.min_loss_jump)
@@ -150,6 +156,38 @@ def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
         return False
     others = s.ranks_median_loss
     return others is not None and others > 0.0 and s.loss_main >= others * (1.0 + st.min_loss_jump)
+
+
+#: ``source_off``: appearances of a source in a row (this step's included) with its own loss out of band.
+SOURCE_PERSIST = 3
+
+
+def source_off(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> str | None:
+    """The one source whose own loss is out of its own robust band (``band_z``, and
+    ``min_loss_jump`` above its level) at this step and at each of its previous
+    ``SOURCE_PERSIST - 1`` appearances, ``z_threshold`` out at one of them at least, while every
+    other source with a baseline of its own is in band at this step: a fault confined to that
+    source's data, whatever its share of the mixture. (Until an incident opens, the source's
+    level learns the bad values, so its z falls back after a few appearances: the strongest of the
+    run is the one to judge.) A mixture switch to a harder domain moves no source's own loss (a new
+    source has no baseline of its own and is no evidence here); one odd batch does not persist."""
+    own = sig.source_own
+    if len(own) < 2:
+        return None  # no other source to compare with
+    zs = sig.source_z
+    name = max(own, key=zs.__getitem__)
+    if not (zs[name] >= st.band_z and own[name] >= math.log1p(st.min_loss_jump)):
+        return None
+    if any(zs[n] >= st.band_z for n in own if n != name):
+        return None
+    run = [zs[name]]
+    for r in reversed(recent):
+        if r is sig or name not in r.source_own:
+            continue
+        if len(run) >= SOURCE_PERSIST or not r.source_z[name] >= st.band_z:
+            break
+        run.append(r.source_z[name])
+    return name if len(run) >= SOURCE_PERSIST and max(run) >= st.z_threshold else None
 
 
 def _recent_resume(recent: Sequence[Signals], st: DetectorSettings) -> bool:
