@@ -355,10 +355,14 @@ class Controller:
         # (current_step) lags behind it by whatever records were still in flight.
         reached = self.assembler.reached()
         at = max(self.current_step, reached + 1 if reached is not None else self.current_step)
-        decision = decide(event, self.state.restart_steps, at, self.restart_settings)
+        resumed = self.state.restart_resumed_at
+        no_step = resumed is not None and at <= resumed + 1  # the restarted group trained no step
+        self.state.restarts_without_progress = self.state.restarts_without_progress + 1 if no_step else 0
+        decision = decide(event, self.state.restart_steps, at, self.restart_settings,
+                          without_progress=self.state.restarts_without_progress)  # fmt: skip
         rank = event.ranks[0] if event.ranks else None
-        incident = self.incidents.open_incident(self.job.name, _machinery_diagnosis(at, rank, event.describe()),
-                                                actor="supervisor", step=self.current_step,
+        incident = self.incidents.open_incident(self.job.name, _machinery_diagnosis(max(at, 0), rank, event.describe()),
+                                                actor="supervisor", step=max(self.current_step, 0),
                                                 payload={"machinery": event.describe()})  # fmt: skip
         if decision.action == "escalate":
             self.incidents.record(incident.id, EventKind.ESCALATED, actor="supervisor",
@@ -380,6 +384,7 @@ class Controller:
         resume = self._restart_target()
         self.state.generation += 1
         self.state.restart_steps.append(at)
+        self.state.restart_resumed_at = -1 if resume is None else resume
         self.state.held_at.clear()
         # 4. The analysed timeline continues from the resume point.
         self.rewind(-1 if resume is None else resume, f"restart:g{self.state.generation}",
@@ -597,6 +602,8 @@ class Controller:
             return
         self.assembler.rewind(to_step)
         self.flow.notify_rollback(to_step, reason)
+        if not key.startswith("restart:"):
+            self.state.restart_resumed_at = None  # a rollback: the group had trained past its resume point
         self.current_step = to_step
         self.history = deque((h for h in self.history if h.step <= to_step), maxlen=self.history.maxlen)
         self.tending.abandon_after(self.state, to_step)

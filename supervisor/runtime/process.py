@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -189,6 +190,21 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+_ERROR_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b.*)$"
+)
+
+
+def last_error_line(output: str, limit: int = 300) -> str | None:
+    """The last ``SomeError: message`` line of a process's output (a Python traceback's final
+    line, torchrun's ``[rankN]:`` prefix removed), so a failure names its cause; None if none."""
+    for line in reversed(output.splitlines()):
+        found = _ERROR_LINE.match(line.strip())
+        if found:
+            return found.group(1)[:limit]
+    return None
 
 
 def run_info(proc: RankProcess) -> dict[str, Any]:

@@ -11,6 +11,7 @@ decision is logged with its cause and the setting behind it (STYLE.md point 6)::
       backoff_s: 2          # wait before the first restart ...
       backoff_factor: 2     # ... times this for each further one ...
       backoff_max_s: 60     # ... at most this
+      max_without_progress: 1   # restarted groups in a row that fail before a step: then fail the job
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class RestartSettings:
     backoff_s: float = 2.0
     backoff_factor: float = 2.0
     backoff_max_s: float = 60.0
+    max_without_progress: int = 1
 
     @classmethod
     def of(cls, policy: Any) -> RestartSettings:
@@ -73,14 +75,33 @@ class RestartDecision:
 
 
 def decide(
-    event: GroupEvent, restart_steps: list[int], step: int, settings: RestartSettings
+    event: GroupEvent,
+    restart_steps: list[int],
+    step: int,
+    settings: RestartSettings,
+    without_progress: int = 0,
 ) -> RestartDecision:
     """Restart the group (after the backoff) or escalate, and say why.
 
     ``restart_steps``: the steps at which earlier restarts of this run happened; with
     ``restarts.window_steps`` only those within that many steps of ``step`` count.
+    ``without_progress``: how many restarted groups in a row failed before training a step,
+    this fault's included (0: this group made progress, or it is the first group). Once that
+    reaches ``restarts.max_without_progress`` the failure repeats before the first step (a bad
+    argument, an import error, a missing file): restarting cannot fix it, so the job ends and
+    says so.
     """
     cause = event.describe()
+    if without_progress and without_progress >= settings.max_without_progress:
+        why = (
+            f"Deciding to ESCALATE: {cause}; the group failed again before training a step, "
+            f"{without_progress} restart(s) in a row without progress reached "
+            f"restarts.max_without_progress={settings.max_without_progress} (policy): restarting "
+            "does not fix a failure that repeats before the first step"
+        )
+        log.warning("restart_decision", decision="escalate", cause=cause, without_progress=without_progress,
+                    max_without_progress=settings.max_without_progress)  # fmt: skip
+        return RestartDecision("escalate", why)
     window = settings.window_steps
     counted = [s for s in restart_steps if window is None or step - s <= window]
     scope = "in this run" if window is None else f"within restarts.window_steps={window}"

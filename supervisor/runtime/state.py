@@ -125,6 +125,10 @@ class RuntimeState(BaseModel):
     """Rank -> step where that rank holds at the end of training, waiting for a release."""
     restart_steps: list[int] = Field(default_factory=list)
     """Steps at which the worker group was restarted (the restart policy counts them)."""
+    restart_resumed_at: int | None = None
+    """The step the newest restarted group resumed from (-1: from scratch); None: never restarted."""
+    restarts_without_progress: int = 0
+    """Restarted groups in a row that failed again before training a step past their resume point."""
     reported_grad_clip: float | None = None
     """The clip the job reports in its records (``attrs.grad_clip``), newest; None: never reported."""
     stalled_since: float | None = None

@@ -163,7 +163,13 @@ class TrainWorker:
     def _run_command(
         self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int
     ) -> None:
-        from supervisor.runtime.process import RankProcess, child_env, command_line, describe_exit
+        from supervisor.runtime.process import (
+            RankProcess,
+            child_env,
+            command_line,
+            describe_exit,
+            last_error_line,
+        )
         from supervisor.runtime.process_link import LinkServer
         from supervisor.runtime.process_logs import LogKeeper
 
@@ -193,8 +199,10 @@ class TrainWorker:
                 self._outcome.update(state="finished", exit_code=0, ended=time.time())
                 self.log.info("training_finished", exit_code=0)
             else:
-                self._outcome.update(state="failed", exit_code=code, error=f"training process {describe_exit(code)}",
-                                     traceback=keeper.tail())  # fmt: skip
+                tail = keeper.tail()
+                cause = last_error_line(tail)
+                self._outcome.update(state="failed", exit_code=code, traceback=tail,
+                                     error=f"training process {describe_exit(code)}" + (f": {cause}" if cause else ""))  # fmt: skip
                 self.log.error("training_failed", exit_code=code)
         except BaseException as exc:  # reported to the supervisor, which decides what to do
             self._outcome.update(

@@ -234,3 +234,22 @@ def test_incidents_of_an_abandoned_timeline_get_no_plan_of_their_own(tmp_path: P
     gone = ctl.incidents.get(later.id)
     assert gone.state is IncidentState.DISMISSED
     assert "abandoned timeline" in ctl.incidents.timeline(later.id)[-1].payload["reason"]
+
+
+def test_a_group_that_fails_again_before_its_first_step_fails_the_job(tmp_path: Path) -> None:
+    """A script that dies at start-up (a bad argument, a `faults:` entry it cannot inject): the
+    first failure restarts the group; when the restarted group dies again before training a step,
+    restarting cannot help, so the job fails at once naming restarts.max_without_progress, not
+    after restarts.max_restarts attempts. Its incidents are dated at step 0, never -1."""
+    _, _, workers, ctl = setup(tmp_path)
+    crash = GroupEvent("failed", (1,), "training process exited with code 1: ConfigError: faults: bad")
+    workers.events.append(crash)
+    ctl.iterate()  # restart decision
+    ctl.iterate()  # relaunch
+    assert ctl.phase is JobPhase.RUNNING and ctl.state.generation == 1
+    workers.events.append(crash)
+    ctl.iterate()
+    assert ctl.phase is JobPhase.FAILED, ctl.status()
+    assert "restarts.max_without_progress=1" in ctl.state.reason and "ConfigError" in ctl.state.reason
+    assert len(workers.launches) == 2  # the first launch and one restart, not max_restarts=2 of them
+    assert all(i.onset_step >= 0 for i in ctl.incidents.list_incidents(job="row"))

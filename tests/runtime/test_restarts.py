@@ -32,3 +32,29 @@ def test_old_restarts_stop_counting_outside_the_window_and_backoff_is_capped() -
 def test_settings_come_from_the_policy_yaml() -> None:
     s = RestartSettings.of(load_policy("default"))
     assert s.max_restarts >= 1 and s.backoff_max_s >= s.backoff_s
+
+
+def test_a_failure_that_repeats_before_any_step_escalates_and_progress_resets_it() -> None:
+    s = RestartSettings(max_restarts=5, max_without_progress=2)
+    assert decide(LOST, [0], 0, s, without_progress=1).action == "restart"
+    stuck = decide(LOST, [0, 0], 0, s, without_progress=2)
+    assert stuck.action == "escalate" and "restarts.max_without_progress=2" in stuck.reason
+    assert decide(LOST, [0, 0], 40, s, without_progress=0).action == "restart"  # it trained: a new fault
+
+
+def test_a_failed_process_is_named_by_the_last_error_line_of_its_output() -> None:
+    from supervisor.runtime.process import last_error_line
+
+    out = (
+        'step 10 loss 2.1\nTraceback (most recent call last):\n  File "train.py", line 3, in <module>\n'
+        "    raise ValueError('x')\nValueError: boom\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        "[rank1]: supervisor.errors.ConfigError: faults: drill faults ['garbage_batch'] need the loader\n"
+    )
+    assert (
+        last_error_line(out)
+        == "supervisor.errors.ConfigError: faults: drill faults ['garbage_batch'] need the loader"
+    )
+    assert last_error_line("step 1 loss 2.0\nno errors here\n") is None
+    assert last_error_line("KeyboardInterrupt\n") == "KeyboardInterrupt"
+    assert len(last_error_line("RuntimeError: " + "x" * 5000) or "") == 300

@@ -33,6 +33,13 @@ class Restarts(_Section):
         2.0, ge=1, le=10, description="Each further restart waits this times longer."
     )
     backoff_max_s: float = Field(60.0, ge=0, le=3600, description="Upper bound of the wait, in seconds.")
+    max_without_progress: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Restarted groups in a row that fail before training a step, after which the job "
+        "fails (a failure that repeats before the first step is not fixed by restarting).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Restarts:
