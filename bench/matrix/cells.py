@@ -32,17 +32,26 @@ BAD_SOURCE = "web"
 #: Names are as the probe sees the model (wrapped in DDP: `module.`).
 OVERFLOW_MODULE = {"encoder": "module.enc.layers.0.linear1"}
 
-MAX_STEPS = 200
-"""Steps of every run; the fault comes at ``fault_step`` (120)."""
+MAX_STEPS = 150
+"""Steps of every run; the fault comes at ``fault_step`` (90)."""
 CHECKPOINT_EVERY = 20
+BATCH_SIZE = 16
+"""Per rank. These models are overhead-bound: 16 costs ~15-30% more CPU per step than 8 and halves
+the loss noise, so the fault can come earlier (at step 80 with 8, a garbage batch went unseen)."""
+RUNTIME = {"loop_interval_s": 0.2, "poll_interval_s": 0.25}
+"""job.yaml ``runtime:`` knobs any user can set (defaults 0.05 / 0.1): the supervisor's idle loop
+and each rank's link wake less often. Records still go out at every step and directives arrive
+by long poll, so a fault is seen and acted on as soon; what shrinks is the polling CPU, which
+grows with wall time when 6 jobs share 2 cores."""
 
 
 def fault_step(max_steps: int) -> int:
-    """Three fifths into the run: well after the LR warm-up (20 steps) and the detector's history
-    (50 steps), where the loss has settled enough for a one-rank garbage batch to stand out (at
-    step 80 of these models it did not: rank 1 at 2x the loss went undetected), with six
-    checkpoints before it (a rollback 50 steps before the onset has a healthy target) and 80
-    steps after it to recover, pass the observation window and be judged."""
+    """Three fifths into the run (step 90 of 150): after the LR warm-up (20 steps) and the
+    detector's history (50 steps), where the loss has settled enough for a one-rank garbage batch
+    to stand out (batches of 16: at step 80 with batches of 8 rank 1 at 2x the loss went
+    undetected), with four checkpoints before it (a rollback 50 steps before the onset has a
+    healthy target, step 40) and 60 steps after it to recover, pass the observation window and
+    be judged."""
     return max_steps * 3 // 5
 
 
@@ -135,7 +144,7 @@ class Cell:
             "data": DATA[self.family],
             "d_model": 32,
             "seq_len": 32,
-            "batch_size": 8,
+            "batch_size": BATCH_SIZE,
             "bytes_per_source": 60_000,
             "extra_source": BAD_SOURCE,
             **fault_config,
@@ -151,6 +160,7 @@ class Cell:
                 "policy": "default",
                 "max_steps": max_steps,
                 "faults": faults,
+                "runtime": RUNTIME,
             }
         )
 

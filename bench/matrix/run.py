@@ -36,6 +36,8 @@ from typing import Any
 from bench.matrix.cells import BAD_SOURCE, FAMILIES, FAULTS, LOADS, MAX_STEPS, OPTIMIZERS, Cell, cells
 
 LOSS_TOLERANCE = 0.05
+#: Ray system settings for the matrix's local Ray (environment variables, before ``ray.init``).
+RAY_QUIET = {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "0"}
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Result:
 
 def run_cell(cell: Cell, out: Path, max_steps: int, timeout_s: float) -> Result:
     from supervisor.runtime import api
+    from supervisor.runtime.settings import settings_for
 
     work = (out / cell.name).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -75,7 +78,7 @@ def run_cell(cell: Cell, out: Path, max_steps: int, timeout_s: float) -> Result:
     t0 = time.monotonic()
     handle = None
     try:
-        handle = api.launch(job)
+        handle = api.launch(job, settings_for(job))  # as `supervisor launch` does: job.yaml's `runtime:`
         status = api.wait(handle, timeout_s=timeout_s)
         if not status.get("terminal"):
             res.error = f"not finished after {timeout_s:.0f}s (phase {status.get('phase')}, step {status.get('step')})"
@@ -232,6 +235,11 @@ def start_ray(num_cpus: int, namespace: str) -> None:
 
     # On a loaded host the raylet registers with the GCS late; Ray's own hint is to wait longer.
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
+    # Ray's metrics export and per-task event reports feed the dashboard and the state API, which
+    # the matrix does not use; every Ray process pays for them every few seconds (each setting is
+    # Ray's own and can be set the same way for any run).
+    for name, value in RAY_QUIET.items():
+        os.environ.setdefault(name, value)
 
     @retry(stop=stop_after_attempt(4), wait=wait_fixed(5), reraise=True)
     def init() -> None:
@@ -347,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--jobs",
         type=int,
-        default=6,
-        help="Jobs running at once (each has 2 workers); 6 keeps 2 cores busy through every job's start-up.",
+        default=4,
+        help="Jobs running at once (each has 2 workers and a supervisor): 4 keep 2 cores busy; more only "
+        "stretch every job's wall time, and Ray's and the supervisor's polling grow with it.",
     )
     ap.add_argument("--max-steps", type=int, default=MAX_STEPS, help="Steps per run; the fault at half.")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="Per cell.")

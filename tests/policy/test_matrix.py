@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.matrix.cells import FAULTS, Cell, cells
+from bench.matrix.cells import FAULTS, RUNTIME, Cell, cells
 from bench.matrix.run import Result, judge, table
 
 
@@ -23,12 +23,16 @@ def test_every_cell_is_a_valid_job_under_the_default_policy(tmp_path: Path) -> N
         job = c.job(tmp_path / c.name)
         assert job.policy == "default" and job.resources.num_workers == 2
     persistent = Cell("gru", "sgd", "lr_persistent", "idle").job(tmp_path)
-    assert persistent.config["lr_bug"] == {"step": 120, "factor": 30} and not persistent.faults
+    assert persistent.config["lr_bug"] == {"step": 90, "factor": 30} and not persistent.faults
+    # The job's runtime knobs reach the supervisor as `supervisor launch` passes them.
+    from supervisor.runtime.settings import settings_for
+
+    assert settings_for(persistent).loop_interval_s == RUNTIME["loop_interval_s"]
     assert [f.kind for f in Cell("encoder", "adamw", "garbage_rank", "busy").job(tmp_path).faults] == [
         "garbage_batch"
     ]
     bad = Cell("gru", "sgd", "bad_source", "idle").job(tmp_path)
-    assert bad.config["bad_source"] == {"source": "web", "step": 120} and not bad.faults
+    assert bad.config["bad_source"] == {"source": "web", "step": 90} and not bad.faults
 
 
 def test_subsets_keep_their_clean_reference_first() -> None:
