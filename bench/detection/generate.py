@@ -100,6 +100,11 @@ def _shift(step: int) -> dict[str, float]:
     return {"code": 0.25, "docstrings": 0.25, "tests": 0.25, "b64": 0.25}
 
 
+def _fifth_tests(step: int) -> dict[str, float]:
+    """The mix of the bad-source run: `tests` is a fifth of the samples."""
+    return {"code": 0.4, "docstrings": 0.4, "tests": 0.2}
+
+
 def b64_texts(n_files: int = 40) -> dict[str, str]:
     """A real but harder domain: base64 of zlib-compressed stdlib files (as embedded in code and configs)."""
     root = stdlib_root()
@@ -138,6 +143,18 @@ FAULTS = [
         loss_visible=False,
     ),
     Fault("misreduced_metric", 200, "transient", "metric_artifact", 3, seed=12, params={"rank": 3}),
+    # One source (a fifth of the samples) serves random bytes from the onset on, on every rank (its
+    # files overwritten upstream): the mixture's loss rises ~10-15% with calm gradients, the source's
+    # own loss far beyond its band. It stays until someone keeps the source out.
+    Fault(
+        "bad_source",
+        200,
+        "slow_recovery",
+        "data",
+        seed=14,
+        mixture=_fifth_tests,
+        params={"source": "tests"},
+    ),  # fmt: skip
     # One rank's input corrupted from the onset on, for good (a broken shard or loader on that rank):
     # its loss stays far above the others'. One incident that does not go away: divergence, rank-local.
     Fault(
@@ -226,6 +243,12 @@ class Run:
         items = [self.ds[i] for i in idx]
         ids = [self.ds.sample_id(i) for i in idx]
         srcs = [self.ds.source(i) for i in idx]
+        if self.fault.kind == "bad_source" and step >= (self.fault.onset or 0):
+            for j, src in enumerate(srcs):  # same sample IDs, their content overwritten with bytes
+                if src == self.fault.params["source"]:
+                    gen = torch.Generator().manual_seed(zlib.crc32(ids[j].encode()))
+                    raw = torch.randint(0, 256, (self.seq + 1,), generator=gen)
+                    items[j] = {"input_ids": raw[:-1].clone(), "targets": raw[1:].clone(), "length": self.seq}
         junk = self._junk(step, rank)
         if junk:
             gen = torch.Generator().manual_seed(step * 31 + rank)
