@@ -1,4 +1,4 @@
-"""A fault that comes back inside its own observation window fails it, even as a ``low`` blip,
+"""A fault that comes back inside its own observation window fails it, whatever its severity,
 and the verdict lists every criterion with its number and threshold (issue 13, "an observation
 that proves the fix"); real controller, fake workers (tests/runtime/harness.py)."""
 
@@ -18,7 +18,7 @@ HOLD = str(Path(__file__).parent / "policies" / "hold.yaml")
 
 
 @pytest.mark.slow
-def test_a_low_recurrence_inside_the_window_fails_it_and_is_no_incident_of_its_own(tmp_path: Path) -> None:
+def test_a_recurrence_inside_the_window_fails_it_and_is_no_incident_of_its_own(tmp_path: Path) -> None:
     job = make_job(tmp_path, "win", max_steps=260, policy=HOLD)
     ranks = FakeRanks(2, 260, spikes_once(130, 150))  # rank 0 again at 150: inside the window
     ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
