@@ -170,3 +170,22 @@ def test_a_source_local_update_jump_rolls_back_and_keeps_the_source_out(default_
     assert rollback is not None and rollback.params["target_step"] == 100
     assert apply is not None and apply.params["exclude"]["sources"] == ["web"]
     assert "lr_scale" not in apply.params and "warmup_steps" not in apply.params
+
+
+def test_a_low_transient_is_a_note_the_policy_does_not_act_on(default_policy: Policy) -> None:
+    """Issue 19: `medium` and above mean the policy acts; a low blip back in band at once is a
+    note in the record (the alert's log line, no page) and training is not touched."""
+    from supervisor.core.model import Severity
+
+    low = plan(
+        diag("transient", ("data",), severity=Severity.LOW, suspect_samples=("s:1",)), state(), default_policy
+    )
+    assert low.rule == "note" and low.action_names == ["alert"]
+    alert = low.action("alert")
+    assert alert is not None and alert.params.get("page", True) is False
+    medium = plan(
+        diag("transient", ("data",), severity=Severity.MEDIUM, suspect_samples=("s:1",)),
+        state(),
+        default_policy,
+    )
+    assert medium.rule == "transient" and "apply" in medium.action_names

@@ -26,6 +26,11 @@ class AlertParams(ActionParams):
     """Send the incident summary (log + webhook). Never changes training."""
 
     message: str | None = Field(None, description="Extra line added to the incident summary.")
+    page: bool = Field(
+        True,
+        description="POST the summary to the job's webhook (the page); false: the log line and the "
+        "incident record only, a note no one is paged for.",
+    )
 
 
 class FreezeParams(ActionParams):

@@ -30,6 +30,7 @@ class MessageArgs(Args):
     """alert / escalate / stop."""
 
     message: str | None = Field(None, description="The policy author's words (or the engine's reason).")
+    page: bool = Field(True, description="alert: POST to the webhook; false: log and record only (a note).")
 
 
 class NoArgs(Args):

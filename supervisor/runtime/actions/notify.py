@@ -33,7 +33,7 @@ class AlertAction:
         url = rt.job.alert.webhook_url
         return {
             "format": getattr(rt.job.alert, "format", "json"),
-            "webhook": alerts.redacted(url) if url else None,
+            "webhook": alerts.redacted(url) if url and params.get("page", True) else None,
             "step": rt.current_step,
             "task": f"alert:{action_id}",
         }
