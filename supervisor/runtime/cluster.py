@@ -144,13 +144,27 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _ensure_local_head(num_cpus: int) -> bool:
-    """Join a local head started with ``ray start``, or start one; True when it was started here."""
+def _last_started_head() -> str | None:
+    """The address the last ``ray start`` on this machine wrote to Ray's temp folder, or None.
+    Not Ray's ``auto``: that falls back to any Ray process it finds on the machine (another
+    user's ``ray.init()``, a benchmark's private instance) and a detached job would join it."""
+    from ray._private.services import find_bootstrap_address
+
     try:
-        _probe("auto")
-        return False
-    except RuntimeBackendError:
-        pass
+        return find_bootstrap_address(None) or None
+    except Exception:  # an unreadable address file is no head
+        return None
+
+
+def _ensure_local_head(num_cpus: int) -> bool:
+    """Join the local head started with ``ray start``, or start one; True when it was started here."""
+    address = _last_started_head()
+    if address is not None:
+        try:
+            _probe(address)
+            return False
+        except RuntimeBackendError:
+            log.info("ray_head_gone", address=address)  # a stale address file: start a new head
     exe = Path(sys.executable).with_name("ray")
     cmd = [str(exe) if exe.exists() else (shutil.which("ray") or "ray")]
     cmd += ["start", "--head", f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"]
