@@ -48,7 +48,10 @@ def test_slack_payload_has_text_and_valid_blocks(webhook: Hook, monkeypatch: pyt
     assert types[0] == "header" and types[-1] == "context" and "section" in types
     assert len(body["blocks"][0]["text"]["text"]) <= 150
     fields = next(b["fields"] for b in body["blocks"] if "fields" in b)
-    assert 1 <= len(fields) <= 10 and all(len(f["text"]) <= 2000 for f in fields)
+    assert [f["text"].split("\n")[0] for f in fields] == [
+        "*Phenotype*", "*Onset*", "*First rank*", "*First anomaly*", "*Attributes*"
+    ]  # fmt: skip
+    assert fields[1]["text"] == "*Onset*\nstep 100, detected at 103"
     text = json.dumps(body["blocks"])
     assert "rank 1 (rank-local)" in text and "loss rose on rank 1 only" in text and "look at rank 1" in text
 
