@@ -40,13 +40,19 @@ def test_a_blip_that_lasts_two_steps_is_not_a_note() -> None:
     assert res.incidents and max(d.severity.rank for d in res.incidents) >= Severity.MEDIUM.rank
 
 
-def test_rank_local_bad_batch_stays_medium() -> None:
-    recs = synthetic_records(400, 4, seed=5)
-    (bad,) = at(recs, 300, rank=2)
-    set_loss(bad, bad.loss * 1.4)
+def _bad_batch_on(*, ranks: int, seed: int, rank: int, loss_x: float, grad_x: float) -> list:  # type: ignore[type-arg]
+    """400 synthetic steps; at step 300 one rank's loss times ``loss_x``, every rank's grad norm
+    times ``grad_x`` (the averaged gradients carry the bad batch's share)."""
+    recs = synthetic_records(400, ranks, seed=seed)
+    (bad,) = at(recs, 300, rank=rank)
+    set_loss(bad, bad.loss * loss_x)
     for r in at(recs, 300):
-        r.grad_norm = (r.grad_norm or 1.0) * 4
-    res = analyze_records(recs)
+        r.grad_norm = (r.grad_norm or 1.0) * grad_x
+    return recs
+
+
+def test_rank_local_bad_batch_stays_medium() -> None:
+    res = analyze_records(_bad_batch_on(ranks=4, seed=5, rank=2, loss_x=1.4, grad_x=4))
     assert res.incidents and res.incidents[0].rank_local
     assert res.incidents[0].severity.rank >= Severity.MEDIUM.rank
 
@@ -78,12 +84,7 @@ def test_a_rank_local_garbage_batch_with_calm_global_gradients_is_not_a_note() -
     """The matrix's gru/SGD garbage batch: one rank's loss ~2.6x the other's for one step, the
     averaged gradients barely move (grad norm 1.5-2x, update ratio 1x). The policy excludes the
     batch (rule rank_local): medium at least."""
-    recs = synthetic_records(400, 2, seed=11)
-    (bad,) = at(recs, 300, rank=1)
-    set_loss(bad, bad.loss * 2.6)
-    for r in at(recs, 300):
-        r.grad_norm = (r.grad_norm or 1.0) * 1.5
-    res = analyze_records(recs)
+    res = analyze_records(_bad_batch_on(ranks=2, seed=11, rank=1, loss_x=2.6, grad_x=1.5))
     (d,) = res.incidents
     assert d.rank_local and d.first_rank == 1, d.to_json()
     assert d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
