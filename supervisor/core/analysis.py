@@ -30,7 +30,7 @@ from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
-from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rise_start
+from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rank_rose, rise_start
 from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
@@ -117,7 +117,7 @@ class StreamingAnalyzer:
 
     def _note_excursion(self, sig: Signals) -> None:
         st, s = self.settings, sig.summary
-        rank_out = sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold / 2
+        rank_out = sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold / 2 and rank_rose(sig, st)
         loss_out = sig.loss_z >= max(st.band_z, st.z_threshold / 2) and sig.jump >= st.min_loss_jump
         if s.nonfinite or loss_out or rank_out:
             excess = sig.loss_excess if math.isfinite(sig.loss_excess) else 10.0
@@ -210,7 +210,7 @@ class StreamingAnalyzer:
         if rule == "metric":
             return sig.reported_z < band and not s.misreported
         if rule == "rank":
-            return not (sig.rank_z is not None and sig.rank_z >= band)
+            return not (sig.rank_z is not None and sig.rank_z >= band and rank_rose(sig, self.settings))
         if rule == "trend":  # a slow rise: over only once the loss is back near its pre-incident level
             return sig.loss_z < RISE_Z
         if rule == "source" and inc.facts.source is not None:  # judged on that source while it is there
@@ -295,7 +295,12 @@ class StreamingAnalyzer:
             inc.rank_local, inc.first_rank = True, s.misreported[0][0]
         elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
             inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
-        elif s.worst_rank is not None and sig.rank_z is not None and sig.rank_z >= st.rank_z_threshold:
+        elif (
+            s.worst_rank is not None
+            and sig.rank_z is not None
+            and sig.rank_z >= st.rank_z_threshold
+            and rank_rose(sig, st)  # a rank at its own level is not named because another one fell
+        ):
             worst = s.rank_log_loss[s.worst_rank] - inc.baseline_log
             others = math.log(s.ranks_median_loss) - inc.baseline_log if s.ranks_median_loss else 0.0
             if not math.isfinite(worst) or others < 0.3 * worst:

@@ -6,7 +6,12 @@ Two kinds of comparison, both linear in the number of ranks:
   ``loss_sum``/``tokens``), the reported loss, grad norm, update ratio, effective tokens and
   each data source's loss each have one ``LevelTracker`` (log space: these are multiplicative);
 * cross-rank, within the step: each rank's loss against the median of all ranks, scaled by the
-  typical cross-rank spread (one rolling window of one number per step), so no per-rank history.
+  typical cross-rank spread (one rolling window of one number per step);
+* the rank that stands out, against its own past: each rank keeps only its last ``RANK_OWN``
+  learned losses (an append per rank and step), and the band of its own loss (the median of its
+  last ``level_window`` values, the MAD of its residuals) is computed for the worst rank only, at
+  the steps where it stands out. A split between ranks says that they differ, not which one
+  moved: with 2 ranks, one rank drawing an easy batch makes the other the "worst" rank.
 
 ``Detector.score`` reads; ``Detector.learn`` writes. The analyzer decides what is learned
 (nothing while an incident is open, so a divergence never becomes the new normal).
@@ -21,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, safe_log
+from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log
 from supervisor.core.summary import StepSummary, summarize
 
 __all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"]
@@ -32,6 +37,14 @@ __all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"
 #: never values far beyond everything seen in the last ``window`` steps. No effect on Gaussian noise
 #: (its window maximum is ~3.2 sigma; 1.5x that is below the 6-sigma threshold).
 TAIL_MARGIN = 1.5
+
+#: Learned losses kept per rank: the last ``level_window`` are its level, the residuals of the rest
+#: (each against the median of the ``level_window`` values before it) are its own noise.
+RANK_OWN = 64
+#: Fewest residuals of its own before a rank's band is trusted; with fewer it is unknown.
+RANK_OWN_MIN_RESID = 8
+#: Ranks with a history of their own (a runaway number of rank ids must not grow memory).
+MAX_RANKS_OWN = 4096
 
 
 class DetectorSettings(BaseModel):
@@ -129,6 +142,9 @@ class Signals:
     rank_history: int = 0  # steps in the cross-rank spread window (the within-step baseline's depth)
     #: Sources of ``source_z`` scored against their own history: name -> log excess over their own level.
     source_own: dict[str, float] = field(default_factory=dict)
+    #: The worst rank's loss against its own band: (log excess over its own level, robust z), None
+    #: where its history is too short or the rank does not stand out (not computed there).
+    rank_own: tuple[float, float] | None = None
 
     @property
     def step(self) -> int:
@@ -146,6 +162,25 @@ class Signals:
         if not math.isfinite(self.loss_excess) or self.loss_excess > 700:  # expm1 overflows past ~709
             return math.inf
         return math.expm1(self.loss_excess)
+
+
+def own_band(
+    hist: deque[tuple[int, float]], x: float, level_window: int, floor: float
+) -> tuple[float, float] | None:
+    """(log excess over its own level, robust z) of ``x`` against one rank's own learned values
+    ``hist`` ((step, log loss), oldest first): the level is the median of the last ``level_window``,
+    the noise the MAD of each earlier value's residual against the ``level_window`` before it,
+    centred on the residuals' median (a falling loss sits below its lagging level), as
+    ``LevelTracker.z`` does. None with fewer than ``RANK_OWN_MIN_RESID`` residuals."""
+    vals = [v for _, v in hist]
+    n = len(vals)
+    if n < level_window + RANK_OWN_MIN_RESID:
+        return None
+    resid = [vals[i] - median(vals[i - level_window : i]) for i in range(level_window, n)]
+    center = median(resid)
+    scale = max(MAD_TO_SIGMA * median([abs(r - center) for r in resid]), floor)
+    excess = x - median(vals[n - level_window :])
+    return excess, (excess - center) / scale
 
 
 def _unscaled(x: float | None, mult: float) -> float | None:
@@ -170,6 +205,8 @@ class Detector:
         self.spread = RollingWindow(s.window)
         self.worst = RollingWindow(s.window)
         self.rank_steps: deque[int] = deque(maxlen=LevelTracker.REWIND)  # steps of spread/worst pushes
+        #: rank -> its last ``RANK_OWN`` learned (step, log loss): the band of its own loss.
+        self.rank_own: dict[int, deque[tuple[int, float]]] = {}
         #: (step, loss level) after each learned step: a rise slow enough for the level to follow it
         #: step by step still shows as two consecutive windows that both went up.
         self.levels: deque[tuple[int, float]] = deque(maxlen=2 * settings.level_window + 1)
@@ -197,6 +234,13 @@ class Detector:
                 tail = max(MAD_TO_SIGMA * self.worst.mad(), self.settings.rank_floor)
                 rank_tail_z = (s.worst_dev - self.worst.median()) / tail
                 rank_new = s.worst_dev > TAIL_MARGIN * max(self.worst.max(), 0.0)
+        # Only where the worst rank stands out (every rule that reads it asks for that first).
+        rank_own = None
+        st, w = self.settings, s.worst_rank
+        if w is not None and rank_z is not None and rank_z >= min(st.band_z, st.rank_z_threshold / 2):
+            hist = self.rank_own.get(w)
+            if hist:
+                rank_own = own_band(hist, s.rank_log_loss[w], st.level_window, st.loss_floor)
         src_z: dict[str, float] = {}
         own: dict[str, float] = {}
         for name, (_tok, loss) in s.sources.items():
@@ -231,6 +275,7 @@ class Detector:
             loss_trend=self._trend(),
             rank_history=len(self.spread),
             source_own=own,
+            rank_own=rank_own,
         )
 
     def trend_start(self) -> int | None:
@@ -289,6 +334,14 @@ class Detector:
             self.spread.push(s.rank_spread)
             self.worst.push(s.worst_dev)
             self.rank_steps.append(step)
+        own = self.rank_own
+        for rank, lv in s.rank_log_loss.items():
+            h = own.get(rank)
+            if h is None:
+                if len(own) >= MAX_RANKS_OWN:
+                    continue
+                h = own[rank] = deque(maxlen=RANK_OWN)
+            h.append((step, lv))
         for name, (_tok, loss) in s.sources.items():
             lv = safe_log(loss)
             if lv is None:
@@ -331,6 +384,7 @@ class Detector:
         self.spread.clear()
         self.worst.clear()
         self.rank_steps.clear()
+        self.rank_own.clear()
         self.levels.clear()
         self.last_lr = None
 
@@ -343,6 +397,9 @@ class Detector:
             self.rank_steps.pop()
             self.spread.pop_newest()
             self.worst.pop_newest()
+        for h in self.rank_own.values():
+            while h and h[-1][0] > step:
+                h.pop()
         self.last_step = step
         self.last_lr = None  # the LR of a later step is no reference for the replayed one
 
@@ -352,6 +409,7 @@ class Detector:
             "spread": self.spread.values(),
             "worst": self.worst.values(),
             "rank_steps": list(self.rank_steps),
+            "rank_own": {str(k): [list(x) for x in h] for k, h in self.rank_own.items()},
             "levels": [list(x) for x in self.levels],
             "intervals": self.intervals.values(),
             "last_lr": self.last_lr,
@@ -373,6 +431,10 @@ class Detector:
         self.worst = RollingWindow(s.window, state.get("worst", []))
         self.rank_steps = deque((int(x) for x in state.get("rank_steps", [])), maxlen=LevelTracker.REWIND)
         self.intervals = RollingWindow(16, state.get("intervals", []))
+        self.rank_own = {
+            int(k): deque(((int(a), float(b)) for a, b in h), maxlen=RANK_OWN)
+            for k, h in state.get("rank_own", {}).items()
+        }
         self.levels = deque(
             ((int(a), float(b)) for a, b in state.get("levels", [])), maxlen=2 * s.level_window + 1
         )

@@ -124,12 +124,26 @@ def _rising(sig: Signals, st: DetectorSettings) -> bool:
     return min(d1, d2) >= st.band_z * se and d1 + d2 >= math.log1p(2 * st.min_loss_jump)
 
 
+def rank_rose(sig: Signals, st: DetectorSettings) -> bool:
+    """The worst rank's own loss left its own band upward (``band_z`` and ``min_loss_jump`` above
+    its own level), or it has no band of its own yet (too few learned steps: the split alone must
+    do, as before). A split between ranks says they differ, not which one moved: when one of 2
+    ranks draws an unusually easy batch, the other becomes the "worst" rank at its usual loss.
+    Only a rank that rose is evidence of a fault, and only that rank is named."""
+    own = sig.rank_own
+    if own is None:
+        return True
+    excess, z = own
+    return z >= st.band_z and excess >= math.log1p(st.min_loss_jump)
+
+
 def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
     s = sig.summary
     return (
         _ge(sig.rank_z, st.rank_z_threshold)
         and _ge(sig.rank_tail_z, st.z_threshold)
         and s.worst_dev >= math.log1p(st.min_loss_jump)
+        and rank_rose(sig, st)
     )
 
 
@@ -201,15 +215,16 @@ def _contiguous(sigs: Sequence[Signals], max_gap: int = 1) -> bool:
     return all(0 < b - a <= max_gap for a, b in zip(steps, steps[1:], strict=False))
 
 
-def _metric_z(sig: Signals, metric: str) -> float | None:
+def _metric_z(sig: Signals, metric: str, st: DetectorSettings) -> float | None:
     if metric == "loss":
         return sig.loss_z
     if metric == "grad_norm":
         return sig.grad_z
     if metric == "update_ratio":
         return sig.update_z
-    # rank_loss: out of band only when it is also beyond the usual worst rank of a step.
-    return sig.rank_z if _ge(sig.rank_tail_z, 3.0) else None
+    # rank_loss: out of band only when it is also beyond the usual worst rank of a step, and the
+    # rank's own loss rose (not the others' fell).
+    return sig.rank_z if _ge(sig.rank_tail_z, 3.0) and rank_rose(sig, st) else None
 
 
 def _value(sig: Signals, metric: str) -> tuple[float | None, float | None, int | None]:
@@ -242,11 +257,11 @@ def locate_first(
     band["rank_loss"] = max(st.band_z, st.rank_z_threshold / 2)
     best: tuple[int, float, str, Signals] | None = None
     for metric in ("rank_loss", "loss", "grad_norm", "update_ratio"):
-        first = _run_start(recent, metric, band[metric], st.lookback, interval)
+        first = _run_start(recent, metric, band[metric], st, interval)
         if first is None:
             continue
         # Earliest step first; at the same step the quantity furthest out of its band.
-        strength = -(_metric_z(first, metric) or 0.0) / band[metric]
+        strength = -(_metric_z(first, metric, st) or 0.0) / band[metric]
         if best is None or (first.step, strength) < (best[0], best[1]):
             best = (first.step, strength, metric, first)
     if best is None:
@@ -256,7 +271,7 @@ def locate_first(
         return FirstAnomaly(step=det.step, metric=metric, rank=rank, value=s.loss_main)
     _, _, metric, sig = best
     value, baseline, rank = _value(sig, metric)
-    z = _metric_z(sig, metric)
+    z = _metric_z(sig, metric, st)
     return FirstAnomaly(
         step=sig.step,
         metric=metric,
@@ -268,16 +283,16 @@ def locate_first(
 
 
 def _run_start(
-    recent: Sequence[Signals], metric: str, band: float, lookback: int, interval: int
+    recent: Sequence[Signals], metric: str, band: float, st: DetectorSettings, interval: int
 ) -> Signals | None:
     """Walk back from detection (allowing the detection step itself to be calm for this metric)."""
-    seq = list(recent)[-(lookback + 1) :]
+    seq = list(recent)[-(st.lookback + 1) :]
     first: Signals | None = None
     prev_step: int | None = None
     for i, sig in enumerate(reversed(seq)):
         if prev_step is not None and prev_step - sig.step > interval and first is not None:
             break
-        z = _metric_z(sig, metric)
+        z = _metric_z(sig, metric, st)
         if _ge(z, band):
             first = sig
         elif i == 0:

@@ -88,3 +88,18 @@ def test_a_trace_written_rank_by_rank_is_read_step_by_step() -> None:
     recs = _spiky(5)
     by_rank = sorted(recs, key=lambda r: (r.rank, r.step))
     assert analyze_records(by_rank).to_json() == analyze_records(recs).to_json()
+
+
+def test_each_ranks_own_history_survives_a_checkpoint_and_forgets_rolled_back_steps() -> None:
+    """The band of each rank's own loss (what tells the rank that rose from the one that fell) is
+    stored with the analyzer's state and rewound with a rollback, as every other baseline is."""
+    a = StreamingAnalyzer()
+    for step, batch in group_steps(synthetic_records(120, 2, seed=4)):
+        a.observe_step(step, batch)
+    own = a.detector.rank_own
+    assert set(own) == {0, 1} and own[0][-1][0] == 120
+    b = StreamingAnalyzer()
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert {k: list(v) for k, v in b.detector.rank_own.items()} == {k: list(v) for k, v in own.items()}
+    b.notify_rollback(100)
+    assert all(h[-1][0] == 100 for h in b.detector.rank_own.values())
