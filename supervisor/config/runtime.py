@@ -70,6 +70,16 @@ class RuntimeSection(BaseModel):
     replay_timeout_s: float = Field(
         300.0, gt=0, le=_WEEK_S, description="A replay task running longer fails."
     )
+    niceness: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="Priority of the ranks, replay tasks and supervisor, added to the Ray node's own "
+        "(that of `ray start`, or of `supervisor launch` for a local Ray). 0: training is the job's "
+        "main work and runs as the launching user's processes do, as Ray Jobs runs a job's entrypoint; "
+        "Ray's default for actors, +15, leaves the ranks a few percent of a core whenever any other "
+        "process on the node is busy.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] | None = Field(
         None,
         description="Level of the supervisor's and workers' own log lines (default: `launch --log-level`).",

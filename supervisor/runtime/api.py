@@ -16,7 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from supervisor.config.job import JobSpec
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.runtime.actor import SupervisorActor
-from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.runtime.names import NAMESPACE, priority, supervisor_name
 from supervisor.runtime.settings import RuntimeSettings
 
 RemoteSupervisor = ray.remote(SupervisorActor)
@@ -47,6 +47,7 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
         max_restarts=3 if detached else 0,
         num_cpus=0,
         scheduling_strategy=here,
+        runtime_env=priority(settings.niceness),
     ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
 
 

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from supervisor.config.job import JobSpec
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
-from supervisor.runtime.names import NAMESPACE, placement_group_name
+from supervisor.runtime.names import NAMESPACE, placement_group_name, priority
 from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.worker import TrainWorker
 
@@ -89,6 +89,7 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=rank
                 ),
+                runtime_env=priority(self.settings.niceness),
             ).remote(
                 self.job.model_dump(mode="json"),
                 rank,

@@ -17,6 +17,7 @@ from ray.exceptions import RayError
 from supervisor.config.job import JobSpec
 from supervisor.logging import get_logger
 from supervisor.runtime.group import WorkerGroup
+from supervisor.runtime.names import priority
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.settings import RuntimeSettings
 
@@ -84,7 +85,7 @@ class WorkerSupervision:
     def replay(self, step: int, suspects: list[str], numeric: bool) -> Any:
         from supervisor.runtime.replay import run_replay
 
-        task = ray.remote(num_cpus=1, max_retries=0)(run_replay)
+        task = ray.remote(num_cpus=1, max_retries=0, runtime_env=priority(self.settings.niceness))(run_replay)
         return task.remote(self.job.model_dump(mode="json"), step, suspects, numeric)
 
     @staticmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Ray namespace for every named actor of spike-supervisor.
 NAMESPACE = "spike-supervisor"
 
@@ -16,3 +18,10 @@ def worker_name(job: str, rank: int) -> str:
 
 def placement_group_name(job: str, generation: int) -> str:
     return f"pg:{job}:{generation}"
+
+
+def priority(niceness: int) -> dict[str, Any]:
+    """The ``runtime_env`` that runs an actor or task ``niceness`` above its node's priority
+    (job.yaml ``runtime.niceness``). Ray adds ``RAY_worker_niceness`` (default 15) to every worker
+    process it starts; the job's own ``runtime_env`` is kept (Ray merges the two, ``env_vars`` by key)."""
+    return {"env_vars": {"RAY_worker_niceness": str(niceness)}}

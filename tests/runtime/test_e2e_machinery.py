@@ -41,6 +41,9 @@ def test_worker_sigkilled_resumes_from_newest_verified_checkpoint(tmp_path: Path
     wait_for(lambda: api.status(handle), lambda s: s["step"] >= 70, 240)
     group = WorkerGroup.find(job, FAST)
     assert group is not None
+    # The ranks run at the node's own priority (`runtime.niceness` 0), not at Ray's +15 for actors.
+    here = os.getpriority(os.PRIO_PROCESS, 0)
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in group.pids()] == [here, here]
     os.kill(group.pids()[1], signal.SIGKILL)
     final = api.wait(handle, 300)
     assert final["phase"] == "finished", f"{final}"
