@@ -7,10 +7,10 @@ Two kinds of comparison, both linear in the number of ranks:
   each data source's loss each have one ``LevelTracker`` (log space: these are multiplicative);
 * cross-rank, within the step: each rank's loss against the median of all ranks, scaled by the
   typical cross-rank spread (one rolling window of one number per step);
-* the rank that stands out, against its own past: each rank keeps only its last ``RANK_OWN``
-  learned losses (an append per rank and step), and the band of its own loss (the median of its
-  last ``level_window`` values, the MAD of its residuals) is computed for the worst rank only, at
-  the steps where it stands out. A split between ranks says that they differ, not which one
+* the rank that stands out, against its own past: the per-rank losses of the last ``RANK_OWN``
+  learned steps are kept (the step's own dict, one append per step), and the band of a rank's own
+  loss (the median of its last ``level_window`` values, the MAD of its residuals) is computed for
+  the worst rank only, at the steps where it stands out. A split between ranks says that they differ, not which one
   moved: with 2 ranks, one rank drawing an easy batch makes the other the "worst" rank.
 
 ``Detector.score`` reads; ``Detector.learn`` writes. The analyzer decides what is learned
@@ -19,6 +19,7 @@ Two kinds of comparison, both linear in the number of ranks:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log
+from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log, sorted_median
 from supervisor.core.summary import StepSummary, summarize
 
 __all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"]
@@ -38,13 +39,16 @@ __all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"
 #: (its window maximum is ~3.2 sigma; 1.5x that is below the 6-sigma threshold).
 TAIL_MARGIN = 1.5
 
-#: Learned losses kept per rank: the last ``level_window`` are its level, the residuals of the rest
-#: (each against the median of the ``level_window`` values before it) are its own noise.
+#: Learned steps whose per-rank losses are kept: a rank's last ``level_window`` values are its
+#: level, the residuals of the rest (each against the median of the ``level_window`` values before
+#: it) are its own noise.
 RANK_OWN = 64
 #: Fewest residuals of its own before a rank's band is trusted; with fewer it is unknown.
 RANK_OWN_MIN_RESID = 8
-#: Ranks with a history of their own (a runaway number of rank ids must not grow memory).
-MAX_RANKS_OWN = 4096
+#: Most per-rank values written into the checkpointed state (64 steps of 256 ranks; the state is
+#: written every half second). Beyond it they are left out and re-learned after a restore: until
+#: then a rank's own band is unknown and the split between ranks decides alone, as it did before.
+RANK_OWN_STATE = 16_384
 
 
 class DetectorSettings(BaseModel):
@@ -142,9 +146,20 @@ class Signals:
     rank_history: int = 0  # steps in the cross-rank spread window (the within-step baseline's depth)
     #: Sources of ``source_z`` scored against their own history: name -> log excess over their own level.
     source_own: dict[str, float] = field(default_factory=dict)
-    #: The worst rank's loss against its own band: (log excess over its own level, robust z), None
-    #: where its history is too short or the rank does not stand out (not computed there).
-    rank_own: tuple[float, float] | None = None
+    #: The worst rank's own learned log losses (oldest first), where it stands out; None elsewhere.
+    rank_own_hist: list[float] | None = None
+    _own: tuple[tuple[float, float] | None] | None = None  # rank_own's result, once asked
+
+    def rank_own(self, level_window: int, floor: float) -> tuple[float, float] | None:
+        """The worst rank's loss against its own band (``own_band``): (log excess over its own
+        level, robust z); None where its history is too short or the rank does not stand out.
+        Computed on first use: most steps' rules never ask."""
+        hist, w = self.rank_own_hist, self.summary.worst_rank
+        if hist is None or w is None:
+            return None
+        if self._own is None:
+            self._own = (own_band(hist, self.summary.rank_log_loss[w], level_window, floor),)
+        return self._own[0]
 
     @property
     def step(self) -> int:
@@ -164,22 +179,24 @@ class Signals:
         return math.expm1(self.loss_excess)
 
 
-def own_band(
-    hist: deque[tuple[int, float]], x: float, level_window: int, floor: float
-) -> tuple[float, float] | None:
-    """(log excess over its own level, robust z) of ``x`` against one rank's own learned values
-    ``hist`` ((step, log loss), oldest first): the level is the median of the last ``level_window``,
+def own_band(vals: list[float], x: float, level_window: int, floor: float) -> tuple[float, float] | None:
+    """(log excess over its own level, robust z) of ``x`` against one rank's own learned log
+    losses ``vals`` (oldest first): the level is the median of the last ``level_window``,
     the noise the MAD of each earlier value's residual against the ``level_window`` before it,
     centred on the residuals' median (a falling loss sits below its lagging level), as
     ``LevelTracker.z`` does. None with fewer than ``RANK_OWN_MIN_RESID`` residuals."""
-    vals = [v for _, v in hist]
     n = len(vals)
     if n < level_window + RANK_OWN_MIN_RESID:
         return None
-    resid = [vals[i] - median(vals[i - level_window : i]) for i in range(level_window, n)]
+    win = sorted(vals[:level_window])  # the sliding level window, kept sorted
+    resid = []
+    for i in range(level_window, n):
+        resid.append(vals[i] - sorted_median(win))
+        del win[bisect.bisect_left(win, vals[i - level_window])]
+        bisect.insort(win, vals[i])
     center = median(resid)
     scale = max(MAD_TO_SIGMA * median([abs(r - center) for r in resid]), floor)
-    excess = x - median(vals[n - level_window :])
+    excess = x - sorted_median(win)
     return excess, (excess - center) / scale
 
 
@@ -205,8 +222,8 @@ class Detector:
         self.spread = RollingWindow(s.window)
         self.worst = RollingWindow(s.window)
         self.rank_steps: deque[int] = deque(maxlen=LevelTracker.REWIND)  # steps of spread/worst pushes
-        #: rank -> its last ``RANK_OWN`` learned (step, log loss): the band of its own loss.
-        self.rank_own: dict[int, deque[tuple[int, float]]] = {}
+        #: (step, rank -> log loss) of the last ``RANK_OWN`` learned steps: each rank's own band.
+        self.rank_losses: deque[tuple[int, dict[int, float]]] = deque(maxlen=RANK_OWN)
         #: (step, loss level) after each learned step: a rise slow enough for the level to follow it
         #: step by step still shows as two consecutive windows that both went up.
         self.levels: deque[tuple[int, float]] = deque(maxlen=2 * settings.level_window + 1)
@@ -235,12 +252,10 @@ class Detector:
                 rank_tail_z = (s.worst_dev - self.worst.median()) / tail
                 rank_new = s.worst_dev > TAIL_MARGIN * max(self.worst.max(), 0.0)
         # Only where the worst rank stands out (every rule that reads it asks for that first).
-        rank_own = None
+        own_hist = None
         st, w = self.settings, s.worst_rank
         if w is not None and rank_z is not None and rank_z >= min(st.band_z, st.rank_z_threshold / 2):
-            hist = self.rank_own.get(w)
-            if hist:
-                rank_own = own_band(hist, s.rank_log_loss[w], st.level_window, st.loss_floor)
+            own_hist = [v for _, d in self.rank_losses if (v := d.get(w)) is not None]
         src_z: dict[str, float] = {}
         own: dict[str, float] = {}
         for name, (_tok, loss) in s.sources.items():
@@ -275,7 +290,7 @@ class Detector:
             loss_trend=self._trend(),
             rank_history=len(self.spread),
             source_own=own,
-            rank_own=rank_own,
+            rank_own_hist=own_hist,
         )
 
     def trend_start(self) -> int | None:
@@ -334,14 +349,8 @@ class Detector:
             self.spread.push(s.rank_spread)
             self.worst.push(s.worst_dev)
             self.rank_steps.append(step)
-        own = self.rank_own
-        for rank, lv in s.rank_log_loss.items():
-            h = own.get(rank)
-            if h is None:
-                if len(own) >= MAX_RANKS_OWN:
-                    continue
-                h = own[rank] = deque(maxlen=RANK_OWN)
-            h.append((step, lv))
+        if s.rank_log_loss:
+            self.rank_losses.append((step, s.rank_log_loss))  # never written after summarize
         for name, (_tok, loss) in s.sources.items():
             lv = safe_log(loss)
             if lv is None:
@@ -384,7 +393,7 @@ class Detector:
         self.spread.clear()
         self.worst.clear()
         self.rank_steps.clear()
-        self.rank_own.clear()
+        self.rank_losses.clear()
         self.levels.clear()
         self.last_lr = None
 
@@ -397,9 +406,8 @@ class Detector:
             self.rank_steps.pop()
             self.spread.pop_newest()
             self.worst.pop_newest()
-        for h in self.rank_own.values():
-            while h and h[-1][0] > step:
-                h.pop()
+        while self.rank_losses and self.rank_losses[-1][0] > step:
+            self.rank_losses.pop()
         self.last_step = step
         self.last_lr = None  # the LR of a later step is no reference for the replayed one
 
@@ -409,7 +417,9 @@ class Detector:
             "spread": self.spread.values(),
             "worst": self.worst.values(),
             "rank_steps": list(self.rank_steps),
-            "rank_own": {str(k): [list(x) for x in h] for k, h in self.rank_own.items()},
+            "rank_losses": [[step, {str(k): v for k, v in d.items()}] for step, d in self.rank_losses]
+            if sum(len(d) for _, d in self.rank_losses) <= RANK_OWN_STATE
+            else [],
             "levels": [list(x) for x in self.levels],
             "intervals": self.intervals.values(),
             "last_lr": self.last_lr,
@@ -431,10 +441,13 @@ class Detector:
         self.worst = RollingWindow(s.window, state.get("worst", []))
         self.rank_steps = deque((int(x) for x in state.get("rank_steps", [])), maxlen=LevelTracker.REWIND)
         self.intervals = RollingWindow(16, state.get("intervals", []))
-        self.rank_own = {
-            int(k): deque(((int(a), float(b)) for a, b in h), maxlen=RANK_OWN)
-            for k, h in state.get("rank_own", {}).items()
-        }
+        self.rank_losses = deque(
+            (
+                (int(step), {int(k): float(v) for k, v in d.items()})
+                for step, d in state.get("rank_losses", [])
+            ),
+            maxlen=RANK_OWN,
+        )
         self.levels = deque(
             ((int(a), float(b)) for a, b in state.get("levels", [])), maxlen=2 * s.level_window + 1
         )

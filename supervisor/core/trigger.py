@@ -130,7 +130,7 @@ def rank_rose(sig: Signals, st: DetectorSettings) -> bool:
     do, as before). A split between ranks says they differ, not which one moved: when one of 2
     ranks draws an unusually easy batch, the other becomes the "worst" rank at its usual loss.
     Only a rank that rose is evidence of a fault, and only that rank is named."""
-    own = sig.rank_own
+    own = sig.rank_own(st.level_window, st.loss_floor)
     if own is None:
         return True
     excess, z = own

@@ -96,10 +96,10 @@ def test_each_ranks_own_history_survives_a_checkpoint_and_forgets_rolled_back_st
     a = StreamingAnalyzer()
     for step, batch in group_steps(synthetic_records(120, 2, seed=4)):
         a.observe_step(step, batch)
-    own = a.detector.rank_own
-    assert set(own) == {0, 1} and own[0][-1][0] == 120
+    own = a.detector.rank_losses
+    assert own[-1][0] == 120 and set(own[-1][1]) == {0, 1}
     b = StreamingAnalyzer()
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-    assert {k: list(v) for k, v in b.detector.rank_own.items()} == {k: list(v) for k, v in own.items()}
+    assert list(b.detector.rank_losses) == list(own)
     b.notify_rollback(100)
-    assert all(h[-1][0] == 100 for h in b.detector.rank_own.values())
+    assert b.detector.rank_losses[-1][0] == 100
