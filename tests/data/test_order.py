@@ -51,3 +51,12 @@ def test_exclusion_set_membership_and_ranges():
     again = ExclusionSet()
     again.load(ex.to_exclusions().to_dict())
     assert again.to_exclusions() == ex.to_exclusions()
+
+
+@pytest.mark.parametrize("n", [1, 5, 4099, 10**9])
+def test_positions_invert_the_order_and_at_maps_any_positions(n):
+    perm = Permutation(n, seed=2, epoch=1)
+    where = np.random.default_rng(0).choice(n, min(n, 3000), replace=False)
+    indices = perm.at(where)
+    assert indices.tolist() == [perm[int(p)] for p in where[:50]] + indices[50:].tolist()
+    assert perm.positions(indices).tolist() == where.tolist()

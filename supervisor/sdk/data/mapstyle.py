@@ -4,10 +4,12 @@ With ``num_workers=0`` (and no pinning) batches are fetched and collated in plac
 DataLoader's single-process iterator would.
 
 With workers the schedule runs *in the workers* (``_Scheduled``): each gets a frozen copy of it
-(cursor, exclusions, the excluded IDs already inverted to indices), draws every batch from the
-cursor on, and loads, collates and names only its own share — batch ``j`` of the generation
-goes to worker ``j % num_workers``, the order in which the DataLoader asks its workers in turn
-and hands their results back. A batch arrives with its IDs, sources, index and the cursor
+(cursor, exclusions, the excluded IDs already inverted to indices) and loads, collates and
+names only its own share — batch ``j`` of the generation goes to worker ``j % num_workers``,
+the order in which the DataLoader asks its workers in turn and hands their results back. A
+worker counts past the others' batches without drawing them (``Schedule.turns``: the excluded
+samples placed in the epoch's order once, a batch's start found by binary search) and maps only
+its own rank's samples; with sources or un-invertible IDs excluded it walks every batch. A batch arrives with its IDs, sources, index and the cursor
 after it, so the training process does no per-batch work beyond the DataLoader's own (it
 sends no index lists either), and the cursor of the last *consumed* batch is the loader's
 state — not the workers' read-ahead.
@@ -50,18 +52,13 @@ class _Scheduled(IterableDataset[tuple[Any, Named]]):
         sched, dataset = self.schedule, self.dataset
         fetch = getattr(dataset, "__getitems__", None)
         named_sources = sched.source_of is not None
-        for _ in range(worker):  # the batches of the workers before this one
-            sched.advance()
-        while True:
-            draw = sched.next()
+        for draw in sched.turns(worker, workers):  # this worker's batches only
             items = fetch(draw.indices) if fetch else [dataset[i] for i in draw.indices]
             c = draw.after
             sources = draw.sources if named_sources else None
             yield self.collate_fn(items), (
                 draw.sample_ids, sources, draw.batch_index, (c.epoch, c.pos, c.batch, c.skip_pending),
             )  # fmt: skip
-            for _ in range(workers - 1):  # the other workers' batches until this one's next
-                sched.advance()
 
 
 def _as_is(batch: Any) -> Any:

@@ -13,6 +13,7 @@ so the per-sample cost is tens of nanoseconds rather than microseconds of Python
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -56,19 +57,38 @@ class Permutation:
             left, right = right, left ^ (_mix(right, key) & self.mask)
         return (left << self.half) | right
 
-    def block(self, start: int, count: int) -> np.ndarray:
-        """``perm[start : start + count]`` (clipped at ``n``) as an int64 array."""
-        stop = min(self.n, start + count)
-        positions = np.arange(start, stop, dtype=np.uint64)
-        if not self.shuffle or positions.size == 0:
-            return positions.astype(np.int64)
-        out = self._feistel(positions)
+    def _unfeistel(self, x: np.ndarray) -> np.ndarray:
+        """The inverse of ``_feistel``: the rounds undone in reverse order."""
+        left, right = x >> self.half, x & self.mask
+        for key in reversed(self.keys):
+            left, right = right ^ (_mix(left, key) & self.mask), left
+        return (left << self.half) | right
+
+    def _walk(self, x: np.ndarray, rounds: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        if not self.shuffle or x.size == 0:
+            return x.astype(np.int64)
+        out = rounds(x)
         limit = np.uint64(self.n)
         walking = out >= limit
         while walking.any():  # cycle walking: re-apply until the image lands inside [0, n)
-            out[walking] = self._feistel(out[walking])
+            out[walking] = rounds(out[walking])
             walking = out >= limit
         return out.astype(np.int64)
+
+    def block(self, start: int, count: int) -> np.ndarray:
+        """``perm[start : start + count]`` (clipped at ``n``) as an int64 array."""
+        return self._walk(np.arange(start, min(self.n, start + count), dtype=np.uint64), self._feistel)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """``perm[p]`` for each of ``positions`` (any order, each in ``[0, n)``), as int64."""
+        return self._walk(np.asarray(positions, dtype=np.uint64), self._feistel)
+
+    def positions(self, indices: np.ndarray) -> np.ndarray:
+        """The inverse: where each of ``indices`` (each in ``[0, n)``) stands in the order.
+
+        Cycle walking inverts too: walking the inverse rounds back from an image passes only
+        through the values ``>= n`` the forward walk passed, and stops at its start."""
+        return self._walk(np.asarray(indices, dtype=np.uint64), self._unfeistel)
 
     def __getitem__(self, i: int) -> int:
         if not 0 <= i < self.n:

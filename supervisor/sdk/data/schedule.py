@@ -6,13 +6,20 @@ slice ``r``. A cursor ``(epoch, pos, batch, skip_pending)`` therefore fixes ever
 batch on every rank: restoring it replays the same order minus whatever was excluded since.
 Skipped batches and excluded batch ranges are drawn and dropped, so batch indices
 (``attrs.batch`` in records) keep naming the same batches.
+
+A loader worker takes every ``num_workers``-th batch (``turns``). When the excluded samples
+are known as indices (or nothing is excluded by ID or source), it does not draw the others'
+batches: excluded indices are placed in the epoch's order once (the permutation's inverse,
+sorted), so the ``k``-th allowed sample of an epoch stands at ``k + #(excluded positions
+before it)`` — one binary search — and a batch is a range of allowed-sample counts. A worker
+counts past the others' batches and maps only its own rank's samples.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +82,25 @@ class _Block:
             self.kept_at, self.kept = np.flatnonzero(keep).tolist(), self.array[keep].tolist()
 
 
+class _Placed:
+    """Where one epoch's excluded samples stand in its order: sorted positions ``p`` and
+    ``gaps[j] = p[j] - j``, the number of allowed positions before ``p[j]`` (non-decreasing)."""
+
+    __slots__ = ("positions", "gaps")
+
+    def __init__(self, positions: np.ndarray) -> None:
+        self.positions = np.sort(positions)
+        self.gaps = self.positions - np.arange(self.positions.size, dtype=np.int64)
+
+    def allowed_before(self, pos: int) -> int:
+        return pos - int(np.searchsorted(self.positions, pos, side="left"))
+
+    def position(self, k: np.ndarray) -> np.ndarray:
+        """The position of the ``k``-th allowed sample (0-based) of the epoch, for each ``k``:
+        ``k`` plus the excluded positions before it, i.e. those with at most ``k`` allowed before."""
+        return k + np.searchsorted(self.gaps, k, side="right")
+
+
 class Schedule:
     def __init__(
         self,
@@ -108,14 +134,15 @@ class Schedule:
         self._ready: deque[tuple[list[int], int]] = deque()
         """The rest of the current block cut into global batches: (indices, position after)."""
         self._ready_at: tuple[int, int, int, int] | None = None  # (seed, epoch, pos, version) they follow
+        self._placed: dict[tuple[int, int, int], _Placed] = {}  # (seed, epoch, version) -> placed exclusions
 
     def _block_at(self, epoch: int, pos: int) -> _Block:
         """The mapped block holding position ``pos`` of ``epoch``, filtered by the current exclusions."""
         blk, version = self._block, self.exclusions.version
         if blk is None or blk.key != (self.seed, epoch) or not blk.start <= pos < blk.stop:
-            if self._perm is None or self._perm[0] != (self.seed, epoch):
-                self._perm = ((self.seed, epoch), Permutation(self.n, self.seed, epoch, shuffle=self.shuffle))
-            blk = self._block = _Block((self.seed, epoch), pos, self._perm[1].block(pos, BLOCK), version - 1)
+            blk = self._block = _Block(
+                (self.seed, epoch), pos, self._perm_of(epoch).block(pos, BLOCK), version - 1
+            )
         if blk.version != version:
             blk.version = version
             blk.filter(self._keep(blk))
@@ -207,7 +234,7 @@ class Schedule:
 
     def _scan(self) -> list[int]:
         c, need, picked = self.cursor, self.batch_size * self.world_size, list[int]()
-        scanned = 0  # positions since the last accepted sample
+        scanned = 0  # positions since the last accepted sample: under 2n while any sample is allowed
         while len(picked) < need:
             if c.pos >= self.n:
                 c.epoch, c.pos = c.epoch + 1, 0
@@ -223,7 +250,7 @@ class Schedule:
             if k == 0:  # the rest of the block is excluded
                 scanned += blk.stop - c.pos
                 c.pos = blk.stop
-                if scanned > self.n:
+                if scanned >= 2 * self.n:  # (the next allowed one may stand early in the next epoch)
                     raise ValueError("every sample is excluded: the loader cannot form a batch")
                 continue
             picked += blk.kept[j : j + k]
@@ -235,9 +262,12 @@ class Schedule:
         """The next batch this rank trains on; skipped and excluded batches are consumed silently."""
         index, mine = self.advance()
         c = self.cursor
+        return self._draw(index, mine, Cursor(c.epoch, c.pos, c.batch, c.skip_pending))
+
+    def _draw(self, index: int, mine: list[int], after: Cursor) -> Draw:
         ids = list(map(str, mine)) if self.id_of is None else [self.sample_id(i) for i in mine]
         srcs = ["default"] * len(mine) if self.source_of is None else [self.source(i) for i in mine]
-        return Draw(ids, srcs, index, mine, Cursor(c.epoch, c.pos, c.batch, c.skip_pending))
+        return Draw(ids, srcs, index, mine, after)
 
     def advance(self) -> tuple[int, list[int]]:
         """``next`` without naming the samples: the batch index and this rank's dataset indices."""
@@ -251,6 +281,97 @@ class Schedule:
             if self.exclusions.has_ranges and self.exclusions.batch_excluded(index):
                 continue
             return index, picked[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+
+    def turns(self, worker: int, workers: int) -> Iterator[Draw]:
+        """The batches of loader worker ``worker`` of ``workers``: exactly what ``next()`` returns
+        at calls ``worker``, ``worker + workers``, ... from the cursor on (the DataLoader asks its
+        workers in turn). The exclusions must not change while this runs (a worker's frozen copy)."""
+        if not self._countable():
+            yield from self._walked_turns(worker, workers)
+        else:
+            yield from self._counted_turns(worker, workers)
+
+    def _walked_turns(self, worker: int, workers: int) -> Iterator[Draw]:
+        """Every batch drawn, the others' only advanced past (IDs by name, sources, ``locate``)."""
+        for _ in range(worker):
+            self.advance()
+        while True:
+            yield self.next()
+            for _ in range(workers - 1):
+                self.advance()
+
+    def _countable(self) -> bool:
+        """Whether allowed samples can be counted without drawing: nothing excluded by source,
+        excluded IDs known as indices, and something left to draw."""
+        ex = self.exclusions
+        if self.locate is not None or ex.sources or (ex.samples and not self.inverts):
+            return False
+        return self.n > self._excluded_count()
+
+    def _excluded_count(self) -> int:
+        return int(self._excluded_indices().size) if self.exclusions.samples else 0
+
+    def _placed_in(self, epoch: int) -> _Placed:
+        key = (self.seed, epoch, self.exclusions.version)
+        placed = self._placed.get(key)
+        if placed is None:
+            excluded = self._excluded_indices() if self.exclusions.samples else np.zeros(0, np.int64)
+            placed = _Placed(self._perm_of(epoch).positions(excluded))
+            if len(self._placed) >= 2:  # the epoch being drawn and the next one
+                self._placed.pop(next(iter(self._placed)))
+            self._placed[key] = placed
+        return placed
+
+    def _perm_of(self, epoch: int) -> Permutation:
+        if self._perm is None or self._perm[0] != (self.seed, epoch):
+            self._perm = ((self.seed, epoch), Permutation(self.n, self.seed, epoch, shuffle=self.shuffle))
+        return self._perm[1]
+
+    def _where(self, g: np.ndarray, allowed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch and position of each ``g``-th allowed sample since epoch 0's start."""
+        epochs, k = np.divmod(g, allowed)
+        positions = np.empty_like(k)
+        for epoch in np.unique(epochs).tolist():
+            here = epochs == epoch
+            positions[here] = self._placed_in(epoch).position(k[here])
+        return epochs, positions
+
+    def _counted_turns(self, worker: int, workers: int) -> Iterator[Draw]:
+        """``turns`` by counting: global batch ``b`` of the walk takes allowed samples ``[g, g +
+        need)``; only this worker's batches are mapped, a growing run of them per numpy call."""
+        c, bs, need = self.cursor, self.batch_size, self.batch_size * self.world_size
+        allowed = self.n - self._excluded_count()
+        g = c.epoch * allowed + self._placed_in(c.epoch).allowed_before(c.pos)
+        ex, ranges = self.exclusions, self.exclusions.has_ranges
+        batch, pending, turn, run = c.batch, c.skip_pending, 0, 2
+        slice_at = np.arange(self.rank * bs, (self.rank + 1) * bs, dtype=np.int64)
+        while True:
+            own: list[tuple[int, int, int, int]] = []  # (index, first sample, batch after, skips after)
+            while len(own) < run:
+                index, first = batch, g
+                batch, g = batch + 1, g + need
+                if pending > 0:
+                    pending -= 1
+                    continue
+                if ranges and ex.batch_excluded(index):
+                    continue
+                if turn % workers == worker:
+                    own.append((index, first, batch, pending))
+                turn += 1
+            run = min(2 * run, max(1, BLOCK // bs))
+            firsts = np.array([o[1] for o in own], dtype=np.int64)
+            epochs, positions = self._where((firsts[:, None] + slice_at).ravel(), allowed)
+            indices = np.empty_like(positions)
+            for epoch in np.unique(epochs).tolist():
+                here = epochs == epoch
+                indices[here] = self._perm_of(epoch).at(positions[here])
+            last_epochs, lasts = self._where(firsts + (need - 1), allowed)
+            rows = indices.reshape(len(own), bs).tolist()
+            for (index, _, after, skips), mine, epoch, last in zip(
+                own, rows, last_epochs.tolist(), lasts.tolist(), strict=True
+            ):
+                self.cursor = Cursor(epoch, last + 1, after, skips)
+                yield self._draw(index, mine, self.cursor.copy())
 
     def for_worker(self) -> Schedule:
         """A copy that continues from the cursor on its own in a loader worker process: the
