@@ -212,19 +212,29 @@ def judge(res: Result) -> None:
 
 
 class BusyCore:
-    """Another process spinning on one core, started and killed by its PID."""
+    """Another process spinning on one core, started and killed by its PID. It runs at the
+    matrix's own priority, as the ranks do (`runtime.niceness` 0): ``cores`` says how much CPU it
+    actually took while the cells ran (1.0: a whole core)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.cores: float | None = None
 
     def __enter__(self) -> BusyCore:
         self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.started = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.kill()  # by PID: only the process started here
-            self.proc.wait(timeout=10)
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone already: no figure
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+            self.cores = round(cpu_s / max(time.monotonic() - self.started, 1e-9), 2)
+        self.proc.kill()  # by PID: only the process started here
+        self.proc.wait(timeout=10)
 
 
 def start_ray(num_cpus: int, namespace: str) -> None:
@@ -278,7 +288,10 @@ def _children() -> set[int]:
     return out
 
 
-def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeout_s: float) -> list[Result]:
+def run_matrix(
+    selected: list[Cell], out: Path, jobs: int, max_steps: int, timeout_s: float
+) -> tuple[list[Result], float | None]:
+    """The cells' results, and the cores the spinning process took during the busy cells."""
     import ray
 
     from supervisor.drills.glue import TRACE_ENV
@@ -287,6 +300,7 @@ def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeo
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
     start_ray(2 * jobs + 2, NAMESPACE)  # logical CPUs: 2 workers per job, room for replay tasks
     results: dict[str, Result] = {}
+    spinner_cores = None
     try:
         for load in LOADS:
             batch = [c for c in selected if c.load == load]
@@ -308,6 +322,7 @@ def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeo
             finally:
                 if busy:
                     busy.__exit__()
+                    spinner_cores = busy.cores
     finally:
         ray.shutdown()
     for res in results.values():
@@ -315,7 +330,7 @@ def run_matrix(selected: list[Cell], out: Path, jobs: int, max_steps: int, timeo
         if ref is not None:
             res.reference_loss = ref.final_loss_good if res.fault == "bad_source" else ref.final_loss
         judge(res)
-    return [results[c.name] for c in selected if c.name in results]
+    return [results[c.name] for c in selected if c.name in results], spinner_cores
 
 
 def table(results: list[Result]) -> str:
@@ -374,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
-    results = run_matrix(selected, args.out, max(1, args.jobs), args.max_steps, args.timeout_s)
+    results, spinner_cores = run_matrix(selected, args.out, max(1, args.jobs), args.max_steps, args.timeout_s)
     wall = time.monotonic() - t0
     meta = {
         "started": started,
@@ -384,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_after": [round(x, 1) for x in os.getloadavg()],
         "jobs": args.jobs,
         "max_steps": args.max_steps,
+        "spinner_cores": spinner_cores,
     }
     (args.out / "results.json").write_text(
         json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1), encoding="utf-8"
@@ -391,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"matrix {started}: {len(results)} cells in {wall / 60:.1f} min on {meta['cores']} cores, "
         f"load average before {meta['loadavg_before'][0]}, after {meta['loadavg_after'][0]}"
+        + (
+            f"; the spinning process took {spinner_cores} cores during the busy cells"
+            if spinner_cores
+            else ""
+        )
     )
     print(table(results))
     return 0 if all(r.ok for r in results) else 1

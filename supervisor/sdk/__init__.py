@@ -30,13 +30,10 @@ otherwise the same probe writes a JSONL trace (``trace=`` or ``$SUPERVISOR_TRACE
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.optim import Optimizer
-
-from supervisor.sdk.context import dist_info, job_settings, resolve_ctx, trace_path
 from supervisor.sdk.directives import (
     ApplyOverrides,
     Continue,
@@ -47,11 +44,36 @@ from supervisor.sdk.directives import (
     Snapshot,
     Stop,
 )
-from supervisor.sdk.loader import SupervisedLoader
-from supervisor.sdk.losses import StepLoss, token_losses
-from supervisor.sdk.probe import LossFn, Probe
 from supervisor.sdk.settings import ProbeSettings
 from supervisor.sdk.transport import BatchingTransport, MemoryTransport, OfflineTransport, Transport
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from supervisor.sdk.loader import SupervisedLoader
+    from supervisor.sdk.losses import StepLoss, token_losses
+    from supervisor.sdk.probe import LossFn, Probe
+
+#: Names whose modules import torch, loaded on first use: the supervisor process reads the
+#: directives from this package and never trains, so it does not pay for torch (~3 CPU-s).
+_LAZY = {
+    "SupervisedLoader": "supervisor.sdk.loader",
+    "StepLoss": "supervisor.sdk.losses",
+    "token_losses": "supervisor.sdk.losses",
+    "LossFn": "supervisor.sdk.probe",
+    "Probe": "supervisor.sdk.probe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ApplyOverrides", "BatchingTransport", "Continue", "Directive", "Exclusions", "Freeze", "MemoryTransport",
@@ -83,6 +105,9 @@ def init(
     supervisor started, else the probe runs offline and writes ``trace``.
     With ``ctx.resume_step`` set, the state of that checkpoint is loaded before returning.
     """
+    from supervisor.sdk.context import dist_info, job_settings, resolve_ctx, trace_path
+    from supervisor.sdk.probe import Probe
+
     ctx = resolve_ctx(ctx)
     rank, world_size = dist_info(ctx)
     cfg = ProbeSettings(**{**job_settings(ctx), **settings})
@@ -129,6 +154,8 @@ def watch(
         checkpoint=checkpoint, trace=trace, restore=False, **settings,
     )  # fmt: skip
     probe.watch_optimizer()
+    from supervisor.sdk.context import resolve_ctx
+
     resume = getattr(resolve_ctx(ctx), "resume_step", None)
     if restore and resume is not None:
         probe.steering.restore(int(resume))
