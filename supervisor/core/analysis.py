@@ -23,14 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from supervisor.core.detect import Detector, DetectorSettings, Signals, summarize
+from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
 from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident, lr_still_raised
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
-from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rank_rose, rise_start
+from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rise_start
 from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log, sorted_median
 from supervisor.core.summary import StepSummary, summarize
 
-__all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "summarize"]
+__all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "rank_rose", "summarize"]
 
 
 #: A single-signal alarm (loss alone, or one rank alone) must also beat the largest residual in the
@@ -198,6 +198,19 @@ def own_band(vals: list[float], x: float, level_window: int, floor: float) -> tu
     scale = max(MAD_TO_SIGMA * median([abs(r - center) for r in resid]), floor)
     excess = x - sorted_median(win)
     return excess, (excess - center) / scale
+
+
+def rank_rose(sig: Signals, st: DetectorSettings) -> bool:
+    """The worst rank's own loss left its own band upward (``band_z`` and ``min_loss_jump`` above
+    its own level), or it has no band of its own yet (too few learned steps: the split alone must
+    do, as before). A split between ranks says they differ, not which one moved: when one of 2
+    ranks draws an unusually easy batch, the other becomes the "worst" rank at its usual loss.
+    Only a rank that rose is evidence of a fault, and only that rank is named."""
+    own = sig.rank_own(st.level_window, st.loss_floor)
+    if own is None:
+        return True
+    excess, z = own
+    return z >= st.band_z and excess >= math.log1p(st.min_loss_jump)
 
 
 def _unscaled(x: float | None, mult: float) -> float | None:

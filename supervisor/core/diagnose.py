@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from supervisor.core.causes import calm_grads, rank_causes, typical_step
-from supervisor.core.detect import DetectorSettings, Signals
+from supervisor.core.detect import DetectorSettings, Signals, rank_rose
 from supervisor.core.model import Diagnosis, FirstAnomaly, Phenotype, Severity
 
 #: Most sample IDs kept as suspects (a global bad step on 1,024 ranks must not carry them all).
@@ -112,7 +112,12 @@ class Incident:
             self.rank_local
             and self.first_rank is not None
             and (
-                (s.worst_rank == self.first_rank and sig.rank_z is not None and sig.rank_z >= settings.band_z)
+                (
+                    s.worst_rank == self.first_rank
+                    and sig.rank_z is not None
+                    and sig.rank_z >= settings.band_z
+                    and rank_rose(sig, settings)  # still above its own band, not left there by another's dip
+                )
                 or (self.first_rank in s.checksum_minority and sig.loss_z >= settings.band_z)
                 or self.first_rank in s.nonfinite_ranks
             )

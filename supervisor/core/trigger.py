@@ -35,7 +35,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from supervisor.core.detect import DetectorSettings, Signals
+from supervisor.core.detect import DetectorSettings, Signals, rank_rose
 from supervisor.core.model import FirstAnomaly
 from supervisor.core.stats import median
 
@@ -122,19 +122,6 @@ def _rising(sig: Signals, st: DetectorSettings) -> bool:
         return False
     d1, d2, se = sig.loss_trend
     return min(d1, d2) >= st.band_z * se and d1 + d2 >= math.log1p(2 * st.min_loss_jump)
-
-
-def rank_rose(sig: Signals, st: DetectorSettings) -> bool:
-    """The worst rank's own loss left its own band upward (``band_z`` and ``min_loss_jump`` above
-    its own level), or it has no band of its own yet (too few learned steps: the split alone must
-    do, as before). A split between ranks says they differ, not which one moved: when one of 2
-    ranks draws an unusually easy batch, the other becomes the "worst" rank at its usual loss.
-    Only a rank that rose is evidence of a fault, and only that rank is named."""
-    own = sig.rank_own(st.level_window, st.loss_floor)
-    if own is None:
-        return True
-    excess, z = own
-    return z >= st.band_z and excess >= math.log1p(st.min_loss_jump)
 
 
 def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
