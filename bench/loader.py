@@ -24,6 +24,7 @@ space can be any size while the bytes are real.
     python bench/loader.py --workers 2 --repeat 5 --block 10 --rounds 100  # workers, many short pairs
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
     python bench/loader.py --sampler            # the per-batch decision alone, CPU time (steady under load)
+    python bench/loader.py --turns              # a loader worker's own per-batch work, CPU time
 
 ``--streams`` writes the same rows (512 tokens each) to 8 JSONL shards and 8 tar shards and
 times one epoch through ``SupervisedLoader`` with 0 and 2 workers (start-up included).
@@ -210,6 +211,67 @@ def sampler_cpu(args: argparse.Namespace) -> None:
             )
 
 
+def worker_cpu(args: argparse.Namespace, workers: int = 2) -> None:
+    """A loader worker's per-batch CPU, in process: its schedule (``Schedule.turns``: walking
+    every batch of the generation vs counting past the others' and mapping only its own) and
+    loading + collating its batch. Worker 0 of ``workers``; blocks of the two alternate."""
+    from torch.utils.data import default_collate
+
+    from supervisor.sdk.data.exclusions import ExclusionSet
+    from supervisor.sdk.data.schedule import Schedule
+    from supervisor.sdk.directives import Exclusions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tokens.u16"
+        np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
+        print(
+            f"worker 0 of {workers}, batch {args.batch} x {args.seq} tokens; CPU per own batch, "
+            f"median of {args.rounds} x {args.repeat} blocks of 1,000 batches"
+        )
+        print("| n | excluded | schedule, walking | schedule, counting | load + collate | saved per batch |")
+        print("|---|---|---|---|---|---|")
+        for n in (10**6, 10**9):
+            ds = IndexSpace(n, path, args.seq)
+            for count in (0, 100_000):
+                ex = ExclusionSet()
+                state = exclusion_state(n, count)
+                if state:
+                    ex.add(Exclusions.from_dict(state["exclusions"]))
+                sched = Schedule(n, args.batch, rank=0, world_size=1, seed=0, shuffle=True, sample_id=None,
+                                 source=None, exclusions=ex, index_of=inverse_of(n))  # fmt: skip
+                its = {
+                    "walk": sched.for_worker()._walked_turns(0, workers),
+                    "count": sched.for_worker().turns(0, workers),
+                }
+                for it in its.values():  # warm-up: first blocks / runs mapped
+                    for _ in range(600):
+                        next(it)
+                out: dict[str, list[float]] = {"walk": [], "count": [], "load": []}
+                for _ in range(args.rounds * args.repeat):
+                    for name, it in its.items():
+                        drawing = loading = 0.0
+                        for _ in range(1_000):
+                            t = time.process_time()
+                            draw = next(it)
+                            t2 = time.process_time()
+                            default_collate([ds[i] for i in draw.indices])
+                            drawing, loading = drawing + t2 - t, loading + time.process_time() - t2
+                        out[name].append(drawing / 1_000)
+                        out["load"].append(loading / 1_000)
+                w, c, ld = (statistics.median(out[k]) * 1e6 for k in ("walk", "count", "load"))
+                print(
+                    f"| 1e{len(str(n)) - 1} | {count:,} | {w:.1f} us | {c:.1f} us | {ld:.1f} us | "
+                    f"{w - c:+.1f} us ({(w - c) / (w + ld) * 100:.1f}% of the worker's batch) |",
+                    flush=True,
+                )
+
+
+def inverse_of(n: int) -> Any:
+    from supervisor.sdk.data.lookup import inverse
+
+    return inverse(range(n), n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
@@ -218,6 +280,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="blocks per loader (default 15, --quick 6)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sampler", action="store_true", help="only the per-batch decision, in CPU time")
+    ap.add_argument("--turns", action="store_true", help="a loader worker's per-batch work, in CPU time")
     ap.add_argument("--repeat", type=int, default=3, help="fresh plain + supervised loaders per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
@@ -228,6 +291,10 @@ def main() -> None:
     if args.sampler:
         args.rounds = args.rounds or 5
         sampler_cpu(args)
+        return
+    if args.turns:
+        args.rounds = args.rounds or 3
+        worker_cpu(args)
         return
     sizes = [10**6] if args.quick else [10**6, 10**9]
     if args.rounds is None:
