@@ -9,8 +9,9 @@ bounded in time and memory (limits in docs/operations.md, "Input limits"):
 - reads stream in chunks and stop past ``max_bytes`` (no ``/dev/zero`` read whole);
 - gzip is decompressed as a stream, capped in size and in compression ratio (a 1 MB bomb
   is refused after a few MiB of output, not after 2 GB);
-- YAML: nesting depth, node count with aliases expanded (billion laughs), recursive aliases
-  and integers longer than ``MAX_INT_DIGITS`` are refused before anything is constructed.
+- YAML: nesting depth, node count with aliases expanded (billion laughs), recursive aliases,
+  integers longer than ``MAX_INT_DIGITS`` and duplicate keys are refused before anything is
+  constructed.
 """
 
 from __future__ import annotations
@@ -227,6 +228,43 @@ def _expanded_size(root: yaml.Node) -> int:
     return visit(root, 1)[0]
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _no_duplicate_keys(root: yaml.Node) -> None:
+    """Refuses a mapping that names one key twice (PyYAML silently keeps the last).
+
+    A key set by a merge (``<<: *base``) may still be overridden: only the mapping's own keys
+    count. Each distinct node is visited once (aliases are shared), so this is as bounded as
+    ``_expanded_size``; the error names the dotted path of the first place the key was found."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}.{i}" if path else str(i)) for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], Any] = {}
+            for key, value in node.value:
+                if key.tag == _MERGE_TAG:
+                    stack.append((value, path))
+                    continue
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+                here = f"{path}.{name}" if path else name
+                if isinstance(key, yaml.ScalarNode):
+                    ident = (key.tag, key.value)
+                    if ident in first:
+                        raise _Refused(
+                            f"{here}: duplicate key{_where(key.start_mark)}"
+                            f" (already set at line {first[ident].line + 1}; each key may appear once)"
+                        )
+                    first[ident] = key.start_mark
+                stack.append((value, here))
+
+
 def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigError) -> Any:
     """Parse YAML text within the limits above; every failure is one ``error`` line."""
     loader: _BoundedLoader | None = None
@@ -236,6 +274,7 @@ def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigE
         if node is None:
             return None
         _expanded_size(node)
+        _no_duplicate_keys(node)
         return loader.construct_document(node)
     except _Refused as exc:
         raise error(f"{exc}{_where(exc.mark)}", source=source) from None

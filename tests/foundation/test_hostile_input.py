@@ -1,0 +1,48 @@
+"""Hostile input a new user hands the CLI (session 5 audit): one line naming file and field,
+exit code 2, no traceback, bounded time and memory. Fast: every command runs in this process."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from supervisor.cli.main import cli
+from supervisor.config.loader import parse_yaml
+from supervisor.errors import ConfigError
+
+JOB = "name: t\nentrypoint: m:f\nstorage: {path: runs}\nmax_steps: 10\n"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    res = CliRunner().invoke(cli, list(args))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return subprocess.CompletedProcess(list(args), res.exit_code, "", res.output)
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], needle: str) -> str:
+    assert done.returncode == 2, done.stderr[-1500:]
+    assert "Traceback" not in done.stderr, done.stderr[-1500:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], done.stderr[-1500:]
+    return lines[0]
+
+
+def test_duplicate_keys_are_refused_with_their_path(tmp_path: Path) -> None:
+    top = tmp_path / "top.yaml"
+    top.write_text("name: a\n" + JOB)  # PyYAML alone keeps the last `name` silently
+    line = _one_error_line(_run("validate", str(top)), f"{top}: name: duplicate key at line 2, column 1")
+    assert "already set at line 1" in line
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(JOB + "resources:\n  num_workers: 1\n  num_workers: 2\n")
+    _one_error_line(_run("validate", str(nested)), "resources.num_workers: duplicate key at line 7")
+    _one_error_line(_run("policy", "validate", str(top)), "name: duplicate key")
+    in_list = "faults:\n  - {kind: lr_spike, step: 3, step: 4}\n"
+    with pytest.raises(ConfigError, match=r"faults\.0\.step: duplicate key"):
+        parse_yaml(in_list, source="j.yaml")
+    # a merge key's values may still be overridden by the mapping's own keys
+    merged = parse_yaml("b: &b {lr: 1, wd: 2}\nc:\n  <<: *b\n  lr: 3\n", source="j.yaml")
+    assert merged["c"] == {"lr": 3, "wd": 2}
