@@ -38,12 +38,36 @@ def fail(exc: BaseException) -> NoReturn:
     sys.exit(EXIT_BROKEN)
 
 
+def usage_fail(exc: click.ClickException) -> NoReturn:
+    """A click argument or option error as one line (click prints usage, a hint and the error on
+    three): ``error: Invalid value for 'FILES...': File 'x' is a directory. (see 'supervisor validate --help')``."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if isinstance(exc, click.UsageError) and ctx else ""
+    click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+    sys.exit(exc.exit_code)
+
+
 class SupervisorGroup(click.Group):
-    """A click group that turns expected failures into one line and their exit code."""
+    """A click group that turns expected failures, and click's own usage errors, into one line
+    and their exit code (a bare group, e.g. `supervisor policy`, still prints its help)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.ClickException as exc:
+            usage_fail(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.ClickException as exc:
+            usage_fail(exc)
         except SupervisorError as exc:
             fail(exc)
         except Exception as exc:

@@ -17,7 +17,7 @@ JOB = "name: t\nentrypoint: m:f\nstorage: {path: runs}\nmax_steps: 10\n"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    res = CliRunner().invoke(cli, list(args))
+    res = CliRunner().invoke(cli, list(args), prog_name="supervisor")
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     return subprocess.CompletedProcess(list(args), res.exit_code, "", res.output)
@@ -46,3 +46,24 @@ def test_duplicate_keys_are_refused_with_their_path(tmp_path: Path) -> None:
     # a merge key's values may still be overridden by the mapping's own keys
     merged = parse_yaml("b: &b {lr: 1, wd: 2}\nc:\n  <<: *b\n  lr: 3\n", source="j.yaml")
     assert merged["c"] == {"lr": 3, "wd": 2}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["validate", "{tmp}"], "is a directory. (see 'supervisor validate --help')"),
+        (["launch"], "give a job file, or --attach JOB"),
+        (["incidents", "list", "--limit", "abc"], "'abc' is not a valid integer"),
+        (["--log-level", "loud", "validate", "x"], "'loud' is not one of"),
+        (["policy", "nosuch"], "No such command 'nosuch'"),
+        (["analyze"], "Missing argument 'TRACES...'"),
+    ],
+)
+def test_click_usage_errors_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    """click prints usage, a hint and the error on three lines; the bar is one line, exit 2."""
+    _one_error_line(_run(*[a.replace("{tmp}", str(tmp_path)) for a in args]), needle)
+
+
+def test_a_bare_group_still_prints_its_help() -> None:
+    done = _run("policy")
+    assert done.returncode == 2 and "Commands:" in done.stderr and "explain" in done.stderr
