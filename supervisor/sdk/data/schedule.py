@@ -286,10 +286,9 @@ class Schedule:
         """The batches of loader worker ``worker`` of ``workers``: exactly what ``next()`` returns
         at calls ``worker``, ``worker + workers``, ... from the cursor on (the DataLoader asks its
         workers in turn). The exclusions must not change while this runs (a worker's frozen copy)."""
-        if not self._countable():
-            yield from self._walked_turns(worker, workers)
-        else:
-            yield from self._counted_turns(worker, workers)
+        return (
+            self._counted_turns(worker, workers) if self._countable() else self._walked_turns(worker, workers)
+        )
 
     def _walked_turns(self, worker: int, workers: int) -> Iterator[Draw]:
         """Every batch drawn, the others' only advanced past (IDs by name, sources, ``locate``)."""
@@ -367,11 +366,12 @@ class Schedule:
                 indices[here] = self._perm_of(epoch).at(positions[here])
             last_epochs, lasts = self._where(firsts + (need - 1), allowed)
             rows = indices.reshape(len(own), bs).tolist()
+            draw = self._draw
             for (index, _, after, skips), mine, epoch, last in zip(
                 own, rows, last_epochs.tolist(), lasts.tolist(), strict=True
             ):
-                self.cursor = Cursor(epoch, last + 1, after, skips)
-                yield self._draw(index, mine, self.cursor.copy())
+                self.cursor = Cursor(epoch, last + 1, after, skips)  # replaced, never changed in place
+                yield draw(index, mine, Cursor(epoch, last + 1, after, skips))
 
     def for_worker(self) -> Schedule:
         """A copy that continues from the cursor on its own in a loader worker process: the
