@@ -86,16 +86,15 @@ def _too_big(p: Path, limit: int, error: type[SupervisorError], what: str = "") 
     return error(f"{what}larger than {limit:,} bytes, the input limit{hint}", source=str(p))
 
 
-def _read_capped(stream: io.RawIOBase | gzip.GzipFile, limit: int) -> bytes | None:
-    """Up to ``limit`` bytes in chunks; None when there is more."""
-    buf = bytearray()
-    while True:
+def _read_capped(stream: io.RawIOBase | gzip.GzipFile, limit: int, head: bytes = b"") -> bytes | None:
+    """``head`` and then up to ``limit`` bytes in all, read in chunks; None when there is more."""
+    buf = bytearray(head)
+    while len(buf) <= limit:
         chunk = stream.read(min(_CHUNK, limit + 1 - len(buf)))
         if not chunk:
             return bytes(buf)
         buf += chunk
-        if len(buf) > limit:
-            return None
+    return None
 
 
 def _gunzip(raw_file: io.FileIO, p: Path, limit: int, error: type[SupervisorError]) -> bytes:
@@ -139,12 +138,12 @@ def read_bytes(
             if decompress and head == _GZIP_MAGIC:
                 raw_file.seek(0)
                 return _gunzip(raw_file, p, limit, error)
-            rest = _read_capped(raw_file, limit - len(head)) if len(head) == 2 else b""
+            data = _read_capped(raw_file, limit, head) if len(head) == 2 else head
         except OSError as exc:
             raise error(f"cannot read: {exc.strerror or exc}", source=str(p)) from None
-    if rest is None:
+    if data is None:
         raise _too_big(p, limit, error)
-    return head + rest
+    return data  # one copy of the file in memory at the end, two for a moment (no `head + rest`)
 
 
 # -- YAML ---------------------------------------------------------------------------------------

@@ -57,13 +57,54 @@ __all__ = [
 ]  # fmt: skip
 
 
+MAX_LINE_CHARS = 1 << 20
+"""A line of a line-based trace or log longer than this (1 MiB) is skipped and counted: a record
+is a few KiB, and regexes and ``json.loads`` over a 1 GB line would take minutes and gigabytes."""
+
+#: Formats whose file is one JSON document (a minified one may be a single long line).
+_DOCUMENT_FORMATS = ("hf_trainer", "wandb")
+
+
+def _lines(text: str, limit: int) -> list[str]:
+    """Up to ``limit`` non-blank lines from the start of ``text`` no longer than ``MAX_LINE_CHARS``,
+    looking at most 5,000 lines ahead; never splits the whole text."""
+    out: list[str] = []
+    start, seen = 0, 0
+    while start < len(text) and seen < 5000 and len(out) < limit:
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if end - start <= MAX_LINE_CHARS and text[start:end].strip():
+            out.append(text[start:end])
+        start, seen = end + 1, seen + 1
+    return out
+
+
+def _drop_long_lines(text: str) -> tuple[str, int]:
+    """``text`` with each line longer than ``MAX_LINE_CHARS`` emptied, and how many there were."""
+    if len(text) <= MAX_LINE_CHARS:
+        return text, 0
+    pieces: list[str] = []
+    start, keep_from, dropped = 0, 0, 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if end - start > MAX_LINE_CHARS:
+            pieces.append(text[keep_from:start])
+            keep_from, dropped = end, dropped + 1
+        start = end + 1
+    if not dropped:
+        return text, 0
+    pieces.append(text[keep_from:])
+    return "".join(pieces), dropped
+
+
 def detect_format(text: str, name: str = "") -> str | None:
     """The format whose lines are most common in the first 2,000 non-blank lines (None: no idea)."""
     if looks_like_hf_trainer(text) or name.endswith("trainer_state.json"):
         return "hf_trainer"
     if looks_like_wandb(text):
         return "wandb"
-    lines = [line for line in text.splitlines()[:5000] if line.strip()][:2000]
+    lines = _lines(text, 2000)
     if lines and looks_like_lightning(lines[0]):
         return "lightning"
     if lines and looks_like_csv(lines[0]):
@@ -79,12 +120,23 @@ def parse_text(
     if format == "auto":
         detected = detect_format(text, source)
         if detected is None:
-            raise TraceError(f"no parsable line (tried {', '.join(ALL_FORMATS)})", source=source)
+            longest = (
+                ""
+                if len(text) <= MAX_LINE_CHARS or _lines(text, 1)
+                else (f"; lines longer than {MAX_LINE_CHARS:,} characters are skipped")
+            )
+            raise TraceError(f"no parsable line (tried {', '.join(ALL_FORMATS)}){longest}", source=source)
         format = detected
     parser = FORMATS.get(format)
     if parser is None:
         raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(ALL_FORMATS)}", source=source)
+    long_lines = 0
+    if format not in _DOCUMENT_FORMATS:
+        text, long_lines = _drop_long_lines(text)
     data = parser(text, fmap or FieldMap())
+    if long_lines:
+        data.skipped_lines += long_lines
+        data.notes.append(f"{long_lines} line(s) longer than {MAX_LINE_CHARS:,} characters skipped")
     if not data.records:
         why = f"; {data.notes[-1]}" if data.notes else ""
         raise TraceError(

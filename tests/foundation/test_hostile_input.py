@@ -67,3 +67,19 @@ def test_click_usage_errors_are_one_line(tmp_path: Path, args: list[str], needle
 def test_a_bare_group_still_prints_its_help() -> None:
     done = _run("policy")
     assert done.returncode == 2 and "Commands:" in done.stderr and "explain" in done.stderr
+
+
+def test_a_huge_line_in_a_trace_is_skipped_not_parsed(tmp_path: Path) -> None:
+    """A 1 GB single line took minutes and ~10 GB (format regexes, json.loads); now each line over
+    MAX_LINE_CHARS is skipped and counted, and a file of only such lines is one line, exit 2."""
+    from supervisor.traces import MAX_LINE_CHARS, parse_text
+
+    huge = '{"step": 5, "loss": 1.0, "x": [' + "0," * (MAX_LINE_CHARS // 2) + "0]}"
+    good = [f'{{"step": {i}, "loss": {2.0 - i / 100}}}' for i in range(1, 61)]
+    data = parse_text("\n".join(good[:30] + [huge] + good[30:]) + "\n", "auto", "t.jsonl")
+    assert [r.step for r in data.records] == list(range(1, 61))
+    assert data.skipped_lines == 1 and any("longer than" in n for n in data.notes)
+    only = tmp_path / "only.jsonl"
+    only.write_text(huge + "\n" + huge[:-5])  # and a truncated last line
+    _one_error_line(_run("analyze", str(only)), f"{only}: no parsable line")
+    assert "lines longer than 1,048,576 characters are skipped" in _run("analyze", str(only)).stderr
