@@ -26,7 +26,7 @@ from supervisor.traces.modded_nanogpt import looks_like_modded_nanogpt, parse_mo
 from supervisor.traces.nanogpt import looks_like_nanogpt, parse_nanogpt
 from supervisor.traces.runs import merge_files
 from supervisor.traces.tabular import looks_like_csv, parse_csv
-from supervisor.traces.tensorboard import is_event_file, read_tensorboard
+from supervisor.traces.tensorboard import is_event_file, read_tensorboard, walk_files
 
 #: Parser registry: format name -> (text, field map) -> TraceData. ``--format`` choices are these
 #: plus the file-based ``tensorboard``.
@@ -159,9 +159,13 @@ def read_run(paths: list[Path], format: str = "auto", fmap: FieldMap | None = No
         raise TraceError(f"unknown format {format!r}; valid: auto, {', '.join(ALL_FORMATS)}", source=source)
     paths = [Path(p) for p in paths]
     for p in paths:
-        if not p.exists():
-            raise TraceError("file not found", source=str(p))
-    tb = [p for p in paths if is_event_file(p) or (p.is_dir() and next(p.rglob("*tfevents*"), None))]
+        try:
+            p.stat()
+        except FileNotFoundError:
+            raise TraceError("file not found", source=str(p)) from None
+        except OSError as exc:  # a symlink loop, a name too long, a folder without permission
+            raise TraceError(f"cannot read: {exc.strerror or exc}", source=str(p)) from None
+    tb = [p for p in paths if is_event_file(p) or (p.is_dir() and _holds_event_file(p))]
     if format == "tensorboard" or (format == "auto" and tb and len(tb) == len(paths)):
         return read_tensorboard(paths, fmap)
     files: list[tuple[Path, bool]] = []  # (file, named explicitly)
@@ -191,6 +195,10 @@ def read_run(paths: list[Path], format: str = "auto", fmap: FieldMap | None = No
     data = merge_files(parsed)
     data.notes[:0] = notes
     return data
+
+
+def _holds_event_file(folder: Path) -> bool:
+    return any("tfevents" in f.name for f in walk_files(folder))
 
 
 def _trace_like(name: str) -> bool:

@@ -17,8 +17,9 @@ scalars written by tensorboardX / ``torch.utils.tensorboard`` (``simple_value``)
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from supervisor.errors import TraceError
@@ -27,6 +28,26 @@ from supervisor.traces.metrics import FieldMap, rows_to_records
 
 EVENT_GLOB = "*tfevents*"
 MAX_FILES = 4096
+MAX_WALK_ENTRIES = 100_000
+"""Most directory entries looked at when searching a directory for event files (``analyze /``
+or ``analyze ~`` would otherwise walk the whole tree, /proc included)."""
+
+
+def walk_files(root: Path) -> Iterator[Path]:
+    """Every file under ``root`` (symlinks not followed, unreadable folders passed over); a
+    one-line TraceError past ``MAX_WALK_ENTRIES`` entries."""
+    seen = 0
+    for folder, dirs, names in os.walk(root):
+        seen += len(dirs) + len(names)
+        if seen > MAX_WALK_ENTRIES:
+            raise TraceError(
+                f"more than {MAX_WALK_ENTRIES:,} entries under this directory; name the run's own folder",
+                source=str(root),
+            )
+        dirs.sort()
+        yield from (Path(folder, n) for n in sorted(names))
+
+
 _SPLITS = {"train", "training", "eval", "evaluation", "val", "valid", "validation", "test"}
 _RANK = re.compile(r"^rank[_-]?(\d+)$", re.IGNORECASE)
 
@@ -38,7 +59,7 @@ def is_event_file(path: Path) -> bool:
 def event_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.rglob(EVENT_GLOB) if p.is_file())
+    files = sorted(p for p in walk_files(path) if "tfevents" in p.name and p.is_file())
     if len(files) > MAX_FILES:
         raise TraceError(f"{len(files)} event files (at most {MAX_FILES})", source=str(path))
     return files

@@ -83,3 +83,24 @@ def test_a_huge_line_in_a_trace_is_skipped_not_parsed(tmp_path: Path) -> None:
     only.write_text(huge + "\n" + huge[:-5])  # and a truncated last line
     _one_error_line(_run("analyze", str(only)), f"{only}: no parsable line")
     assert "lines longer than 1,048,576 characters are skipped" in _run("analyze", str(only)).stderr
+
+
+def test_analyze_of_a_huge_tree_or_a_symlink_loop_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`analyze /` walked the whole filesystem (/proc included) looking for TensorBoard files."""
+    from supervisor.traces import tensorboard
+
+    monkeypatch.setattr(tensorboard, "MAX_WALK_ENTRIES", 50)
+    tree = tmp_path / "home"
+    for i in range(8):
+        (tree / f"d{i}").mkdir(parents=True)
+        for j in range(8):
+            (tree / f"d{i}" / f"f{j}.txt").write_text("x")
+    _one_error_line(_run("analyze", str(tree)), f"{tree}: more than 50 entries under this directory")
+    _one_error_line(_run("analyze", "--format", "tensorboard", str(tree)), "more than 50 entries")
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    _one_error_line(_run("analyze", str(loop)), f"{loop}: cannot read: Too many levels of symbolic links")
+    _one_error_line(_run("validate", str(loop)), f"{loop}: cannot read: Too many levels of symbolic links")
