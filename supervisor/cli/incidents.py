@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from supervisor.incidents.postmortem import Postmortem
 
 ENV_DB = "SUPERVISOR_INCIDENT_DB"
+_SQLITE_INT = click.IntRange(0, 2**63 - 1)  # what SQLite stores: 10**40 raised OverflowError
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _db_option = click.option(
     "--db", type=click.Path(dir_okay=False, path_type=Path), help="The incident database file."
@@ -65,7 +67,7 @@ def incidents() -> None:
 @click.option(
     "--state", type=click.Choice([s.value for s in IncidentState]), help="Only incidents in this state."
 )
-@click.option("--limit", type=int, default=None, help="At most this many, newest first.")
+@click.option("--limit", type=_SQLITE_INT, default=None, help="At most this many, newest first.")
 @json_option
 def list_cmd(
     db: Path | None,
@@ -88,7 +90,7 @@ def list_cmd(
 
 
 @incidents.command()
-@click.argument("incident_id", type=int)
+@click.argument("incident_id", type=_SQLITE_INT)
 @_db_option
 @_job_option
 @json_option
@@ -109,7 +111,7 @@ def show(incident_id: int, db: Path | None, job_file: Path | None, as_json: bool
 
 
 @incidents.command()
-@click.argument("incident_id", type=int)
+@click.argument("incident_id", type=_SQLITE_INT)
 @_db_option
 @_job_option
 @click.option(
@@ -125,6 +127,8 @@ def report(incident_id: int, db: Path | None, job_file: Path | None, fmt: str, o
     from supervisor.incidents.render import render_postmortem
 
     store, _ = _open(db, job_file)
+    if output is not None:
+        _refuse_overwriting_inputs(output, [store.path, job_file])
     with store:
         pm = build_postmortem(store, incident_id)
     if fmt == "text" and output is None:
@@ -136,11 +140,51 @@ def report(incident_id: int, db: Path | None, job_file: Path | None, fmt: str, o
     if output is None:
         click.echo(text, nl=False)
         return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise IncidentStoreError(f"cannot write report: {exc.strerror}", source=str(output)) from None
+    _write_whole(output, text)
     click.echo(f"wrote {output}", err=True)
+
+
+def _refuse_overwriting_inputs(output: Path, inputs: list[Path | None]) -> None:
+    """``-o`` must not name the database (or its journal files), the job file or any SQLite
+    file: `report 1 -o incidents.sqlite` replaced the database with the report."""
+    for given in inputs:
+        if given is None:
+            continue
+        family = [given] + [given.with_name(given.name + s) for s in ("-wal", "-shm", "-journal")]
+        for f in family:
+            try:
+                same = output.exists() and f.exists() and os.path.samefile(output, f)
+            except OSError:
+                same = False
+            if same or output.absolute() == f.absolute():
+                raise IncidentStoreError("names a file this command reads (the database or the job file); refusing to overwrite it",
+                                         source=str(output), field="--output")  # fmt: skip
+    try:
+        with open(output, "rb") as existing:
+            is_db = existing.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    except OSError:
+        is_db = False
+    if is_db:
+        raise IncidentStoreError("is a SQLite database; refusing to overwrite it", source=str(output),
+                                 field="--output")  # fmt: skip
+
+
+def _write_whole(output: Path, text: str) -> None:
+    """Write through a temporary file and rename, so a failed write leaves an older report whole;
+    a device or FIFO (``-o /dev/stdout``) is written directly."""
+    try:
+        if output.exists() and not output.is_file():
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            return
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, output)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise IncidentStoreError(f"cannot write report: {exc.strerror or exc}", source=str(output)) from None
 
 
 def _plain_text(pm: Postmortem) -> str:

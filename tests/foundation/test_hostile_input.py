@@ -104,3 +104,39 @@ def test_analyze_of_a_huge_tree_or_a_symlink_loop_is_one_line(
     (tmp_path / "loop2").symlink_to(loop)
     _one_error_line(_run("analyze", str(loop)), f"{loop}: cannot read: Too many levels of symbolic links")
     _one_error_line(_run("validate", str(loop)), f"{loop}: cannot read: Too many levels of symbolic links")
+
+
+def test_incident_report_never_overwrites_the_database(tmp_path: Path) -> None:
+    """`incidents report 1 -o incidents.sqlite` replaced the database with the report (data lost);
+    an id or --limit past SQLite's integers was a traceback (OverflowError) or exit 3."""
+    import hashlib
+
+    from supervisor.incidents import IncidentStore
+    from tests.incidents.builders import full_incident
+
+    db = tmp_path / "incidents.sqlite"
+    store = IncidentStore(db)
+    inc = full_incident(store)
+    store.close()
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB.replace("{path: runs}", f"{{path: {tmp_path}}}"))
+    other = tmp_path / "other.sqlite"
+    other.write_bytes(db.read_bytes())
+    before = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in (db, job, other)}
+    reads = "names a file this command reads (the database or the job file); refusing to overwrite it"
+    for target, needle in ((db, reads), (Path(f"{db}-wal"), reads), (job, reads),
+                           (other, "is a SQLite database; refusing to overwrite it")):  # fmt: skip
+        args = ["incidents", "report", str(inc), "--job", str(job), "--format", "md", "-o", str(target)]
+        _one_error_line(_run(*args), f"{target}: --output: {needle}")
+        if target != job:  # with --db alone the job file is not an input
+            args = ["incidents", "report", str(inc), "--db", str(db), "--format", "md", "-o", str(target)]
+            _one_error_line(_run(*args), f"{target}: --output: {needle}")
+    assert before == {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in before}
+    report = tmp_path / "r.md"
+    for _ in range(2):  # an existing report of the person's is replaced whole
+        done = _run("incidents", "report", str(inc), "--db", str(db), "--format", "md", "-o", str(report))
+        assert done.returncode == 0 and report.read_text().startswith(f"# Incident {inc}")
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm")))
+    assert left == ["incidents.sqlite", "job.yaml", "other.sqlite", "r.md"]  # no temporary file left
+    for args in (["show", str(10**40)], ["report", str(10**40)], ["list", "--limit", str(10**30)]):
+        _one_error_line(_run("incidents", *args, "--db", str(db)), "is not in the range 0<=x<=")
