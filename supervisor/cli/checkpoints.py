@@ -17,7 +17,7 @@ import click
 
 from supervisor.checkpoint import CheckpointStore, Manifest, collect_garbage, verify
 from supervisor.checkpoint.store import save_id
-from supervisor.cli.output import console, json_option, print_json
+from supervisor.cli.output import STEP, JobName, console, json_option, print_json
 from supervisor.core.model import HealthMark
 from supervisor.errors import EXIT_FAILED, CheckpointError, ConfigError
 from supervisor.storage import Backend, open_backend
@@ -49,7 +49,7 @@ def _only_job(backend: Backend) -> str:
 def _target(f: Any) -> Any:
     f = click.option("--region", default=None, help="S3 region (default: the standard boto3 chain).")(f)
     f = click.option("--endpoint-url", default=None, help="S3 endpoint for MinIO / Ceph-style servers.")(f)
-    f = click.option("--job", default=None, help="Job name under a storage path.")(f)
+    f = click.option("--job", type=JobName(), default=None, help="Job name under a storage path.")(f)
     return click.argument("job_or_path")(f)
 
 
@@ -129,9 +129,14 @@ def list_cmd(
 
 @checkpoints.command("verify")
 @_target
-@click.argument("step", type=int, required=False)
+@click.argument("step", type=STEP, required=False)
 @click.option("--deep", is_flag=True, help="Also open every file with torch (downloads from S3).")
-@click.option("--world-size", type=int, default=None, help="Check compatibility with this world size.")
+@click.option(
+    "--world-size",
+    type=click.IntRange(1, 1 << 20),
+    default=None,
+    help="Check compatibility with this world size.",
+)
 @click.option("--no-record", is_flag=True, help="Do not write the result into the manifest.")
 @json_option
 def verify_cmd(
@@ -172,7 +177,7 @@ def verify_cmd(
 
 @checkpoints.command("mark")
 @_target
-@click.argument("step", type=int)
+@click.argument("step", type=STEP)
 @click.argument("state", type=click.Choice([m.value for m in HealthMark]))
 @click.option("--reason", required=True, help="Why (recorded in the manifest's health history).")
 @json_option
@@ -199,11 +204,11 @@ def mark_cmd(
 @_target
 @click.option(
     "--keep",
-    type=int,
+    type=click.IntRange(1, 1_000_000),  # job.yaml's checkpoint.keep; -1 deleted more than the default
     default=None,
     help="Healthy checkpoints to keep (default: checkpoint.keep of the job, else 3).",
 )
-@click.option("--protect", type=int, multiple=True, help="A step an open incident references (repeatable).")
+@click.option("--protect", type=STEP, multiple=True, help="A step an open incident references (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
 @json_option
 def gc_cmd(

@@ -15,7 +15,7 @@ import click
 
 from supervisor.cli.jobcheck import load_checked_job
 from supervisor.cli.outcome import print_outcome
-from supervisor.cli.output import console, json_option, print_json
+from supervisor.cli.output import FiniteFloat, JobName, console, json_option, print_json
 from supervisor.cli.validate import set_option
 from supervisor.config.job import JobSpec
 from supervisor.errors import ConfigError
@@ -47,7 +47,11 @@ def _job(job_file: Path | None, attach_job: str | None, overrides: tuple[str, ..
     "--detach", is_flag=True, help="Leave the supervisor running as a detached Ray actor and return."
 )
 @click.option(
-    "--attach", "attach_job", metavar="JOB", help="Resume supervising JOB (after its supervisor died)."
+    "--attach",
+    "attach_job",
+    type=JobName(),
+    metavar="JOB",
+    help="Resume supervising JOB (after its supervisor died).",
 )
 @click.option("--address", help="Ray address for --attach (default: the job's, else `auto`).")
 @click.option("--no-faults", is_flag=True, help="Ignore the job's `faults:` list (run a drill job clean).")
@@ -104,7 +108,7 @@ def launch(
 
 
 @click.command()
-@click.argument("job_name", required=False)
+@click.argument("job_name", required=False, type=JobName())
 @click.option("--address", help="Ray address (default: `auto`).")
 @json_option
 def status(job_name: str | None, address: str | None, as_json: bool) -> None:
@@ -126,10 +130,15 @@ def status(job_name: str | None, address: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("job_name")
+@click.argument("job_name", type=JobName())
 @click.option("--address", help="Ray address (default: `auto`).")
 @click.option(
-    "--timeout", "timeout_s", default=120.0, show_default=True, help="Seconds to wait for the workers."
+    "--timeout",
+    "timeout_s",
+    type=FiniteFloat(0, 7 * 86400),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the workers.",
 )
 def stop(job_name: str, address: str | None, timeout_s: float) -> None:
     """Stop JOB at its next step boundary, then remove its supervisor."""

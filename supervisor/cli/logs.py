@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from supervisor.cli.output import FiniteFloat, JobName
 from supervisor.errors import ConfigError
 from supervisor.runtime.process_logs import generations, read_segments
 from supervisor.storage import Backend, open_backend
@@ -35,12 +36,26 @@ def _open(job_or_path: str, job: str | None) -> tuple[Backend, str]:
 
 @click.command()
 @click.argument("job_or_path")
-@click.option("--job", default=None, help="Job name, when JOB_OR_PATH is a storage path.")
-@click.option("--rank", type=int, default=None, help="Only this rank (default: every rank, prefixed).")
-@click.option("--generation", type=int, default=None, help="Worker-group generation (default: the newest).")
+@click.option("--job", type=JobName(), default=None, help="Job name, when JOB_OR_PATH is a storage path.")
+@click.option(
+    "--rank",
+    type=click.IntRange(0, 1 << 20),
+    default=None,
+    help="Only this rank (default: every rank, prefixed).",
+)
+@click.option(
+    "--generation",
+    type=click.IntRange(0, 10**9),
+    default=None,
+    help="Worker-group generation (default: the newest).",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until interrupted.")
 @click.option(
-    "--interval", type=float, default=1.0, show_default=True, help="Seconds between --follow polls."
+    "--interval",
+    type=FiniteFloat(0.05, 3600),
+    default=1.0,
+    show_default=True,
+    help="Seconds between --follow polls.",
 )
 def logs(
     job_or_path: str, job: str | None, rank: int | None, generation: int | None, follow: bool, interval: float

@@ -10,6 +10,35 @@ from typing import Any
 import click
 from rich.console import Console
 
+
+class FiniteFloat(click.FloatRange):
+    """A float option within bounds that also refuses ``nan`` (which passes every comparison) and ``inf``."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+class JobName(click.ParamType):
+    """A job name as job.yaml's ``name:`` allows it (so ``../..`` never reaches storage or Ray)."""
+
+    name = "job name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from supervisor.config.job import _NAME
+
+        if not isinstance(value, str) or not _NAME.match(value):
+            self.fail(f"{value!r} is not a job name (letters, digits, '_', '.', '-'; at most 64)", param, ctx)
+        return value
+
+
+STEP = click.IntRange(0, 10**12)
+"""A step number (job.yaml's bound): ``10**40`` is one line, not an overflow deeper in."""
+
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table."
 )

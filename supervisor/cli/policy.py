@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from supervisor.cli.output import json_option, print_json
+from supervisor.cli.output import FiniteFloat, json_option, print_json
 from supervisor.core.policy import load_policy, resolve_policy_path, shipped_policies
 from supervisor.core.policy.dryrun import ExplainedIncident, checkpoints_from_records, dry_run
 from supervisor.core.policy.loader import check_policy
@@ -77,13 +77,13 @@ def list_() -> None:
 )
 @click.option(
     "--checkpoint-every",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 10**12),
     default=None,
     help="Assume a checkpoint every N steps (default: the trace's checkpoint_saved events, else 100).",
 )
 @click.option(
     "--grad-clip",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(0, 1e6),
     default=None,
     help="The job's grad clip (0: none), when its records do not log attrs.grad_clip.",
 )

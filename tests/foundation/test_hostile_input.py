@@ -140,3 +140,34 @@ def test_incident_report_never_overwrites_the_database(tmp_path: Path) -> None:
     assert left == ["incidents.sqlite", "job.yaml", "other.sqlite", "r.md"]  # no temporary file left
     for args in (["show", str(10**40)], ["report", str(10**40)], ["list", "--limit", str(10**30)]):
         _one_error_line(_run("incidents", *args, "--db", str(db)), "is not in the range 0<=x<=")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        # `gc --keep -1` deleted more healthy checkpoints than the default keeps
+        (["checkpoints", "gc", "{tmp}", "--keep", "-1", "--dry-run"], "-1 is not in the range 1<=x<=1000000"),
+        (["checkpoints", "verify", "{tmp}", "--world-size", "-1"], "-1 is not in the range 1<="),
+        (
+            ["checkpoints", "mark", "{tmp}", str(10**30), "healthy", "--reason", "x"],
+            "not in the range 0<=x<=",
+        ),
+        # a job name with '..' reached storage as a key (exit 3: "key escapes the storage root")
+        (["checkpoints", "list", "{tmp}", "--job", "../.."], "'../..' is not a job name"),
+        (["logs", "{tmp}", "--job", "../../etc"], "'../../etc' is not a job name"),
+        (["status", "../x", "--address", "127.0.0.1:1"], "'../x' is not a job name"),
+        (["launch", "--attach", "a b"], "'a b' is not a job name"),
+        # nan passes every range comparison; a negative --interval was a traceback from time.sleep
+        (["logs", "{tmp}", "--job", "x", "-f", "--interval", "nan"], "'nan' is not a finite number"),
+        (["logs", "{tmp}", "--job", "x", "-f", "--interval", "-1"], "-1.0 is not in the range 0.05<=x<=3600"),
+        (["stop", "x", "--timeout", "nan", "--address", "127.0.0.1:1"], "'nan' is not a finite number"),
+        (["policy", "explain", "default", "--trace", "t.jsonl", "--grad-clip", "nan"], "not a finite number"),
+        (["analyze", "t.jsonl", "--min-history", str(10**30)], "not in the range 1<=x<="),
+    ],
+)
+def test_numbers_and_names_on_the_command_line_are_checked_first(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """Checked by click before any file, storage or Ray is touched: one line, exit 2."""
+    _one_error_line(_run(*[a.replace("{tmp}", str(tmp_path)) for a in args]), needle)
+    assert list(tmp_path.iterdir()) == []  # nothing created in the storage folder
