@@ -15,7 +15,7 @@ import click
 
 from supervisor.cli.jobcheck import load_checked_job
 from supervisor.cli.outcome import print_outcome
-from supervisor.cli.output import FiniteFloat, JobName, console, json_option, print_json
+from supervisor.cli.output import FiniteFloat, JobName, RayAddress, console, json_option, print_json
 from supervisor.cli.validate import set_option
 from supervisor.config.job import JobSpec
 from supervisor.errors import ConfigError
@@ -53,7 +53,9 @@ def _job(job_file: Path | None, attach_job: str | None, overrides: tuple[str, ..
     metavar="JOB",
     help="Resume supervising JOB (after its supervisor died).",
 )
-@click.option("--address", help="Ray address for --attach (default: the job's, else `auto`).")
+@click.option(
+    "--address", type=RayAddress(), help="Ray address for --attach (default: the job's, else `auto`)."
+)
 @click.option("--no-faults", is_flag=True, help="Ignore the job's `faults:` list (run a drill job clean).")
 @set_option
 def launch(
@@ -109,7 +111,7 @@ def launch(
 
 @click.command()
 @click.argument("job_name", required=False, type=JobName())
-@click.option("--address", help="Ray address (default: `auto`).")
+@click.option("--address", type=RayAddress(), help="Ray address (default: `auto`).")
 @json_option
 def status(job_name: str | None, address: str | None, as_json: bool) -> None:
     """Show a supervised job (or every job on the cluster)."""
@@ -131,7 +133,7 @@ def status(job_name: str | None, address: str | None, as_json: bool) -> None:
 
 @click.command()
 @click.argument("job_name", type=JobName())
-@click.option("--address", help="Ray address (default: `auto`).")
+@click.option("--address", type=RayAddress(), help="Ray address (default: `auto`).")
 @click.option(
     "--timeout",
     "timeout_s",

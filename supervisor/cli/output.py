@@ -36,6 +36,26 @@ class JobName(click.ParamType):
         return value
 
 
+class RayAddress(click.ParamType):
+    """A Ray address as job.yaml's ``ray.address`` allows it: ``auto``, ``local``, ``host:port``,
+    ``ray://host:port`` (a malformed one was exit 3 "no Ray cluster reachable", not bad input)."""
+
+    name = "ray address"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from pydantic import ValidationError
+
+        from supervisor.config.job import RaySection
+
+        try:
+            RaySection.model_validate({"address": value})
+        except ValidationError:
+            self.fail(
+                f"{value!r} is not a Ray address (`auto`, `host:port` or `ray://host:port`)", param, ctx
+            )
+        return value
+
+
 STEP = click.IntRange(0, 10**12)
 """A step number (job.yaml's bound): ``10**40`` is one line, not an overflow deeper in."""
 

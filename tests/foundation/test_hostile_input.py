@@ -157,6 +157,8 @@ def test_incident_report_never_overwrites_the_database(tmp_path: Path) -> None:
         (["logs", "{tmp}", "--job", "../../etc"], "'../../etc' is not a job name"),
         (["status", "../x", "--address", "127.0.0.1:1"], "'../x' is not a job name"),
         (["launch", "--attach", "a b"], "'a b' is not a job name"),
+        (["status", "--address", "ht!tp://::::"], "is not a Ray address"),  # was exit 3, "unreachable"
+        (["stop", "x", "--address", "host:port:9"], "is not a Ray address"),
         # nan passes every range comparison; a negative --interval was a traceback from time.sleep
         (["logs", "{tmp}", "--job", "x", "-f", "--interval", "nan"], "'nan' is not a finite number"),
         (["logs", "{tmp}", "--job", "x", "-f", "--interval", "-1"], "-1.0 is not in the range 0.05<=x<=3600"),
