@@ -18,6 +18,14 @@ EXIT_BROKEN = 3
 """The supervisor, Ray or storage failed (nothing wrong with the input)."""
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a file name holding a newline
+    or a terminal escape stays on its one line and cannot forge another ``error:`` line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 class SupervisorError(Exception):
     """Base of every expected failure: bad input, unreachable storage, a refused action.
 
@@ -44,8 +52,8 @@ class SupervisorError(Exception):
             self.exit_code = exit_code
 
     def one_line(self) -> str:
-        parts = [p for p in (self.source, self.field) if p]
-        parts.append(" ".join(self.message.split()))
+        parts = [printable(p) for p in (self.source, self.field) if p]
+        parts.append(printable(" ".join(self.message.split())))
         return ": ".join(parts)
 
     def __str__(self) -> str:
