@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from supervisor import logging as slog
-from supervisor.errors import EXIT_BROKEN, SupervisorError
+from supervisor.errors import EXIT_BROKEN, SupervisorError, printable
 
 # Exceptions of these libraries mean the backend failed, not the input (e.g. Ray's
 # ActorDiedError when the supervisor actor dies under `launch`).
@@ -33,7 +33,7 @@ def fail(exc: BaseException) -> NoReturn:
     if isinstance(exc, SupervisorError):
         click.echo(f"error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
-    detail = " ".join(str(exc).split())[:300] or "(no detail)"
+    detail = printable(" ".join(str(exc).split())[:300]) or "(no detail)"
     click.echo(f"error: Ray or storage failed: {type(exc).__name__}: {detail}", err=True)
     sys.exit(EXIT_BROKEN)
 
@@ -43,7 +43,7 @@ def usage_fail(exc: click.ClickException) -> NoReturn:
     three): ``error: Invalid value for 'FILES...': File 'x' is a directory. (see 'supervisor validate --help')``."""
     ctx = getattr(exc, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if isinstance(exc, click.UsageError) and ctx else ""
-    click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+    click.echo(f"error: {printable(' '.join(exc.format_message().split()))}{hint}", err=True)
     sys.exit(exc.exit_code)
 
 

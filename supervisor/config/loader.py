@@ -138,6 +138,8 @@ def read_bytes(
             if decompress and head == _GZIP_MAGIC:
                 raw_file.seek(0)
                 return _gunzip(raw_file, p, limit, error)
+            if os.fstat(fd).st_size > limit:  # refused before reading (a 2 GB file took 1 GB and seconds)
+                raise _too_big(p, limit, error)
             data = _read_capped(raw_file, limit, head) if len(head) == 2 else head
         except OSError as exc:
             raise error(f"cannot read: {exc.strerror or exc}", source=str(p)) from None

@@ -173,3 +173,34 @@ def test_numbers_and_names_on_the_command_line_are_checked_first(
     """Checked by click before any file, storage or Ray is touched: one line, exit 2."""
     _one_error_line(_run(*[a.replace("{tmp}", str(tmp_path)) for a in args]), needle)
     assert list(tmp_path.iterdir()) == []  # nothing created in the storage folder
+
+
+def test_odd_characters_in_a_path_stay_on_the_one_line(tmp_path: Path) -> None:
+    """A file name with a newline printed two lines (the second could read `error: fake.yaml: ...`);
+    a terminal escape reached the terminal raw."""
+    missing = tmp_path / "zz\nerror: fake.yaml"
+    line = _one_error_line(_run("validate", str(missing)), "zz\\nerror: fake.yaml: file not found")
+    assert "\x1b" not in line
+    folder = tmp_path / "a\x1b[31mdir"
+    folder.mkdir()
+    line = _one_error_line(_run("validate", str(folder)), "a\\x1b[31mdir' is a directory")
+    odd = tmp_path / "job \u00e9 #1.yaml"  # printable non-ASCII stays as it is
+    odd.write_text(JOB.replace("max_steps: 10", "max_steps: -1"))
+    _one_error_line(_run("validate", str(odd)), f"{odd}: max_steps: must be >= 1 (got -1)")
+
+
+def test_an_oversized_file_is_refused_by_its_size_before_reading(tmp_path: Path) -> None:
+    """A 2 GB trace was read up to the 1 GiB limit (1.1 GB resident, seconds) before being refused."""
+    import resource
+
+    from supervisor.config.loader import read_bytes
+    from supervisor.errors import TraceError
+
+    sparse = tmp_path / "big.jsonl"
+    with open(sparse, "wb") as fh:
+        fh.truncate(3 << 30)  # sparse: no disk used
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TraceError, match="larger than 1,073,741,824 bytes"):
+        read_bytes(sparse, error=TraceError, expected="a trace file", max_bytes=1 << 30)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: nothing read
+    _one_error_line(_run("analyze", str(sparse)), "larger than")
