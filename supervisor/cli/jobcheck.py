@@ -8,6 +8,7 @@ drill fault names a registered kind with valid parameters.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,27 @@ def fault_problems(faults: list[Any], job_file: Path, skip: Collection[int] = ()
     return out
 
 
+def entrypoint_problems(job: JobSpec, job_file: Path) -> list[SupervisorError]:
+    """A script the entrypoint names (``train.py``, ``python train.py ...``) exists in the working
+    directory, where the ranks start, or next to the job file; else `launch` would start Ray
+    and its workers only to fail there. Checked only for a fresh local Ray without code shipped
+    by ``ray.runtime_env`` (a cluster may hold files this machine lacks); modules are not
+    imported here (a package's ``__init__`` may be heavy)."""
+    if job.ray.address not in (None, "local") or {"working_dir", "py_modules"} & set(job.ray.runtime_env):
+        return []
+    try:
+        argv = shlex.split(job.entrypoint)
+    except ValueError:
+        return []
+    if argv and argv[0] in ("python", "python3"):
+        argv = argv[1:]
+    script = argv[0] if argv and argv[0].endswith(".py") else None
+    if script is None or (Path.cwd() / script).is_file() or (job_file.parent / script).is_file():
+        return []
+    return [ConfigError(f"script {script!r} not found in {Path.cwd()} (where the ranks start) nor next "
+                        "to the job file", source=str(job_file), field="entrypoint")]  # fmt: skip
+
+
 def check_job(job_file: Path, overrides: Sequence[str] = ()) -> tuple[JobSpec | None, list[SupervisorError]]:
     """(job, []) when the job file is good; else every problem found, each one line.
 
@@ -91,6 +113,8 @@ def check_job(job_file: Path, overrides: Sequence[str] = ()) -> tuple[JobSpec | 
     policy = raw.get("policy", "default")
     if isinstance(policy, str) and not any(f[0] == "policy" for f in bad):
         found += policy_problems(policy, job_file)
+    if job is not None:
+        found += entrypoint_problems(job, job_file)
     faults = raw.get("faults")
     if isinstance(faults, list) and ["faults"] not in bad:
         reported = {int(f[1]) for f in bad if f[0] == "faults" and len(f) > 1 and f[1].isdigit()}

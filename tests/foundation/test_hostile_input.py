@@ -204,3 +204,24 @@ def test_an_oversized_file_is_refused_by_its_size_before_reading(tmp_path: Path)
         read_bytes(sparse, error=TraceError, expected="a trace file", max_bytes=1 << 30)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: nothing read
     _one_error_line(_run("analyze", str(sparse)), "larger than")
+
+
+def test_a_missing_entrypoint_script_is_found_by_validate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`entrypoint: trian.py` passed `validate`; `launch` started Ray and its workers to fail there."""
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.yaml"
+    for entry in ("trian.py", "python trian.py --lr 3e-4"):
+        job.write_text(JOB.replace("m:f", entry))
+        _one_error_line(
+            _run("validate", str(job)), f"{job}: entrypoint: script 'trian.py' not found in {tmp_path}"
+        )
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text("def main(config, ctx):\n    pass\n")
+    nested = tmp_path / "sub" / "job.yaml"
+    nested.write_text(JOB.replace("m:f", "train.py"))  # next to the job file: fine
+    assert _run("validate", str(nested)).returncode == 0
+    remote = JOB.replace("m:f", "trian.py") + "ray: {address: 'head:6379'}\n"
+    job.write_text(remote)  # a cluster may hold files this machine lacks: not checked
+    assert _run("validate", str(job)).returncode == 0
