@@ -52,6 +52,8 @@ def _open(db: Path | None, job_file: Path | None) -> tuple[IncidentStore, str | 
         raise IncidentStoreError(
             f"no incident database given: pass --db PATH or --job job.yaml (or set ${ENV_DB})"
         )
+    if db.is_dir():  # $SUPERVISOR_INCIDENT_DB or a job's storage (--db is checked by click)
+        raise IncidentStoreError("is a directory, expected an incident database file", source=str(db))
     return IncidentStore(db, read_only=True), job_name  # refuses what is not an incident database
 
 

@@ -33,7 +33,24 @@ from supervisor.errors import ConfigError, SupervisorError
 
 M = TypeVar("M", bound=BaseModel)
 
-MAX_INPUT_BYTES = int(os.environ.get("SUPERVISOR_MAX_INPUT_BYTES", 1 << 30))
+ENV_MAX_INPUT = "SUPERVISOR_MAX_INPUT_BYTES"
+
+
+def _env_max_input() -> int | None:
+    """$SUPERVISOR_MAX_INPUT_BYTES as a number >= 1 (default 1 GiB); None when it is not one
+    (`abc` was a traceback at import; every read then says so in one line)."""
+    text = os.environ.get(ENV_MAX_INPUT)
+    if text is None:
+        return 1 << 30
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+_ENV_LIMIT = _env_max_input()
+MAX_INPUT_BYTES = _ENV_LIMIT or 1 << 30
 """Largest file (after decompression) any command reads: 1 GiB unless $SUPERVISOR_MAX_INPUT_BYTES."""
 MAX_YAML_BYTES = 8 << 20
 """Largest job or policy YAML file: 8 MiB."""
@@ -130,6 +147,9 @@ def read_bytes(
     gzip files are each one ``error`` naming the file.
     """
     p = Path(path)
+    if max_bytes is None and _ENV_LIMIT is None:
+        raise ConfigError(f"must be a whole number of bytes >= 1 (got {os.environ.get(ENV_MAX_INPUT)!r})",
+                          source=f"${ENV_MAX_INPUT}")  # fmt: skip
     limit = MAX_INPUT_BYTES if max_bytes is None else max_bytes
     fd = _open_regular(p, error, expected)
     with io.FileIO(fd, "rb", closefd=True) as raw_file:

@@ -225,3 +225,20 @@ def test_a_missing_entrypoint_script_is_found_by_validate(
     remote = JOB.replace("m:f", "trian.py") + "ray: {address: 'head:6379'}\n"
     job.write_text(remote)  # a cluster may hold files this machine lacks: not checked
     assert _run("validate", str(job)).returncode == 0
+
+
+def test_hostile_environment_settings_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$SUPERVISOR_MAX_INPUT_BYTES=abc was a traceback at import (every command, even --help);
+    $SUPERVISOR_INCIDENT_DB naming a folder was exit 3 'disk I/O error'."""
+    import os
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"step": {i}, "loss": 2.0}}\n' for i in range(1, 30)))
+    env = {**os.environ, "SUPERVISOR_MAX_INPUT_BYTES": "abc"}
+    done = subprocess.run([sys.executable, "-m", "supervisor.cli.main", "analyze", str(trace)],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    _one_error_line(done, "$SUPERVISOR_MAX_INPUT_BYTES: must be a whole number of bytes >= 1 (got 'abc')")
+    monkeypatch.setenv("SUPERVISOR_INCIDENT_DB", str(tmp_path))
+    _one_error_line(_run("incidents", "list"), f"{tmp_path}: is a directory, expected an incident database")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
