@@ -52,8 +52,9 @@ def _env_max_input() -> int | None:
 _ENV_LIMIT = _env_max_input()
 MAX_INPUT_BYTES = _ENV_LIMIT or 1 << 30
 """Largest file (after decompression) any command reads: 1 GiB unless $SUPERVISOR_MAX_INPUT_BYTES."""
-MAX_YAML_BYTES = 8 << 20
-"""Largest job or policy YAML file: 8 MiB."""
+MAX_YAML_BYTES = 512 << 10
+"""Largest job or policy YAML file (and ``--set`` value): 512 KiB, 30x the largest shipped policy.
+PyYAML's pure-Python parser takes seconds per MiB; at 8 MiB a flat file ran past 20 s."""
 MAX_DEPTH = 64
 """Deepest nesting of YAML mappings / lists (aliases expanded)."""
 MAX_NODES = 200_000
@@ -183,12 +184,16 @@ class _BoundedLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise _Refused(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            if self._nodes > MAX_NODES:  # counted while composing, not after
+                raise _Refused(f"more than {MAX_NODES:,} values", self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -288,6 +293,8 @@ def _no_duplicate_keys(root: yaml.Node) -> None:
 
 def parse_yaml(text: str, *, source: str, error: type[SupervisorError] = ConfigError) -> Any:
     """Parse YAML text within the limits above; every failure is one ``error`` line."""
+    if len(text) > MAX_YAML_BYTES:
+        raise error(f"larger than {MAX_YAML_BYTES:,} characters of YAML, the input limit", source=source)
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text)  # the reader already refuses control characters

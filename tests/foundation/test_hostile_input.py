@@ -242,3 +242,15 @@ def test_hostile_environment_settings_are_one_line(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("SUPERVISOR_INCIDENT_DB", str(tmp_path))
     _one_error_line(_run("incidents", "list"), f"{tmp_path}: is a directory, expected an incident database")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+
+
+def test_a_wide_yaml_file_is_refused_quickly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flat 8 MB job.yaml (500k keys, no aliases) ran past 20 s in PyYAML before any limit applied."""
+    from supervisor.config import loader
+
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("".join(f"k{i}: {i}\n" for i in range(1_000_000)))  # ~12 MB
+    _one_error_line(_run("validate", str(wide)), f"larger than {loader.MAX_YAML_BYTES:,} bytes")
+    monkeypatch.setattr(loader, "MAX_NODES", 1000)  # the real 200,000 takes PyYAML seconds to reach
+    with pytest.raises(ConfigError, match="more than 1,000 values at line 1, column 2000"):
+        parse_yaml("[" + "1," * 5000 + "1]", source="x.yaml")  # refused while parsing, not after

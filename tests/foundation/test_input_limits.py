@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from supervisor.cli.main import cli
-from supervisor.config.loader import MAX_DEPTH, parse_yaml, read_bytes, read_yaml
+from supervisor.config.loader import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml, read_bytes, read_yaml
 from supervisor.errors import ConfigError, TraceError
 
 JOB = "name: t\nentrypoint: m:f\nstorage: {path: runs}\nmax_steps: 10\n"
@@ -91,9 +91,11 @@ def test_devices_through_the_cli() -> None:
 
 def test_oversized_files_stop_at_the_limit(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
-    big.write_bytes(b"#" * ((8 << 20) + 10))
-    with pytest.raises(ConfigError, match="larger than 8,388,608 bytes"):
+    big.write_bytes(b"#" * (MAX_YAML_BYTES + 10))
+    with pytest.raises(ConfigError, match=f"larger than {MAX_YAML_BYTES:,} bytes"):
         read_yaml(big)
+    with pytest.raises(ConfigError, match=f"larger than {MAX_YAML_BYTES:,} characters"):
+        parse_yaml("a: 1\n" * (MAX_YAML_BYTES // 5 + 1), source="--set a")  # a --set value
     with pytest.raises(TraceError, match="larger than 1,000 bytes"):
         read_bytes(big, error=TraceError, expected="x", max_bytes=1000)
 
