@@ -52,3 +52,19 @@ def test_stage_packages_do_not_import_the_runtime() -> None:
                 if m.startswith(("supervisor.runtime", "supervisor.cli", "supervisor.drills"))
             }
             assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
+
+
+def test_the_supervisor_process_does_not_import_torch() -> None:
+    # The supervisor actor reads the SDK's directives and never trains: importing it must not pull
+    # in torch (~3 CPU-s per job), which `supervisor.sdk` loads only when a torch-using name is used.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, supervisor.runtime.actor, supervisor.runtime.api, supervisor.sdk.directives\n"
+        "from supervisor import sdk\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert sdk.SupervisedLoader.__name__ == 'SupervisedLoader' and 'torch' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
