@@ -218,6 +218,13 @@ def sampler_cpu(args: argparse.Namespace) -> None:
             )
 
 
+def _token_file(folder: Path) -> Path:
+    """8 Mi random uint16 tokens on disk, read through ``np.memmap`` by the bench's datasets."""
+    path = folder / "tokens.u16"
+    np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
+    return path
+
+
 def worker_cpu(args: argparse.Namespace, workers: int = 2) -> None:
     """A loader worker's per-batch CPU, in process: its schedule (``Schedule.turns``: walking
     every batch of the generation vs counting past the others' and mapping only its own) and
@@ -229,8 +236,7 @@ def worker_cpu(args: argparse.Namespace, workers: int = 2) -> None:
     from supervisor.sdk.directives import Exclusions
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tokens.u16"
-        np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
+        path = _token_file(Path(tmp))
         print(
             f"worker 0 of {workers}, batch {args.batch} x {args.seq} tokens; CPU per own batch, "
             f"median of {args.rounds} x {args.repeat} blocks of 1,000 batches"
@@ -313,8 +319,7 @@ def main() -> None:
     if args.rounds is None:
         args.rounds = 6 if args.quick else 15
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tokens.u16"
-        np.random.default_rng(0).integers(0, 50_000, size=8 << 20, dtype=np.uint16).tofile(path)
+        path = _token_file(Path(tmp))
         print(
             f"batch {args.batch} x {args.seq} tokens; per batch: {args.repeat} repeats x "
             f"{args.rounds} interleaved blocks of {args.block} batches; plain at 10^9: {args.big_plain}"
