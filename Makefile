@@ -43,8 +43,14 @@ unit-fast: $(STAMP)
 		>$(FAST_LOG) 2>&1; rc=$$?; rm -rf $$ray_tmp; \
 	echo "== fast tests (pytest -m 'not slow') =="; cat $(FAST_LOG); exit $$rc
 
+# The slow half gets a Ray temp folder of its own too, holding the address of a `ray start` head
+# that is gone (as on a machine where someone ran `ray start` and its head died): every test's
+# Ray must be one it starts itself (address "local"), whatever the machine's /tmp/ray holds.
 unit-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -o cache_dir=.pytest_cache/slow
+	@ray_tmp=$$(mktemp -d /tmp/svslow.XXXXXX); mkdir -p $$ray_tmp/ray; \
+	echo 127.0.0.1:9 >$$ray_tmp/ray/ray_current_cluster; \
+	RAY_TMPDIR=$$ray_tmp $(BIN)/python -m pytest -q -m slow -o cache_dir=.pytest_cache/slow; \
+	rc=$$?; rm -rf $$ray_tmp; exit $$rc
 
 # On 2 cores: mypy (about 95 s of one core from a cold cache) and the fast tests (one core) run
 # beside the slow tests, whose Ray end-to-end runs leave a core idle much of the time.

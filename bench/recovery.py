@@ -77,7 +77,7 @@ def main() -> None:
     settings = RuntimeSettings.model_validate(
         {"healthy_after_steps": 5, "trace_path": str(work / "trace.jsonl")}
     )
-    ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     try:
         handle = api.launch(job, settings)
         store = open_incident_store(job)

@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="records/s per rank (0: as fast as possible)")
     ap.add_argument("--max-buffer", type=int, default=10_000)
     args = ap.parse_args()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         print(f"{args.ranks} ranks, {args.seconds:.0f} s each, rate={args.rate or 'max'} records/s/rank")
         for batch_size in (1, 100):

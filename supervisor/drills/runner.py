@@ -102,8 +102,10 @@ def run_drills(
 
 
 def _start_ray(num_cpus: int, namespace: str) -> None:
-    """A local Ray; started again (up to 3 times) when its raylet misses Ray's fixed 30 s
-    registration deadline, as it can on a saturated 2-core machine."""
+    """A fresh local Ray of the drills' own (``address="local"``: never the head the last
+    ``ray start`` on this machine wrote down, which Ray's default would join and where
+    ``num_cpus`` is refused); started again (up to 3 times) when its raylet misses Ray's fixed
+    30 s registration deadline, as it can on a saturated 2-core machine."""
     import ray
     from tenacity import retry, retry_if_exception, stop_after_attempt
 
@@ -116,7 +118,13 @@ def _start_ray(num_cpus: int, namespace: str) -> None:
 
     @retry(retry=retry_if_exception(slow_start), stop=stop_after_attempt(3), reraise=True)
     def start() -> None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, namespace=namespace)
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace=namespace,
+        )
 
     start()
 

@@ -31,7 +31,9 @@ def ray_local() -> Iterator[None]:
     # Ray gives its raylet a fixed 30 s to register; on a saturated 2-core machine that can pass.
     for attempt in range(3):
         try:
-            ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False
+            )
             break
         except Exception as exc:
             ray.shutdown()

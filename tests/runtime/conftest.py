@@ -21,7 +21,7 @@ def ray_local() -> Iterator[None]:
 
     from supervisor.runtime.names import NAMESPACE
 
-    ray.init(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
