@@ -55,7 +55,7 @@ unit-fast: $(STAMP)
 unit-slow: $(STAMP)
 	@ray_tmp=$$(mktemp -d /tmp/svslow.XXXXXX); mkdir -p $$ray_tmp/ray; \
 	echo 127.0.0.1:9 >$$ray_tmp/ray/ray_current_cluster; \
-	RAY_TMPDIR=$$ray_tmp $(BIN)/python -m pytest -q -m slow -o cache_dir=.pytest_cache/slow; \
+	RAY_TMPDIR=$$ray_tmp $(BIN)/python -m pytest -q -m slow -o cache_dir=.pytest_cache/slow --durations=12; \
 	rc=$$?; rm -rf $$ray_tmp; exit $$rc
 
 # On 2 cores: mypy (about 95 s of one core from a cold cache) and the fast tests (one core) run
