@@ -49,8 +49,8 @@ from torch.utils.data import IterableDataset, default_collate
 from supervisor.sdk.context import dist_info
 from supervisor.sdk.data import lookup
 from supervisor.sdk.data.exclusions import ExclusionSet
-from supervisor.sdk.data.ids import BatchMeta, attach
-from supervisor.sdk.data.mapstyle import MapPipeline
+from supervisor.sdk.data.ids import BARE, BatchMeta, attach
+from supervisor.sdk.data.mapstyle import MapPipeline, Named, named
 from supervisor.sdk.data.schedule import Cursor, Locate, Schedule
 from supervisor.sdk.data.shards import as_shards
 from supervisor.sdk.data.stream import StreamPipeline, StreamSource
@@ -97,7 +97,8 @@ class SupervisedLoader:
         self.excluded = ExclusionSet()
         self.boundary: Boundary | None = None
         """Called before each batch is drawn (the probe's step boundary); may raise StopIteration."""
-        self._recent: deque[tuple[Any, BatchMeta]] = deque(maxlen=4)
+        self._recent: deque[tuple[Any, Named]] = deque(maxlen=4)
+        """The last batches yielded and their metadata, named only when ``batch_meta`` asks."""
         self._dirty = False
         self._checked = False
         workers = {
@@ -149,7 +150,7 @@ class SupervisedLoader:
         """IDs, sources and index of a batch this loader yielded recently (any batch shape)."""
         for b, meta in reversed(self._recent):
             if b is batch:
-                return meta
+                return named(meta)
         return None
 
     # -- orders --------------------------------------------------------------------------------
@@ -193,7 +194,8 @@ class SupervisedLoader:
         if self._dirty:
             self._restart()
         batch, meta = self._map.next() if self._map is not None else self._next_stream()
-        batch = attach(batch, meta)
+        if type(batch) not in BARE:  # a tensor, tuple or list carries no IDs: named when asked
+            batch = attach(batch, named(meta))
         self._recent.append((batch, meta))
         return batch
 

@@ -24,6 +24,8 @@ ID_KEYS = ("sample_ids", "samples", "ids")
 ITEM_ID_KEYS = ("__key__", "id", "sample_id", "key")
 """Keys a stream item's ID is taken from, in this order, when no ``id_key`` is given."""
 IdFn = Callable[[Any], Sequence[str]]
+BARE = frozenset({torch.Tensor, tuple, list})
+"""Batch types that carry no IDs (``attach`` returns them as they are; the probe asks the loader)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -39,7 +41,7 @@ class BatchMeta:
 def attach(batch: Any, meta: BatchMeta) -> Any:
     """``batch`` carrying ``meta`` where its type allows (the same object when mutable)."""
     kind = type(batch)
-    if kind is torch.Tensor or kind is tuple or kind is list:  # the common shapes first: per batch
+    if kind in BARE:  # the common shapes first: per batch
         return batch
     if kind is dict or isinstance(batch, MutableMapping):
         batch.update(meta.fields())
