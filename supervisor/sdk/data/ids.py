@@ -43,8 +43,9 @@ def attach(batch: Any, meta: BatchMeta) -> Any:
     kind = type(batch)
     if kind in BARE:  # the common shapes first: per batch
         return batch
-    if kind is dict or isinstance(batch, MutableMapping):
-        batch.update(meta.fields())
+    if kind is dict or isinstance(batch, MutableMapping):  # per batch too (the usual collate)
+        batch["sample_ids"], batch["sources"] = meta.sample_ids, meta.sources  # (no dict built per batch)
+        batch["batch_index"] = meta.batch_index
         return batch
     if isinstance(batch, Mapping):
         return {**batch, **meta.fields()}

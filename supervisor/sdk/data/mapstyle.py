@@ -52,6 +52,7 @@ Named = BatchMeta | Shipped
 process), or what a worker shipped, named only when asked (``named``)."""
 
 _HEAD = struct.Struct("=7q")
+_HEAD_SIZE, _unpack_head = _HEAD.size, _HEAD.unpack_from
 _SEP = "\x00"
 
 
@@ -77,11 +78,13 @@ def _joined(names: list[str]) -> bytes | None:
 def named(meta: Named) -> BatchMeta:
     """The batch's IDs, sources and index (split out of what a worker shipped, when it did)."""
     if isinstance(meta, bytes):
-        head = _HEAD.unpack_from(meta)
-        at = _HEAD.size + head[5]
-        ids = meta[_HEAD.size : at].decode("utf-8", "surrogatepass").split(_SEP)
-        srcs = meta[at:].decode("utf-8", "surrogatepass").split(_SEP) if head[6] else ["default"] * len(ids)
-        return BatchMeta(ids, srcs, head[0])
+        index, _, _, _, _, size, own_sources = _unpack_head(meta)
+        at = _HEAD_SIZE + size
+        ids = meta[_HEAD_SIZE:at].decode("utf-8", "surrogatepass").split(_SEP)
+        srcs = (
+            meta[at:].decode("utf-8", "surrogatepass").split(_SEP) if own_sources else ["default"] * len(ids)
+        )
+        return BatchMeta(ids, srcs, index)
     if isinstance(meta, BatchMeta):
         return meta
     ids, sources = meta[5], meta[6]
