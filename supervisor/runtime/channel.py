@@ -32,8 +32,15 @@ from supervisor.runtime.names import NAMESPACE, supervisor_name
 log = get_logger("supervisor.runtime.channel")
 
 _ACK = "directive_applied:"
-LONG_POLL_S = 1.0
-ACK_POLL_S = 0.5  # with nothing new to send, ask for the durable mark this often
+#: A directive long poll waits this long for news (the supervisor actor caps it at 5 s); a directive
+#: issued meanwhile ends the wait at once, so only the number of empty answers depends on it.
+LONG_POLL_S = 5.0
+#: With nothing new to send, ask for the durable mark this often: while records flow every answer
+#: to a batch carries it; this only lets an idle rank (frozen, held) free its buffer, and tells a
+#: new supervisor incarnation which records to ask again.
+ACK_POLL_S = 2.0
+#: The same while ``flush`` waits for the supervisor to accept everything (closing a rank).
+FLUSH_ACK_POLL_S = 0.5
 
 
 class SupervisorLink:
@@ -99,7 +106,7 @@ class SupervisorLink:
         while self._backlog or self._in_flight or self._unacked:
             if time.monotonic() >= deadline:
                 return False
-            self._pump()
+            self._pump(ack_poll_s=FLUSH_ACK_POLL_S)
             time.sleep(0.01)
         return True
 
@@ -109,7 +116,8 @@ class SupervisorLink:
         self._stop.set()
         self._thread.join(timeout=2.0)
         if self._poller.is_alive():
-            self._poller.join(timeout=LONG_POLL_S + 1.0)
+            # Its long poll ends within LONG_POLL_S; it is a daemon and stops after that answer.
+            self._poller.join(timeout=1.0)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -166,7 +174,7 @@ class SupervisorLink:
         self._handle = None
         self._next_lookup = time.monotonic() + 1.0
 
-    def _pump(self) -> None:
+    def _pump(self, ack_poll_s: float = ACK_POLL_S) -> None:
         with self._lock:
             if self._in_flight is not None:
                 ref, batch = self._in_flight
@@ -186,7 +194,7 @@ class SupervisorLink:
             handle = self._supervisor()
             if handle is None:
                 return
-            idle = time.monotonic() - self._last_call < ACK_POLL_S
+            idle = time.monotonic() - self._last_call < ack_poll_s
             if not self._backlog and (not self._unacked or idle):
                 return
             batch = list(self._backlog)

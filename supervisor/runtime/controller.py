@@ -42,7 +42,7 @@ from supervisor.runtime.plans import PlanRunner, action_id, check_registry, move
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, RestartSettings, decide
 from supervisor.runtime.settings import RuntimeSettings, open_traces
-from supervisor.runtime.state import JobPhase, RuntimeState
+from supervisor.runtime.state import JobPhase, RuntimeState, write_state
 from supervisor.runtime.stores import (
     open_checkpoint_store,
     open_incident_store,
@@ -58,6 +58,8 @@ from supervisor.sdk.directives import Directive, Finish, Stop
 RESTART_MARGIN_STEPS = 10
 #: Steps of per-step aggregates kept in the persisted state (baselines, observation windows).
 HISTORY_KEPT = 1000
+#: The state is written at most this often while records flow (each write acknowledges them).
+PERSIST_INTERVAL_S = 0.5
 _END = "end_reached:"
 
 
@@ -113,6 +115,7 @@ class Controller:
         self._finish_sent: str | None = None
         self._relaunch: tuple[float, int | None, int, int | None, int | None] | None = None
         self._last_persist = 0.0
+        self._written: str | None = None  # the state file's content as this controller last wrote it
         self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
         self._last_export = 0.0
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
@@ -515,8 +518,13 @@ class Controller:
 
     # -- state out ----------------------------------------------------------------------------------
     def persist(self, force: bool = False) -> None:
-        """Write the state, then let the workers forget the records it reflects."""
-        if not force and time.monotonic() - self._last_persist < 0.5:
+        """Write the state, then let the workers forget the records it reflects.
+
+        A state identical to the one last written is not written again (it is what the file
+        holds): a supervisor waiting on frozen or held workers no longer rewrites and fsyncs
+        its state twice a second. The marks go out only after the state holding them is on disk.
+        """
+        if not force and time.monotonic() - self._last_persist < PERSIST_INTERVAL_S:
             return
         marks = self.receipts.consumed()
         st = self.state
@@ -527,7 +535,10 @@ class Controller:
         st.history = [h.to_json() for h in self.history]
         st.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
         st.receipts = marks
-        st.save(self.state_path)
+        data = st.dump()
+        if data != self._written:
+            write_state(self.state_path, data)
+            self._written = data
         self.receipts.made_durable(marks)
         self._last_persist = time.monotonic()
 
@@ -587,6 +598,7 @@ class Controller:
         probe.append(directive)
         self.state.directives = probe.entries
         self.state.save(self.state_path)
+        self._written = None  # the file now holds more than the last persist wrote
         self.directives.append(directive)
         self.log.info("directive_issued", kind=directive.kind, id=directive.id, step=self.current_step)
 

@@ -54,6 +54,7 @@ class WorkerGroup:
         self.pg: PlacementGroup | None = None
         self._waits: dict[int, Any] = {}
         self._outcomes: dict[int, dict[str, Any]] = {}
+        self._next_check = 0.0  # monotonic time of the next look at the ranks' outcomes
         self.log = get_logger("supervisor.runtime.group", job=job.name, generation=generation)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -172,9 +173,15 @@ class WorkerGroup:
 
     # -- health -------------------------------------------------------------------------------
     def health(self) -> GroupHealth:
-        """Non-blocking: finished when every rank finished, failed/lost as soon as one rank is."""
+        """Non-blocking: finished when every rank finished, failed/lost as soon as one rank is.
+
+        Ray is asked at most once per ``loop_interval_s``: the loop runs once per batch of records
+        while they flow, and a rank's end is not news that needs a ``ray.wait`` per batch.
+        """
         pending = [ref for rank, ref in self._waits.items() if rank not in self._outcomes]
-        if pending:
+        now = time.monotonic()
+        if pending and now >= self._next_check:
+            self._next_check = now + self.settings.loop_interval_s
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
             for rank, ref in self._waits.items():
                 if ref in ready and rank not in self._outcomes:

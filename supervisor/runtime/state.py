@@ -137,14 +137,11 @@ class RuntimeState(BaseModel):
 
     def save(self, path: Path) -> None:
         """Atomic: write a temp file, fsync, rename over the old one."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        data = self.model_dump_json(indent=None)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_state(path, self.dump())
+
+    def dump(self) -> str:
+        """The state as it is saved (compact JSON)."""
+        return self.model_dump_json(indent=None)
 
     @classmethod
     def load(cls, path: Path) -> RuntimeState | None:
@@ -152,3 +149,14 @@ class RuntimeState(BaseModel):
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return None
+
+
+def write_state(path: Path, data: str) -> None:
+    """Write ``data`` (``RuntimeState.dump``) to ``path`` atomically: a temp file, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

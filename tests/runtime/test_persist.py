@@ -1,0 +1,104 @@
+"""The supervisor's state file is written when the state changed, and is never behind what it acks.
+
+The real controller with fake workers (tests/runtime/harness.py). Every ``persist`` leaves the
+file equal to the state in memory; an unchanged state is not written again (no rewrite and
+fsync while the workers are frozen or held); the durable mark a link is answered is the one
+the file holds. Plus the worker group's health check, which asks Ray at most once per
+``loop_interval_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.runtime import group as group_module
+from supervisor.runtime.controller import Controller
+from supervisor.runtime.group import WorkerGroup
+from supervisor.runtime.observe import StepStats
+from supervisor.runtime.settings import RuntimeSettings
+from supervisor.runtime.state import RuntimeState
+from supervisor.sdk.directives import Freeze
+from tests.runtime.conftest import FAST, make_job, wait_for
+from tests.runtime.harness import FakeRanks, FakeWorkers
+
+
+def setup(tmp_path: Path) -> tuple[FakeRanks, Controller]:
+    job = make_job(tmp_path, "persist", max_steps=100)
+    ranks = FakeRanks(2, 100)
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ctl.boot()
+    return ranks, ctl
+
+
+def written(ctl: Controller) -> tuple[int, str]:
+    """(inode, text) of the state file: every write replaces the file, so a new inode is a write."""
+    return ctl.state_path.stat().st_ino, ctl.state_path.read_text(encoding="utf-8")
+
+
+def test_an_unchanged_state_is_not_written_again(tmp_path: Path) -> None:
+    ranks, ctl = setup(tmp_path)
+    ranks.train(ctl, 10)
+    ctl.persist(force=True)
+    first = written(ctl)
+    assert first[1] == ctl.state.dump()
+    for _ in range(3):
+        ctl.iterate()  # nothing arrives: the state stays as it is
+        ctl.persist(force=True)
+    assert written(ctl) == first, "an identical state was written again"
+
+
+def test_a_changed_state_is_on_disk_before_its_records_are_acked(tmp_path: Path) -> None:
+    ranks, ctl = setup(tmp_path)
+    ranks.train(ctl, 10)
+    ctl.persist(force=True)
+    inode, _ = written(ctl)
+    ranks.train(ctl, 3)  # steps 11-13: consumed, and acknowledged only once written
+    ctl.persist(force=True)
+    inode_after, text = written(ctl)
+    assert inode_after != inode and text == ctl.state.dump()
+    saved = RuntimeState.model_validate_json(text)
+    assert saved.watermark == ctl.assembler.watermark >= 13
+    for rank in range(2):
+        link = ranks.link(rank)
+        assert ctl.receipts.ack_for(link) == saved.receipts[link] > 0, "acked beyond what the file holds"
+        assert ctl.ingest_batch(rank, [], [], link)["acked"] == saved.receipts[link]
+
+
+def test_a_directive_written_outside_persist_does_not_hide_the_next_write(tmp_path: Path) -> None:
+    """``issue`` writes the state itself; the next persist compares with the file, not its own copy."""
+    ranks, ctl = setup(tmp_path)
+    ranks.train(ctl, 5)
+    ctl.persist(force=True)
+    ctl.issue(Freeze(reason="test", id="freeze-1"))
+    assert [d["id"] for d in RuntimeState.model_validate_json(written(ctl)[1]).directives] == ["freeze-1"]
+    ctl.persist(force=True)
+    assert written(ctl)[1] == ctl.state.dump()
+
+
+def test_step_stats_json_is_every_field() -> None:
+    stats = StepStats(step=3, loss=2.5, grad_norm=None, update_ratio=1e-3, tokens_per_s=10.0, lr=1e-4,
+                      nonfinite=True, ranks=2)  # fmt: skip
+    assert stats.to_json() == asdict(stats)
+    assert StepStats(**stats.to_json()) == stats
+
+
+def test_the_group_asks_ray_at_most_once_per_loop_interval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[list[Any]] = []
+
+    def wait(refs: list[Any], num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
+        calls.append(list(refs))
+        return [], list(refs)
+
+    monkeypatch.setattr(group_module.ray, "wait", wait)
+    settings = RuntimeSettings.model_validate({"loop_interval_s": 0.2})
+    group = WorkerGroup(make_job(tmp_path, "health"), settings, 0)
+    group._waits = {0: "ref-0", 1: "ref-1"}
+    assert [group.health().state for _ in range(20)] == ["running"] * 20
+    assert calls == [["ref-0", "ref-1"]], "asked Ray more than once within loop_interval_s"
+    wait_for(lambda: {"n": len(calls), "state": group.health().state}, lambda st: st["n"] == 2, timeout_s=10)
