@@ -602,6 +602,18 @@ class Controller:
         self.directives.append(directive)
         self.log.info("directive_issued", kind=directive.kind, id=directive.id, step=self.current_step)
 
+    def rollback_target(self, max_step: int, min_mark: str = "healthy") -> tuple[int, dict[str, Any]]:
+        """``stores.pick_rollback_target``, searched by rank 0's process when it can (it has torch and
+        DCP loaded for the deep re-verification; this process would import them, ~5 CPU-s), else
+        here. Raises CheckpointError when no checkpoint qualifies."""
+        found = self.workers.rollback_target(max_step, min_mark) if self.checkpoints is not None else None
+        if found is None:
+            return pick_rollback_target(self.checkpoints, max_step=max_step, min_mark=min_mark,
+                                        world_size=self.world_size)  # fmt: skip
+        if "error" in found:
+            raise CheckpointError(str(found["error"]))
+        return int(found["step"]), dict(found["verification"])
+
     def set_frozen(self, frozen: bool) -> None:
         self.state.frozen = frozen
         self.assembler.touch()

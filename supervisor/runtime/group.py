@@ -195,6 +195,21 @@ class WorkerGroup:
             return GroupHealth("finished")
         return GroupHealth("running")
 
+    def rollback_target(self, max_step: int, min_mark: str, timeout_s: float = 60.0) -> dict[str, Any] | None:
+        """Rank 0's answer to the rollback target search (``TrainWorker.rollback_target``); None when
+        it cannot answer (gone, too slow, torch not loaded there): the caller searches itself."""
+        if not self.workers:
+            return None
+        try:
+            found: dict[str, Any] | None = ray.get(
+                self.workers[0].rollback_target.remote(max_step, min_mark), timeout=timeout_s
+            )
+        except RayError as exc:  # GetTimeoutError and a dead actor alike
+            self.log.warning("rollback_target_on_rank_failed", error=type(exc).__name__,
+                             why="the supervisor searches itself")  # fmt: skip
+            return None
+        return found
+
     def statuses(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
         """Each rank's status (``{"state": "lost"}`` for a rank that does not answer)."""
         refs = [w.status.remote() for w in self.workers]

@@ -75,6 +75,10 @@ class WorkerSupervision:
                 out.append((int(st["rank"]), link.get("applied") or {}, link.get("last_step")))
         return out
 
+    def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
+        """The rollback target as rank 0 finds it (``WorkerGroup.rollback_target``); None: no answer."""
+        return None if self.group is None else self.group.rollback_target(max_step, min_mark)
+
     def shutdown(self) -> None:
         """Take the workers down; their state is in the checkpoints. Safe to call twice."""
         if self.group is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -70,6 +71,29 @@ class TrainWorker:
     def placement(self) -> tuple[str, list[str]]:
         """(node id, GPU ids Ray assigned): what peers need to compute torchrun's local ranks."""
         return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
+
+    def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
+        """``stores.pick_rollback_target`` run in this rank's process, where training has loaded torch
+        and DCP already: the deep re-verification opens every file with them, and the supervisor
+        would import both for it (~5 CPU-s; it imports neither otherwise). The same search, the same
+        marks and records in the same store. None when this process has not loaded them (a command
+        entrypoint's actor, or no checkpoint written yet): the supervisor then searches itself.
+        ``{"error": ...}``: no checkpoint qualifies (the one-line reason)."""
+        if "torch.distributed.checkpoint" not in sys.modules:
+            return None
+        from supervisor.errors import SupervisorError
+        from supervisor.runtime.stores import open_checkpoint_store, pick_rollback_target
+
+        try:
+            step, verification = pick_rollback_target(
+                open_checkpoint_store(self.job),
+                max_step=max_step,
+                min_mark=min_mark,
+                world_size=self.world_size,
+            )
+        except SupervisorError as exc:
+            return {"error": str(exc)}
+        return {"step": step, "verification": verification}
 
     def terminate(self, grace_s: float = 10.0) -> dict[str, Any]:
         """Stop a command entrypoint's process: SIGTERM, ``grace_s`` to exit, then SIGKILL."""

@@ -228,6 +228,9 @@ class FakeWorkers:
     def link_acks(self) -> list[tuple[int, dict[str, Any], int | None]]:
         return []
 
+    def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
+        return None  # no rank process to search in: the controller searches itself
+
     def shutdown(self) -> None:
         self.running = False
 

@@ -8,7 +8,6 @@ from typing import Any
 from supervisor.incidents import EventKind
 from supervisor.integrations.recovery import rollback_mode
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
-from supervisor.runtime.stores import pick_rollback_target
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
 
@@ -63,11 +62,9 @@ class RollbackAction(DirectiveAction):
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}
         try:
-            target, verification = pick_rollback_target(
-                rt.checkpoints,
-                max_step=int(params.get("max_target_step", rt.diagnosis.onset_step)),
-                min_mark=str(params.get("min_mark", "healthy")),
-                world_size=rt.world_size,
+            target, verification = rt.rollback_target(
+                int(params.get("max_target_step", rt.diagnosis.onset_step)),
+                str(params.get("min_mark", "healthy")),
             )
         except Exception as exc:  # no target: the action fails and the policy's on_failure decides
             return memo | {"error": str(exc)}

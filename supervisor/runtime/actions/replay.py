@@ -20,7 +20,6 @@ from supervisor.core.model import Cause
 from supervisor.errors import SupervisorError
 from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import Outcome, Runtime
-from supervisor.runtime.stores import pick_rollback_target
 from supervisor.sdk.directives import Replay
 from supervisor.sdk.replay import result_key
 
@@ -34,9 +33,7 @@ class ReplayAction:
         memo["numeric"] = d.nonfinite or d.top_cause is Cause.NUMERIC
         memo["started_at"] = time.time()
         try:
-            memo["checkpoint"], _ = pick_rollback_target(
-                rt.checkpoints, max_step=d.onset_step - 1, min_mark="verified", world_size=rt.world_size
-            )
+            memo["checkpoint"], _ = rt.rollback_target(d.onset_step - 1, "verified")
         except Exception as exc:
             memo["error"] = f"no checkpoint to replay from: {exc}"
             return memo
