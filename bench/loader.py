@@ -14,8 +14,8 @@ space can be any size while the bytes are real.
   ``--rounds`` of (supervised block / the plain block just before it) - 1, once per ``--repeat``
   (fresh loaders each time): the table gives the median over repeats and their range. Beside
   wall time, the training process's CPU time per batch (``time.process_time``): what the
-  supervised loader adds there (single-process: order, exclusions, IDs; with workers: the IDs
-  and cursor unpickled beside each batch) is steadier than wall time on a busy machine. The
+  supervised loader adds there (single-process: order, exclusions, IDs; with workers: one small
+  bytes object of IDs and cursor unpickled beside each batch) is steadier than wall time on a busy machine. The
   plain baseline at 10^9 iterates sequentially (no table), cheaper than any shuffle: its workers
   read the token file in order (~124 us CPU per batch of 8 x 2048 tokens against ~168 us for
   random reads, measured in process). ``--big-plain replacement`` shuffles it instead with
