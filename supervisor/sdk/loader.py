@@ -195,7 +195,8 @@ class SupervisedLoader:
             self._restart()
         batch, meta = self._map.next() if self._map is not None else self._next_stream()
         if type(batch) not in BARE:  # a tensor, tuple or list carries no IDs: named when asked
-            batch = attach(batch, named(meta))
+            meta = named(meta)  # (kept named: batch_meta then hands back the lists the batch holds)
+            batch = attach(batch, meta)
         self._recent.append((batch, meta))
         return batch
 
