@@ -147,7 +147,7 @@ def _kinds(*pairs: tuple[str, type[FaultParams]]) -> dict[str, FaultKind]:
     }
 
 
-#: The registry of fault kinds (STYLE.md point 7). ``faults.INJECTORS`` has the same keys.
+#: The registry of fault kinds (docs/architecture.md, Registries). ``faults.INJECTORS`` has the same keys.
 FAULT_KINDS: dict[str, FaultKind] = _kinds(
     ("garbage_batch", GarbageBatch),
     ("lr_spike", LrSpike),

@@ -1,6 +1,6 @@
 """The incident state machine and the vocabulary of its timeline.
 
-An incident is a persisted state machine (STYLE.md point 4). Each state documents what it
+An incident is a persisted state machine (docs/architecture.md, One writer per state). Each state documents what it
 means; ``TRANSITIONS`` lists every valid move and ``IncidentStore.transition`` is the only
 way to change a state: it checks the move and appends a ``state_changed`` event carrying
 the reason, in the same transaction.

@@ -3,7 +3,7 @@
 Worker supervision reports what happened (``GroupEvent``: finished, failed(rank),
 hung(ranks), lost); this module decides, without side effects, whether the group is
 restarted (after how long) or the job escalates; the controller carries it out. Every
-decision is logged with its cause and the setting behind it (STYLE.md point 6)::
+decision is logged with its cause and the setting behind it (docs/architecture.md, One writer per state)::
 
     restarts:               # policy YAML (supervisor.core.policy.settings.Restarts)
       max_restarts: 3       # group restarts (within window_steps) before the job fails

@@ -1,4 +1,4 @@
-"""Imports show the architecture (STYLE.md point 12): the core is pure Python over records."""
+"""Imports show the architecture (docs/architecture.md, Import direction): the core is pure Python over records."""
 
 from __future__ import annotations
 

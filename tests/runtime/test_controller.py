@@ -1,6 +1,6 @@
 """The controller stepped one iteration at a time, without Ray: records in, directives out.
 
-A harness in the spirit of STYLE.md point 11: the real controller, incident store, policy
+A harness as docs/architecture.md (Tests in layers) describes: the real controller, incident store, policy
 engine, detector and checkpoint store; only the workers are replaced by the test, which
 feeds records and acknowledges directives by hand. How it differs from production: no worker
 group (the machinery has nothing to watch), one rank, synthetic records.

@@ -1,6 +1,6 @@
 """The action registry: every action a policy may list, with its validated parameters.
 
-An action name maps to a pydantic params model (STYLE.md point 7): a policy that names an
+An action name maps to a pydantic params model (docs/architecture.md, Registries): a policy that names an
 action missing here fails at load time with the list of valid names. The runtime executes
 actions by the same names; the engine only plans them.
 """

@@ -1,4 +1,4 @@
-"""One registry entry per policy action (STYLE.md point 7), checked when the controller starts.
+"""One registry entry per policy action (docs/architecture.md, Registries), checked when the controller starts.
 
 Each entry names, for the policy action of the same name: its executor, the incident state
 it moves the incident into when it begins, and the top-level payload keys of its timeline
