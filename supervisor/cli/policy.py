@@ -170,8 +170,8 @@ def _print_text(
 
 
 def _mode(e: ExplainedIncident, recovery: str) -> dict[str, str] | None:
-    """How this plan's rollback is carried out, and why (``integrations.recovery``); None: no rollback."""
-    from supervisor.integrations.recovery import rollback_mode
+    """How this plan's rollback is carried out, and why (``config.recovery``); None: no rollback."""
+    from supervisor.config.recovery import rollback_mode
 
     if e.plan.recovery == "none":
         return None

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from supervisor.config.loader import check_model, load_model
+from supervisor.config.observability import ObservabilitySettings
 from supervisor.config.runtime import RuntimeSection
 from supervisor.errors import ConfigError
-from supervisor.observability.settings import ObservabilitySettings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENTRY_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.config.observability import ObservabilitySettings
 from supervisor.logging import get_logger
 from supervisor.observability.metrics import SupervisorMetrics
 from supervisor.observability.series import IncidentSeries
-from supervisor.observability.settings import ObservabilitySettings
 
 log = get_logger("supervisor.observability")
 

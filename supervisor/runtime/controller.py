@@ -400,7 +400,7 @@ class Controller:
         self._relaunch = (time.monotonic() + decision.delay_s, resume, after_seq, began.id, incident.id)
 
     def restart_group(self, to_step: int, key: str, reason: str) -> None:
-        """A rollback carried out as a restart (``integrations.recovery``): the group goes down and a
+        """A rollback carried out as a restart (``config.recovery``): the group goes down and a
         new generation resumes from ``to_step``. Keyed like ``rewind``: done once per rollback."""
         if key in self.state.effects:
             return

@@ -1,4 +1,4 @@
-"""Which recovery a rollback gets (``supervisor.integrations.recovery``), on the real controller
+"""Which recovery a rollback gets (``supervisor.config.recovery``), on the real controller
 with fake workers (tests/runtime/harness.py): in place for the supervisor's own checkpoints, a
 restart of the worker group for an adopted framework checkpoint or with ``recovery: restart``.
 The e2e run through a real framework's resume path is in test_frameworks_e2e.py."""
@@ -13,8 +13,8 @@ import torch
 
 from supervisor.checkpoint.adopt import adopt_local
 from supervisor.checkpoint.training_state import save_training_state
+from supervisor.config.recovery import rollback_mode
 from supervisor.incidents import EventKind, IncidentState
-from supervisor.integrations.recovery import rollback_mode
 from supervisor.runtime.controller import Controller
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers, spikes_once

@@ -15,11 +15,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.checkpoint.manifest import Manifest
+from supervisor.config.observability import ObservabilitySettings
 from supervisor.core.model import HealthMark
 from supervisor.core.records import Record
 from supervisor.incidents import IncidentStore
 from supervisor.observability.hub import Observability
-from supervisor.observability.settings import ObservabilitySettings
 from tests.incidents.builders import diagnosis
 
 JOB = SimpleNamespace(name="tinylm")

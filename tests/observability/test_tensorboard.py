@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from supervisor.config.observability import ObservabilitySettings
 from supervisor.incidents import IncidentStore
 from supervisor.observability.hub import Observability
-from supervisor.observability.settings import ObservabilitySettings
 from tests.incidents.builders import diagnosis
 from tests.observability.test_metrics import _aggregate, _records
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from supervisor.config.recovery import rollback_mode
 from supervisor.incidents import EventKind
-from supervisor.integrations.recovery import rollback_mode
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
@@ -48,7 +48,7 @@ class BlockLatestAction:
 
 class RollbackAction(DirectiveAction):
     """Back to the chosen checkpoint, in place or by restarting the worker group; the target is
-    picked and re-verified first (``supervisor.integrations.recovery`` says which mode and why).
+    picked and re-verified first (``supervisor.config.recovery`` says which mode and why).
 
     In place: every rank loads the target at the step boundary (a ``RollbackInPlace``
     directive). Restart: the group is shut down and a new generation resumes from the target
