@@ -1,12 +1,15 @@
-"""`supervisor incidents list|show|report`: review what the supervisor recorded.
+"""`supervisor incidents list|show|report|release`: review what the supervisor recorded.
 
 The database is found in this order: ``--db PATH``; ``--job job.yaml`` (its ``incidents.db``,
 else ``<storage>/incidents.sqlite``, see ``supervisor.incidents.paths``); ``$SUPERVISOR_INCIDENT_DB``.
-Read commands never create a database.
+Read commands never create a database. ``release`` is the one command that writes: it lifts
+the hold a closed (escalated) incident left on `latest`, and records who did it and why in
+that incident's timeline.
 """
 
 from __future__ import annotations
 
+import getpass
 import io
 import os
 from pathlib import Path
@@ -197,3 +200,49 @@ def _plain_text(pm: Postmortem) -> str:
     buf = io.StringIO()
     print_postmortem(pm, Console(file=buf, width=140, no_color=True))
     return buf.getvalue()
+
+
+@incidents.command()
+@click.argument("incident_id", type=_SQLITE_INT)
+@click.option(
+    "--job",
+    "job_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The job.yaml: its storage holds `latest` and the block.",
+)
+@_db_option
+@click.option("--note", required=True, help="Why the block can go (recorded in the incident's timeline).")
+@click.option("--by", "who", default=None, help="Who releases it (default: the login name).")
+@json_option
+def release(
+    incident_id: int, job_file: Path, db: Path | None, note: str, who: str | None, as_json: bool
+) -> None:
+    """Release the hold a closed incident left on `latest` (after an escalation was dealt with).
+
+    `latest` then moves forward to the newest healthy checkpoint saved after the incident closed
+    (a relaunched run's), unless another incident still holds it."""
+    from supervisor.cli.release import release_block
+
+    if not note.strip():
+        raise IncidentStoreError("must say why the block can go", field="--note")
+    done = release_block(job_file, db, incident_id, note.strip(), who or _login())
+    if as_json:
+        print_json(done)
+        return
+    out = console()
+    if not done["released"]:
+        out.print(
+            f"incident {incident_id} holds no block on `latest` (latest: {done['latest']}); nothing recorded"
+        )
+        return
+    held = done["still_held_by"]
+    where = f"still held by incident {', '.join(held)}" if held else f"`latest` is step {done['latest']}"
+    out.print(f"released incident {incident_id}'s hold on `latest` ({where}); recorded in its timeline")
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in a container without a passwd entry
+        return "unknown"

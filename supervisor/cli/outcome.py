@@ -11,6 +11,7 @@ from rich.console import Console
 from supervisor.config.job import JobSpec
 from supervisor.incidents import EventKind, EventStatus, IncidentStore
 from supervisor.incidents.render import render_report
+from supervisor.incidents.timeline import RELEASE_HINT
 
 # Timeline events that are things the supervisor did (in the words of the summary line).
 _DID = {
@@ -79,4 +80,6 @@ def print_outcome(
         out.print(f"[bold yellow]Incident #{inc.id}[/] ({inc.state.value}): {what}; {where}")
         out.print(f"  done:   {' → '.join(done) if done else 'nothing (recorded only)'}")
         out.print(f"  report: {path}")
+        if inc.state.value == "escalated":
+            out.print(f"  `latest` stays held; to release: {RELEASE_HINT.format(id=inc.id)}")
     out.print(f"Review: supervisor incidents list --db {store.path}")

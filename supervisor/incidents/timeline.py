@@ -17,6 +17,8 @@ from typing import Any
 from supervisor.incidents.models import Event
 from supervisor.incidents.states import EventKind, EventStatus
 
+#: The command that lifts the hold an escalated incident leaves on `latest` (``cli/release.py``).
+RELEASE_HINT = "supervisor incidents release {id} --job <job.yaml> --note '<what was fixed>'"
 #: Longest free text (a failure reason, evidence) quoted in one sentence.
 MAX_QUOTE = 240
 _METRIC_WORDS = {
@@ -141,7 +143,12 @@ def _diagnosed(e: Event, ctx: Context) -> str:
 def _state(e: Event, ctx: Context) -> str:
     p = e.payload
     why = f": {quote(p['reason'])}" if p.get("reason") else ""
-    return f"Incident {p.get('from')} → {p.get('to')}{why}."
+    release = (
+        f" To release `latest` once fixed: {RELEASE_HINT.format(id=e.incident_id)}."
+        if p.get("to") == "escalated"
+        else ""
+    )
+    return f"Incident {p.get('from')} → {p.get('to')}{why}.{release}"
 
 
 def _note(e: Event, ctx: Context) -> str:
@@ -168,6 +175,17 @@ def _note(e: Event, ctx: Context) -> str:
         return f"Not carried out ({quote(p.get('reason', 'training ended'))}): {names}."
     if "unfinished" in p:
         return f"Left unfinished: {quote(p['unfinished'])}."
+    if p.get("released_latest"):
+        at = p.get("latest_at_block")
+        held = f" (held at step {at})" if at is not None else ""
+        return f"{p.get('by', 'A person')} released `latest`{held}: {quote(p.get('note', ''))}."
+    if "latest_after_release" in p:
+        if p.get("still_held_by"):
+            return f"`latest` stays held by incident {', '.join(str(h) for h in p['still_held_by'])}."
+        after, before = p.get("latest_after_release"), p.get("latest_before")
+        if after is not None and after != before:
+            return f"`latest` moved forward from step {before} to step {after}."
+        return f"`latest` stays at step {after} (no newer healthy checkpoint yet; the next one moves it)."
     return "Note: " + "; ".join(f"{k.replace('_', ' ')} {quote(v, 120)}" for k, v in p.items()) + "."
 
 
@@ -326,7 +344,8 @@ def _escalated(e: Event, ctx: Context) -> str:
     tail = f"; state saved at step {saved}, training stopped" if saved is not None else ""
     if e.status == EventStatus.PENDING:
         return f"Escalating to a person: {quote(reason)}."
-    return f"Escalated to a person: {quote(reason)}{tail}."
+    hint = RELEASE_HINT.format(id=e.incident_id)
+    return f"Escalated to a person: {quote(reason)}{tail}; `latest` stays held until released (to release: {hint})."
 
 
 def _replayed(e: Event, ctx: Context) -> str:
