@@ -503,11 +503,11 @@ class Controller:
     # -- checkpoints ------------------------------------------------------------------------------
     def tend(self, *, final: bool = False) -> None:
         quiet = self.state.active is None and not self.state.waiting
-        last = self.state.last_incident_step
+        seen = self.state.incident_steps  # this timeline's: a rollback dropped the abandoned ones
         window = self.settings.healthy_after_steps
 
         def near(step: int) -> bool:
-            return last is not None and step - window <= last <= step + window
+            return any(step - window <= s <= step + window for s in seen)
 
         newly = self.tending.tend(self.state, self.current_step, quiet=quiet, near_incident=near, final=final)
         if newly or final:

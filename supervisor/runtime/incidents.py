@@ -173,7 +173,7 @@ class IncidentFlow:
             incident_id = int(self.store.open_incident(self.host.job.name, d, key=key, step=step).id)
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
-        self.state.last_incident_step = step
+        self.state.note_incident(step)
         return incident_id
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
@@ -228,7 +228,7 @@ class IncidentFlow:
                               payload={"diagnosis": d.to_json(), "in_window": True})  # fmt: skip
             log.warning("fault_recurred_in_window", incident=active.incident_id, onset=d.onset_step,
                         severity=d.severity.value)  # fmt: skip
-        self.state.last_incident_step = step
+        self.state.note_incident(step)
         return active.incident_id
 
     def recurrences_since(self, step: int) -> list[dict[str, Any]]:

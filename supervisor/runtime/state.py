@@ -27,6 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from supervisor.core.policy import Plan
 
+#: Incident steps of the current timeline kept (``RuntimeState.incident_steps``): checkpoints are
+#: judged against the newest ones; older incidents lie far behind every checkpoint still unjudged.
+INCIDENT_STEPS_KEPT = 64
+
 
 class JobPhase(str, Enum):
     STARTING = "starting"
@@ -103,6 +107,9 @@ class RuntimeState(BaseModel):
     attempts_of: dict[str, int] = Field(default_factory=dict)
     """Incident id -> recovery attempts (plans) of that incident, earlier recurrences included."""
     last_incident_step: int | None = None
+    incident_steps: list[int] = Field(default_factory=list)
+    """Steps where an incident was detected on the current timeline, newest last (a rollback or
+    restart drops those after its target: a re-trained step is judged on what it did itself)."""
     frozen: bool = False
     checkpoints_seen: list[int] = Field(default_factory=list)
     checkpoints_verified: list[int] = Field(default_factory=list)
@@ -134,6 +141,12 @@ class RuntimeState(BaseModel):
     stalled_since: float | None = None
     downtime_s: float = 0.0
     """Wall time during which training did not advance (frozen, restarting, held at the end)."""
+
+    def note_incident(self, step: int) -> None:
+        """An incident was detected (or came back) at ``step`` of the current timeline."""
+        self.last_incident_step = step
+        if step not in self.incident_steps:
+            self.incident_steps = [*self.incident_steps, step][-INCIDENT_STEPS_KEPT:]
 
     def save(self, path: Path) -> None:
         """Atomic: write a temp file, fsync, rename over the old one."""

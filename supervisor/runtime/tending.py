@@ -80,7 +80,7 @@ class CheckpointTending:
         timeline re-saves the same steps, which the store only allows over a quarantined one.
         Diagnostic snapshots stay as they are: they are the incident's evidence.
         """
-        for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):
+        for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy", "incident_steps"):
             setattr(state, name, [s for s in getattr(state, name) if s <= step])
         if self.store is None:
             return
