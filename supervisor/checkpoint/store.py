@@ -48,6 +48,11 @@ _NO_REPLACE = (HealthMark.HEALTHY,)
 #: Replaced manifests with these marks are kept as the step's history (evidence of an incident).
 _KEEP_REPLACED = (HealthMark.QUARANTINED, HealthMark.DIAGNOSTIC)
 _ARCHIVED = re.compile(r"^MANIFEST\.([a-z]+)\.([0-9a-f]+)\.json$")
+_GOOD_LATEST = (HealthMark.HEALTHY, HealthMark.VERIFIED)
+_LATEST_DOC = re.compile(rb'\{\s*"step"\s*:\s*(\d{1,18})\s*\}')
+_MAX_POINTER_BYTES = 4096
+_MAX_REASON_CHARS = 4000
+"""Longest reason a health change records (`checkpoints mark --reason` refuses more)."""
 
 
 class StoreSettings(BaseModel):
@@ -359,6 +364,10 @@ class CheckpointStore:
         """Move a checkpoint's health mark; the transition and its reason go into the history."""
         if not reason.strip():
             raise CheckpointError("a health change needs a reason", source=self.where(step))
+        if len(reason) > _MAX_REASON_CHARS:
+            raise CheckpointError(
+                f"reason longer than {_MAX_REASON_CHARS:,} characters", source=self.where(step)
+            )
         current = self.manifest(step)
         updated = current.with_health(to, reason)
         if updated is not current:
@@ -369,14 +378,69 @@ class CheckpointStore:
     # -- latest and its block ---------------------------------------------------------------------
 
     def latest(self) -> int | None:
+        """The step `latest` names (None: no pointer); CheckpointError when it is unreadable.
+
+        The pointer is ``{"step": N}``: anything else (1e400, a 100k-deep list, a negative or
+        fractional step, kilobytes of text) is refused in one line without being parsed whole."""
         try:
             data = self.backend.get_bytes(join_key(self.root, LATEST))
         except ObjectNotFound:
             return None
+        where = f"{self.uri}/{LATEST}"
+        match = (
+            _LATEST_DOC.fullmatch(data[:_MAX_POINTER_BYTES].strip())
+            if len(data) <= _MAX_POINTER_BYTES
+            else None
+        )
+        if match is None:
+            raise CheckpointError(
+                'unreadable latest pointer (expected {"step": N})', source=where, field="step"
+            )
+        return int(match.group(1))
+
+    def problems(self) -> list[str]:
+        """What a reader of this store should be warned about, one line each: committed steps whose
+        manifest cannot be read, and a `latest` that is unreadable or names no readable checkpoint."""
+        out, readable = [], set()
+        for step in self.steps():
+            try:
+                if self.find(step) is not None:
+                    readable.add(step)
+            except CheckpointError as exc:
+                out.append(f"step {step}: {exc.one_line()}")
         try:
-            return int(json.loads(data)["step"])
-        except (ValueError, KeyError, TypeError):
-            raise CheckpointError("unreadable latest pointer", source=f"{self.uri}/{LATEST}") from None
+            latest = self.latest()
+        except CheckpointError as exc:
+            out.append(exc.one_line())
+        else:
+            if latest is not None and latest not in readable:
+                why = "its manifest is unreadable" if latest in self.steps() else "no such checkpoint"
+                out.append(f"{self.uri}/{LATEST}: names step {latest}, {why}")
+        return out
+
+    def quarantine(self, step: int, reason: str) -> Manifest:
+        """A checkpoint that failed a check (verification, or the restore check after loading it)
+        is quarantined: never a target again, and `latest` no longer names it (it moves back to the
+        newest healthy or verified checkpoint before ``step``, or goes). Idempotent."""
+        current = self.manifest(step)
+        updated = current
+        if current.health != HealthMark.QUARANTINED:
+            updated = current.with_health(HealthMark.QUARANTINED, reason[:_MAX_REASON_CHARS])
+            self.save_manifest(updated)
+            self.log.warning(
+                "checkpoint quarantined", step=step, frm=current.health.value, reason=reason[:300]
+            )
+        try:
+            pointed = self.latest()
+        except CheckpointError:
+            pointed = step  # an unreadable pointer is replaced as well
+        if pointed == step:
+            below = [m.step for m in self.manifests() if m.step < step and m.health in _GOOD_LATEST]
+            self._write_latest(max(below) if below else None)
+            self.log.info(
+                "latest moved off a quarantined checkpoint", frm=pointed, to=max(below) if below else None
+            )
+        return updated
 
     def block_state(self) -> BlockState | None:
         try:

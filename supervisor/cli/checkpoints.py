@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from supervisor.checkpoint import CheckpointStore, Manifest, collect_garbage, verify
 from supervisor.checkpoint.store import save_id
@@ -21,6 +22,10 @@ from supervisor.cli.output import STEP, JobName, console, json_option, print_jso
 from supervisor.core.model import HealthMark
 from supervisor.errors import EXIT_FAILED, CheckpointError, ConfigError
 from supervisor.storage import Backend, open_backend
+from supervisor.storage.local import LocalBackend
+
+MAX_REASON_CHARS = 4000
+"""Longest `--reason` (it is stored in the manifest and printed back; 100 kB took a minute)."""
 
 
 def _open(job_or_path: str, job: str | None, endpoint_url: str | None, region: str | None) -> CheckpointStore:
@@ -39,7 +44,15 @@ def _open(job_or_path: str, job: str | None, endpoint_url: str | None, region: s
 
 
 def _only_job(backend: Backend) -> str:
-    jobs = sorted({o.key.split("/")[0] for o in backend.list("") if "/checkpoints/" in o.key})
+    if isinstance(backend, LocalBackend):
+        # Look one level down only: `checkpoints list /` walked the whole file system (and died
+        # on the first unreadable folder).
+        try:
+            jobs = sorted(d.name for d in backend.root.iterdir() if (d / "checkpoints").is_dir())
+        except OSError as exc:
+            raise ConfigError(f"cannot list: {exc.strerror or exc}", source=backend.uri) from None
+    else:
+        jobs = sorted({o.key.split("/")[0] for o in backend.list("") if "/checkpoints/" in o.key})
     if len(jobs) == 1:
         return jobs[0]
     found = f"jobs found: {', '.join(jobs)}" if jobs else "no job with checkpoints found"
@@ -95,7 +108,11 @@ def list_cmd(
 ) -> None:
     """List committed checkpoints with their health, size and last verification."""
     store = _open(job_or_path, job, endpoint_url, region)
-    latest = store.latest()
+    problems = store.problems()  # unreadable manifests, an unreadable or dangling `latest`
+    try:
+        latest = store.latest()
+    except CheckpointError:
+        latest = None  # named in problems
     block = store.block_state()
     rows = [_row(m, latest, store.history(m.step)) for m in store.manifests()]
     if as_json:
@@ -107,14 +124,18 @@ def list_cmd(
                 "latest": latest,
                 "blocked_by": holders,
                 "checkpoints": rows,
+                "problems": problems,
             }
         )
         return
     out = console()
     out.print(
         f"{store.uri}  latest: {latest}"
-        + (f"  [red]blocked[/red] by {[h.incident for h in block.holders]}" if block else "")
+        + (f"  [red]blocked[/red] by {[h.incident for h in block.holders]}" if block else ""),
+        highlight=False,
     )
+    for problem in problems:
+        out.print(f"  [red]problem[/red]: {escape(problem)}", highlight=False)
     for r in rows:
         mark = " <- latest" if r["latest"] else ""
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
@@ -192,12 +213,18 @@ def mark_cmd(
     as_json: bool,
 ) -> None:
     """Move checkpoint STEP to STATE (e.g. healthy, quarantined), recording the reason."""
+    if len(reason) > MAX_REASON_CHARS:
+        raise ConfigError(f"longer than {MAX_REASON_CHARS:,} characters ({len(reason):,})", field="--reason")
     store = _open(job_or_path, job, endpoint_url, region)
     m = store.mark(step, HealthMark(state), reason)
     if as_json:
-        print_json(_row(m, store.latest()))
+        try:
+            latest = store.latest()
+        except CheckpointError:
+            latest = None
+        print_json(_row(m, latest))
     else:
-        console().print(f"step {step}: {m.health.value} ({reason})")
+        console().print(f"step {step}: {m.health.value} ({reason})", markup=False, highlight=False)
 
 
 @checkpoints.command("gc")
