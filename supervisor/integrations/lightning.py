@@ -6,7 +6,8 @@
     trainer.fit(module, datamodule)
 
 Per rank and per optimizer step it reports the loss ``training_step`` returned (token-weighted
-when it returns ``{"loss": ..., "tokens": n}``, summed over accumulated batches), the grad
+when it returns ``{"loss": ..., "tokens": n}``, over all the step's accumulated batches: each
+micro-batch's own loss, not the ``1/accumulate_grad_batches`` share Lightning hands back), the grad
 norm in ``on_before_optimizer_step`` (after AMP unscaling, before Lightning clips), the LR the
 step used and the sampled update ratio. After each optimizer step (``on_train_batch_end``)
 it carries out the supervisor's directives in place: freeze, snapshot, rollback (module,
@@ -139,7 +140,9 @@ class SupervisorCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         assert self.fp is not None
-        self._add_loss(outputs)
+        # Automatic optimization divides the loss it hands back by accumulate_grad_batches (the part
+        # of the step's gradient this micro-batch makes); the record wants the micro-batch's own loss.
+        self._add_loss(outputs, trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1)
         self._data.add(batch)
         if self._norm is None:  # gradient accumulation: no optimizer step after this batch
             return
@@ -156,14 +159,14 @@ class SupervisorCallback(pl.Callback):
         if self.fp is not None:
             self.fp.close()
 
-    def _add_loss(self, outputs: Any) -> None:
+    def _add_loss(self, outputs: Any, normalized_by: int) -> None:
         out = outputs if isinstance(outputs, dict) else {"loss": outputs}
         loss = out.get("loss")
         if not isinstance(loss, torch.Tensor):
             return
         tokens = out.get("tokens")
         n = tokens.detach() if isinstance(tokens, torch.Tensor) else torch.tensor(float(tokens or 1))
-        part = loss.detach().double() * n.to(loss.device)
+        part = loss.detach().double() * normalized_by * n.to(loss.device)
         self._loss_sum = part if self._loss_sum is None else self._loss_sum + part
         self._tokens = n if self._tokens is None else self._tokens + n
 
