@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor.core.model import Diagnosis
 from supervisor.errors import IncidentStoreError
@@ -35,6 +35,7 @@ from supervisor.incidents.states import (
 from supervisor.logging import get_logger
 
 _AGGREGATE_RANK = -1
+T = TypeVar("T")
 
 
 class IncidentStore:
@@ -86,6 +87,31 @@ class IncidentStore:
     def _read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
         return self._db.read(sql, args)
 
+    # A row someone wrote by hand (malformed or 100k-deep JSON, an unknown state or kind) is one
+    # line naming the file, the table and the row, never a traceback.
+    def _incident(self, row: sqlite3.Row) -> Incident:
+        def make(r: sqlite3.Row) -> Incident:
+            incident = Incident.from_row(r)
+            _ = incident.diagnosis  # parsed now: a malformed one fails here, with the row named
+            return incident
+
+        return self._decode(make, row, "incidents")
+
+    def _event(self, row: sqlite3.Row) -> Event:
+        return self._decode(Event.from_row, row, "events")
+
+    def _artifact(self, row: sqlite3.Row) -> Artifact:
+        return self._decode(Artifact.from_row, row, "artifacts")
+
+    def _decode(self, make: Callable[[sqlite3.Row], T], row: sqlite3.Row, table: str, key: str = "id") -> T:
+        try:
+            return make(row)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            raise IncidentStoreError(
+                f"unreadable row ({why})", source=str(self.path), field=f"{table} {key} {row[key]}"
+            ) from None
+
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""
         self._db.close()
@@ -130,14 +156,14 @@ class IncidentStore:
         rows = self._read("SELECT * FROM incidents WHERE id = ?", (incident_id,))
         if not rows:
             raise IncidentStoreError(f"no incident {incident_id}", source=str(self.path))
-        return Incident.from_row(rows[0])
+        return self._incident(rows[0])
 
     def find(self, job: str, key: int) -> Incident | None:
         """The newest incident of ``job`` opened for the analyzer's incident ``key``."""
         rows = self._read(
             "SELECT * FROM incidents WHERE job = ? AND analyzer_key = ? ORDER BY id DESC LIMIT 1", (job, key)
         )
-        return Incident.from_row(rows[0]) if rows else None
+        return self._incident(rows[0]) if rows else None
 
     def list_incidents(
         self, *, job: str | None = None, state: IncidentState | str | None = None, limit: int | None = None
@@ -148,7 +174,7 @@ class IncidentStore:
         if state is not None:
             sql, args = sql + " AND state = ?", [*args, parse_enum(IncidentState, state, "state").value]
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
-        return [Incident.from_row(r) for r in self._read(sql, args)]
+        return [self._incident(r) for r in self._read(sql, args)]
 
     def active(self, job: str) -> list[Incident]:
         """Incidents of ``job`` not yet in a terminal state (what a restarted supervisor resumes)."""
@@ -157,7 +183,7 @@ class IncidentStore:
             f"SELECT * FROM incidents WHERE job = ? AND state NOT IN ({','.join('?' * len(terminal))}) ORDER BY id",
             (job, *terminal),
         )
-        return [Incident.from_row(r) for r in rows]
+        return [self._incident(r) for r in rows]
 
     def transition(
         self,
@@ -257,7 +283,7 @@ class IncidentStore:
             incident_id = int(r["incident_id"])
             try:
                 d = Diagnosis.from_json(loads(r["payload"])["diagnosis"])
-            except (KeyError, TypeError, ValueError):  # an old or hand-written record: not countable
+            except (KeyError, TypeError, ValueError, RecursionError):  # old or hand-written: not countable
                 continue
             if r["kind"] == EventKind.DETECTED.value or incident_id not in current:
                 current[incident_id] = len(out)
@@ -422,11 +448,11 @@ class IncidentStore:
         rows = self._read("SELECT * FROM events WHERE id = ?", (event_id,))
         if not rows:
             raise IncidentStoreError(f"no event {event_id}", source=str(self.path))
-        return Event.from_row(rows[0])
+        return self._event(rows[0])
 
     def timeline(self, incident_id: int) -> list[Event]:
         return [
-            Event.from_row(r)
+            self._event(r)
             for r in self._read("SELECT * FROM events WHERE incident_id = ? ORDER BY id", (incident_id,))
         ]
 
@@ -435,7 +461,7 @@ class IncidentStore:
         rows = self._read(
             "SELECT * FROM events WHERE incident_id = ? AND status = 'pending' ORDER BY id", (incident_id,)
         )
-        return [Event.from_row(r) for r in rows]
+        return [self._event(r) for r in rows]
 
     def last_done(self, incident_id: int, kind: EventKind | str) -> Event | None:
         k = parse_enum(EventKind, kind, "event kind")
@@ -443,7 +469,7 @@ class IncidentStore:
             "SELECT * FROM events WHERE incident_id = ? AND kind = ? AND status = 'done' ORDER BY id DESC LIMIT 1",
             (incident_id, k.value),
         )
-        return Event.from_row(rows[0]) if rows else None
+        return self._event(rows[0]) if rows else None
 
     def event_for_action(self, incident_id: int, action_id: str) -> Event | None:
         """The newest event written for a plan action (to skip it when already ``done``)."""
@@ -451,7 +477,7 @@ class IncidentStore:
             "SELECT * FROM events WHERE incident_id = ? AND action_id = ? ORDER BY id DESC LIMIT 1",
             (incident_id, action_id),
         )
-        return Event.from_row(rows[0]) if rows else None
+        return self._event(rows[0]) if rows else None
 
     def restore(
         self, incident: dict[str, Any], events: list[dict[str, Any]], *, keep_ids: bool = False
@@ -521,11 +547,11 @@ class IncidentStore:
     def series(self, incident_id: int, *, replay: int | None = 0) -> list[dict[str, Any]]:
         """Rows of one run (``replay=None``: all runs); re-run rows carry their ``replay`` number. By step then rank;
         aggregate rows have no ``rank`` key."""
-        sql, args = "SELECT replay, data FROM series WHERE incident_id = ?", [incident_id]
+        sql, args = "SELECT replay, step, rank, data FROM series WHERE incident_id = ?", [incident_id]
         if replay is not None:
             sql, args = sql + " AND replay = ?", [incident_id, replay]
         rows = self._read(sql + " ORDER BY replay, step, rank", args)
-        return [{**loads(r["data"]), **({"replay": r["replay"]} if r["replay"] else {})} for r in rows]
+        return [self._decode(_series_row, r, "series", "step") for r in rows]
 
     def add_artifact(
         self, incident_id: int, kind: str, ref: str, meta: dict[str, Any] | None = None
@@ -537,8 +563,23 @@ class IncidentStore:
                 (incident_id, kind, ref, dumps(self._clean(meta or {})), self._clock()),
             )
         rows = self._read("SELECT * FROM artifacts WHERE id = ?", (cur.lastrowid,))
-        return Artifact.from_row(rows[0])
+        return self._artifact(rows[0])
 
     def artifacts(self, incident_id: int) -> list[Artifact]:
         rows = self._read("SELECT * FROM artifacts WHERE incident_id = ? ORDER BY id", (incident_id,))
-        return [Artifact.from_row(r) for r in rows]
+        return [self._artifact(r) for r in rows]
+
+
+def _series_row(r: sqlite3.Row) -> dict[str, Any]:
+    """A stored series row; its step and rank come from the columns (a row whose JSON lost them
+    still has both), the aggregate (rank -1) has no ``rank`` key."""
+    data = loads(r["data"])
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in ("step", "rank", "replay")}
+    data["step"] = int(r["step"])
+    if int(r["rank"]) != _AGGREGATE_RANK:
+        data["rank"] = int(r["rank"])
+    if r["replay"]:
+        data["replay"] = r["replay"]
+    return data
