@@ -47,7 +47,8 @@ class Intervention:
     reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v not in (None, False, "")}
+        # ``is`` for False: a step 0 (a restart from scratch) equals False and must be kept
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False and v != ""}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Intervention:

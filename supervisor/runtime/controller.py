@@ -171,6 +171,7 @@ class Controller:
     # -- start / re-attach ----------------------------------------------------------------------
     def boot(self) -> None:
         if self.attach:
+            self.flow.rebuild_interventions()  # what it did, from its own records, before any record
             found = self.workers.find()
             self._note_resumed(found)
             if found:
@@ -493,6 +494,11 @@ class Controller:
             if pa.name == "rollback" and not pending:
                 wanted = False  # the restart itself went back before the onset
             ordered += [(did, pa.name, pending) for did in ids if wanted]
+            if pa.name == "apply" and not pending and event.status is EventStatus.DONE:
+                # The new generation applies the fix again from its resume point (a re-warm starts
+                # over there); the rewind took the detector's note of it back: note it again.
+                self.flow.note_overrides(max(self.current_step, 0), event.payload.get("params") or {},
+                                         f"fix of incident {active.incident_id}")  # fmt: skip
         ordered.sort(key=lambda x: x[1] == "freeze")
         for did, name, pending in ordered:
             if pending:
@@ -635,7 +641,11 @@ class Controller:
         self.persist(force=True)
 
     def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
+        """The detector learns of a fix, and the state holding that is on disk before the fix is
+        recorded done (the plan marks it done after this returns): a supervisor killed at any
+        moment after never reads its own re-warm as a new fault."""
         self.flow.note_overrides(step, params, reason)
+        self.persist(force=True)
 
     def observation_end(self, onset_step: int) -> int:
         """The last step an observation window must reach: the onset plus the policy's margin."""
@@ -732,7 +742,7 @@ class Controller:
             "generation": self.state.generation,
             "group_restarts": len(self.state.restart_steps),
             "incident": self.flow.summary(),
-            "incidents_total": len(self.state.incident_keys),
+            "incidents_total": len(set(self.state.incident_keys.values())),  # a reopen adds a key, not an incident
             "mode": self.job.mode,
             "records_missing": self.assembler.missing,
             "records_lost": self.receipts.lost,

@@ -66,6 +66,21 @@ def timeline_of(step: int, rollback_targets: list[int]) -> int:
     return 0
 
 
+#: Timeline events of the supervisor's own effects on the run, as ``rebuild_interventions`` reads them.
+_EFFECTS = frozenset({EventKind.FIX_APPLIED, EventKind.ROLLED_BACK, EventKind.WORKER_RESTARTED})
+
+
+def _went_back_to(ev: Any) -> float:
+    """The step a rollback or restart event sent training back to (inf: it sent it nowhere)."""
+    result = ev.result or {}
+    to = (
+        result.get("to_step") if ev.kind is EventKind.ROLLED_BACK else result.get("resume_step", float("inf"))
+    )
+    if ev.kind is EventKind.WORKER_RESTARTED and to is None:
+        return -1  # from scratch
+    return float(to) if isinstance(to, int | float) else float("inf")
+
+
 #: Findings specific enough that sharing one makes two incidents the same fault.
 _SPECIFIC = ("lr_jump", "update_jump", "nonfinite", "checksum", "after_resume")
 
@@ -269,13 +284,29 @@ class IncidentFlow:
         """No more steps will come: an incident the detector still holds open is judged now
         (it would have become ready a few steps later). True when one was."""
         inc = getattr(self.analyzer, "open", None)
-        if inc is None or str(inc.key) in self.state.ready_keys:
+        if inc is None:
+            return self._judge_end()
+        if str(inc.key) in self.state.ready_keys:
             return False
         d = inc.diagnosis(self.analyzer.settings)
         log.warning("incident_ready_at_end", key=inc.key, onset=d.onset_step,
                     why="training reached its last step before the incident was confirmed")  # fmt: skip
         self._on_update("ready", inc.key, d, self.host.current_step)
         return True
+
+    def _judge_end(self) -> bool:
+        """Nothing open at the last step: what no later step can confirm is judged as it stands
+        (``core.run_end``), before the final checkpoint is marked. True when an incident opened."""
+        from supervisor.core.run_end import judge_end
+
+        updates = judge_end(self.analyzer)
+        for u in updates:
+            self._on_update(u.kind, u.key, u.diagnosis, self.host.current_step)
+        if updates:
+            d = updates[-1].diagnosis
+            log.warning("incident_at_end", key=updates[-1].key, onset=d.onset_step,
+                        why="the update ratio left its band in the last steps; no step follows to confirm it")  # fmt: skip
+        return bool(updates)
 
     def notify_rollback(self, to_step: int, reason: str) -> None:
         """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
@@ -316,9 +347,48 @@ class IncidentFlow:
         if note is None:
             log.warning("detector_cannot_note_overrides", step=step)
             return
+        if any(
+            iv.kind == "override" and iv.step == step and iv.reason == reason for iv in self._interventions()
+        ):
+            return  # already known (the same fix polled again by a restarted supervisor)
         exclude = params.get("exclude") or {}
         note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
              grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
+
+    def _interventions(self) -> list[Any]:
+        return list(getattr(self.analyzer, "interventions", None) or [])
+
+    def rebuild_interventions(self) -> list[str]:
+        """What this job's supervisor did, rebuilt from its own records before it reads a record.
+
+        The incident store holds every fix recorded done (its acknowledged step and its
+        parameters); the detector's saved state may be older than that record (a supervisor
+        killed between the two writes, or a state file written by an older version). A fix the
+        detector does not know -- and that no later rollback or restart took back -- is noted
+        again, so a restarted detector never takes its own re-warm, clip or exclusion for a new
+        fault. Returns the reasons of the fixes noted again."""
+        done = [
+            ev
+            for inc in self.store.list_incidents(job=self.host.job.name)
+            for ev in self.store.timeline(inc.id)
+            if ev.status is EventStatus.DONE and ev.kind in _EFFECTS
+        ]
+        done.sort(key=lambda ev: ev.id)  # the order the supervisor began them in
+        known = {(iv.step, iv.reason) for iv in self._interventions() if iv.kind == "override"}
+        noted = []
+        for n, ev in enumerate(done):
+            step = (ev.result or {}).get("acked_at_step")
+            params = ev.payload.get("params") or {}
+            if ev.kind is not EventKind.FIX_APPLIED or not isinstance(step, int) or not params:
+                continue
+            reason = f"fix of incident {ev.incident_id}"
+            if (step, reason) in known or any(_went_back_to(later) <= step for later in done[n + 1 :]):
+                continue  # known, or a later rollback or restart took it back (the workers restored an older state)
+            self.note_overrides(step, params, reason)
+            noted.append(reason)
+            log.warning("intervention_rebuilt", incident=ev.incident_id, step=step, params=sorted(params),
+                        why="recorded done in the incident store, missing from the saved detector state")  # fmt: skip
+        return noted
 
     def analyzer_state(self) -> Any:
         return self.analyzer.state_dict()

@@ -51,9 +51,11 @@ class PlanRunner:
         aid = action_id(active, active.index, pa.name)
         reg = entry(pa.name)
         ex = reg.executor
-        params = dict(pa.params)
         event = self.incidents.event_for_action(active.incident_id, aid)
+        # What the action was started with (recorded in its pending event) is what it goes on with.
+        params = dict(event.payload.get("params") or pa.params) if event is not None else dict(pa.params)
         if event is None:
+            params = self._for_target_used(active, active.index, params)
             if reg.state is not None:
                 move(
                     self.incidents,
@@ -109,6 +111,35 @@ class PlanRunner:
             active.index += 1
             return None
         return out
+
+    def _for_target_used(self, active: ActivePlan, index: int, params: dict[str, Any]) -> dict[str, Any]:
+        """A re-warm planned "from the rollback target to the onset" is computed again for the target
+        the rollback actually used: a planned target that failed its re-verification just before
+        loading was passed over for an older one, which leaves more steps to re-warm over."""
+        warmup = params.get("warmup_steps")
+        if not isinstance(warmup, int) or not warmup:
+            return params
+        for i in range(index - 1, -1, -1):
+            prev = active.plan.actions[i]
+            if prev.name != "rollback":
+                continue
+            ev = self.incidents.event_for_action(active.incident_id, action_id(active, i, prev.name))
+            result = (ev.result or {}) if ev is not None and ev.status is EventStatus.DONE else {}
+            target = prev.params.get("target_step")
+            got = (result.get("to_step"), result.get("onset_step"),
+                   prev.params.get("max_target_step") if target is None else target)  # fmt: skip
+            if not all(isinstance(x, int) for x in got):
+                return params
+            used, onset, planned = (int(x or 0) for x in got)
+            if used == planned:
+                return params
+            if warmup != onset - planned or not used < onset:
+                return params  # a re-warm of its own length, not one to the onset
+            log.warning("fix_recomputed", incident=active.incident_id, planned_target=planned, target=used,
+                        warmup_steps=onset - used, planned_warmup_steps=warmup)  # fmt: skip
+            return params | {"warmup_steps": onset - used, "recomputed_for_target": {
+                "planned_target": planned, "target": used, "planned_warmup_steps": warmup}}  # fmt: skip
+        return params
 
 
 def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:
