@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor.core.model import HealthMark
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.controller import Controller
@@ -54,5 +56,53 @@ def test_a_late_fault_handled_before_the_end_leaves_latest_on_the_last_checkpoin
     assert inc.state is IncidentState.RESOLVED
     rollback = next(e for e in ctl.incidents.timeline(inc.id) if e.kind is EventKind.ROLLED_BACK)
     assert rollback.result["to_step"] < 195
+    assert ctl.checkpoints.latest() == 200
+    assert ctl.checkpoints.manifest(200).health is HealthMark.HEALTHY
+
+
+class LateUpdateJump(FakeRanks):
+    """From step ``at`` the update ratio is 38x its level (an LR 40x too high, as the demo's fault)
+    while the loss has not moved yet -- on the first timeline only: a rollback before ``at`` cures it."""
+
+    at: int = 0
+    cured: bool = False
+
+    def record(self, step: int, rank: int, events: list[str] | None = None) -> dict[str, Any]:
+        rec = super().record(step, rank, events)
+        self.cured = self.cured or step < getattr(self, "_high", 0)
+        self._high = max(getattr(self, "_high", 0), step)
+        if step >= self.at and not self.cured:
+            rec["update_norm"] *= 38.0
+        return rec
+
+
+@pytest.mark.parametrize("at", [199, 200])
+def test_a_spike_in_the_last_steps_is_an_incident_before_the_final_checkpoint_is_marked(
+    tmp_path: Path, at: int
+) -> None:
+    """Issue 29 point 2: the update ratio jumps at the last step or the one before; no later step
+    can confirm it, so the end of the run judges it as it stands -- an incident, handled (rolled
+    back to before it, re-trained, `latest` on the re-trained last checkpoint, healthy) or left
+    to a person with exit code 1 and `latest` on the newest healthy checkpoint before it."""
+    ranks = LateUpdateJump(1, 200)
+    ranks.at = at
+    ctl = run(tmp_path, ranks)
+    found = ctl.incidents.list_incidents(job="end")
+    assert found, f"no incident for the update jump at step {at}; ended {ctl.status()}"
+    assert found[0].onset_step == at
+    latest = ctl.checkpoints.latest()
+    assert latest is not None and ctl.checkpoints.manifest(latest).health is HealthMark.HEALTHY
+    if ctl.phase is JobPhase.FINISHED:
+        rollback = next(e for e in ctl.incidents.timeline(found[0].id) if e.kind is EventKind.ROLLED_BACK)
+        assert rollback.result["to_step"] < at and ranks.cured
+        assert latest == 200
+    else:
+        assert ctl.phase.exit_code == 1 and latest < at
+
+
+def test_a_clean_run_ends_on_its_last_checkpoint_healthy_with_no_incident(tmp_path: Path) -> None:
+    """The control: the end judged like any other step opens nothing on a clean run."""
+    ctl = run(tmp_path, FakeRanks(1, 200))
+    assert ctl.phase is JobPhase.FINISHED and not ctl.incidents.list_incidents(job="end")
     assert ctl.checkpoints.latest() == 200
     assert ctl.checkpoints.manifest(200).health is HealthMark.HEALTHY
