@@ -98,6 +98,12 @@ class SupervisorCallback(TrainerCallback):
         loss_sum, tokens = self.tap.take()
         stop = self.fp.step_end(loss_sum, tokens, batch=self.data.take())
         state.global_step = self.fp.step  # moved back by an in-place rollback
+        loader = self.fp.probe.loader
+        passes = loader.epoch_progress() if loader is not None else None
+        if passes is not None:
+            # The Trainer computes ``epoch`` as step / max_steps for a loader without a length; the
+            # supervised loader knows the passes over the dataset its cursor stands at.
+            state.epoch = passes
         if stop:
             control.should_training_stop = True
         return control

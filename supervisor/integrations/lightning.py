@@ -13,7 +13,8 @@ step used and the sampled update ratio. After each optimizer step (``on_train_ba
 it carries out the supervisor's directives in place: freeze, snapshot, rollback (module,
 optimizer and scheduler state loaded into the live objects; the loop's step counter follows
 so ``max_steps`` still counts the kept timeline), LR scale / re-warm, a clip override
-(applied before Lightning's own ``gradient_clip_val``), stop (``trainer.should_stop``).
+(applied before Lightning's own ``gradient_clip_val``), stop (``trainer.should_stop``). The step
+Lightning gives its loggers moves back with a rollback too: the logger's rows follow the records.
 The user's ``ModelCheckpoint`` and loggers are untouched.
 
 Checkpoints: every ``.ckpt`` the Trainer writes (``ModelCheckpoint``, ``trainer.save_checkpoint``)
@@ -130,6 +131,12 @@ class SupervisorCallback(pl.Callback):
 
         trainer.save_checkpoint = save_and_adopt  # type: ignore[method-assign]
 
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.fp is not None and pl_module.automatic_optimization:
+            _set_logger_step(trainer, self.fp.step)
+
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
@@ -184,6 +191,16 @@ def _supervised_loader(trainer: pl.Trainer) -> SupervisedLoader | None:
             field="train_dataloaders",
         )
     return loader
+
+
+def _set_logger_step(trainer: pl.Trainer, step: int) -> None:
+    """The step Lightning hands its loggers (and ``log_every_n_steps`` counts) is a counter of its own,
+    ``_batches_that_stepped``; before each batch it is set to the steps of the kept timeline, so after
+    an in-place rollback the logger's rows go back with the records (the step that was rolled back
+    was logged under its own number before the counter moved)."""
+    loop = trainer.fit_loop.epoch_loop
+    if getattr(loop, "_batches_that_stepped", step) != step:
+        loop._batches_that_stepped = step
 
 
 def _set_global_step(trainer: pl.Trainer, step: int) -> None:

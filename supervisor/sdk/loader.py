@@ -210,6 +210,14 @@ class SupervisedLoader:
             if not self.excluded.batch_excluded(meta.batch_index):
                 return batch, meta
 
+    def epoch_progress(self) -> float | None:
+        """Passes over the dataset consumed so far (``1.5``: half-way through the second epoch),
+        from the cursor of the last batch the loop consumed; None for a stream (no length)."""
+        if self._map is None:
+            return None
+        cur = self._map.consumed
+        return cur.epoch + cur.pos / len(self.dataset)
+
     # -- state (torchdata StatefulDataLoader's protocol) ----------------------------------------
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seed": self.seed, "skip_pending": self.skip_pending}
