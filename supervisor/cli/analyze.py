@@ -120,7 +120,7 @@ def longest_run(steps: list[int]) -> int:
 
 
 def render(result: AnalysisResult, fmt: str, n_records: int, notes: list[str]) -> None:
-    out = console()
+    out = console(full=True)
     out.print(
         f"[bold]{len(result.incidents)} incident(s)[/bold], {len(result.benign_shifts)} benign shift(s) "
         f"in {n_records} records ({fmt}); {result.skipped_lines} lines skipped"

@@ -91,7 +91,7 @@ def list_cmd(
         return
     from supervisor.incidents.render.terminal import incidents_table
 
-    console().print(incidents_table(found) if found else "no incidents")
+    console(full=True).print(incidents_table(found) if found else "no incidents")
 
 
 @incidents.command()

@@ -11,7 +11,7 @@ from rich.console import Console
 from supervisor.config.job import JobSpec
 from supervisor.incidents import EventKind, EventStatus, IncidentStore
 from supervisor.incidents.render import render_report
-from supervisor.incidents.timeline import RELEASE_HINT
+from supervisor.incidents.timeline import RELEASE_HINT, exclusion_words
 
 # Timeline events that are things the supervisor did (in the words of the summary line).
 _DID = {
@@ -38,7 +38,10 @@ def _did(event: Any) -> str:
         text += " (passed)" if event.result.get("passed") else " (failed)"
     elif event.kind is EventKind.FIX_APPLIED:
         params = event.payload.get("params") or {}
-        shown = [f"{k}={v}" for k, v in sorted(params.items()) if v not in (None, [], {}, "")]
+        shown = [
+            f"{k}={v}" for k, v in sorted(params.items()) if v not in (None, [], {}, "") and k != "exclude"
+        ]
+        shown += exclusion_words(event)  # the range in steps, as the timeline says it
         text += f" ({', '.join(shown)})" if shown else ""
     if event.status is EventStatus.FAILED:
         text += " [failed]"

@@ -79,5 +79,13 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(_finite(data), indent=2, sort_keys=False, default=str))
 
 
-def console() -> Console:
-    return Console(file=sys.stdout, soft_wrap=False)
+#: Width of a console whose stdout is not a terminal: wide enough that a table sizes to its
+#: content, so a piped ``incidents list`` prints every cell whole ("resolved", never "resol…").
+PIPE_WIDTH = 10_000
+
+
+def console(full: bool = False) -> Console:
+    """The console for stdout. ``full``: when stdout is not a terminal (a file, a pipe), tables
+    print every value whole instead of fitting 80 columns (text that wraps loses nothing)."""
+    width = PIPE_WIDTH if full and not sys.stdout.isatty() else None
+    return Console(file=sys.stdout, soft_wrap=False, width=width)

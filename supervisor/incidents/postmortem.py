@@ -32,8 +32,11 @@ from supervisor.incidents.timeline import Context, describe, field
 @dataclass(slots=True)
 class Impact:
     steps_lost: int = 0
+    """Steps trained again, summed over every rollback of the incident (``rollbacks``)."""
     rollback_from: int | None = None
     rollback_to: int | None = None
+    rollbacks: list[tuple[int, int]] = dataclass_field(default_factory=list)
+    """(from step, to step) of each done rollback, oldest first; the last is ``rollback_from/_to``."""
     downtime_s: float | None = None
     recompute_s: float | None = None
     data_excluded: list[str] = dataclass_field(default_factory=list)
@@ -177,6 +180,16 @@ def _world_size(series: list[dict[str, Any]], events: list[Event]) -> int | None
     return max([len(ranks)] * bool(ranks) + acked, default=None)
 
 
+def rollbacks_words(impact: Impact) -> str:
+    """ "86 steps in total over 2 rollbacks: 300 → 257 (43), 343 → 300 (43)"; one: "43 (rollback 300 → 257)"."""
+    if not impact.rollbacks:
+        return f"{impact.steps_lost} (rollback none)"
+    if len(impact.rollbacks) == 1:
+        return f"{impact.steps_lost} (rollback {impact.rollbacks[0][0]} → {impact.rollbacks[0][1]})"
+    each = [f"{a} → {b} ({max(0, a - b)})" for a, b in impact.rollbacks]
+    return f"{impact.steps_lost} in total over {len(each)} rollbacks: {', '.join(each)}"
+
+
 def _done(events: list[Event], kind: EventKind) -> list[Event]:
     return [e for e in events if e.kind == kind and e.status == EventStatus.DONE]
 
@@ -192,6 +205,7 @@ def _impact(
         if src is not None and dst is not None:
             impact.steps_lost += max(0, int(src) - int(dst))
             impact.rollback_from, impact.rollback_to = int(src), int(dst)
+            impact.rollbacks.append((int(src), int(dst)))
     suspects = set(diag.suspect_samples) if suspects_relevant(diag) and diag is not None else set()
     for ev in _done(events, EventKind.FIX_APPLIED):
         impact.data_excluded += _excluded_text(ev, suspects)
@@ -371,7 +385,9 @@ def _summary(incident: Incident, diag: Diagnosis | None, impact: Impact) -> str:
         f"Incident {incident.id} of job {incident.job}: {diag.severity.value} {diag.phenotype.value} loss spike"
         f"{attrs} starting at step {diag.onset_step}{where}, detected at step {incident.detected_step}{why}."
     ]
-    if impact.rollback_to is not None:
+    if len(impact.rollbacks) > 1:
+        parts.append(f"Rolled back {len(impact.rollbacks)} times: {rollbacks_words(impact)}.")
+    elif impact.rollback_to is not None:
         parts.append(
             f"Rolled back from step {impact.rollback_from} to {impact.rollback_to} ({impact.steps_lost} steps lost)."
         )

@@ -253,7 +253,8 @@ def _rolled_back(e: Event, ctx: Context) -> str:
     return f"Rolled back from step {src} to {kind}checkpoint {dst}{how}{lost}."
 
 
-def _exclusion_words(e: Event) -> list[str]:
+def exclusion_words(e: Event) -> list[str]:
+    """What a fix excluded, in words: samples, sources, the batches of a step range."""
     out = []
     applied = (
         (field(e, "overrides") or {}).get("exclusions") if isinstance(field(e, "overrides"), dict) else None
@@ -268,13 +269,29 @@ def _exclusion_words(e: Event) -> list[str]:
     sources = (applied or {}).get("sources") or field(e, "exclude_sources")
     if sources:
         out.append("excluded source " + ", ".join(str(s) for s in sources))
-    ranges = (applied or {}).get("batch_ranges") or (
-        [field(e, "exclude_batches")] if field(e, "exclude_batches") else []
-    )
-    for r in ranges:
-        if isinstance(r, list | tuple) and len(r) == 2:
-            out.append(f"excluded batches {r[0]}–{r[1]}")
+    out += excluded_range_words(e)
     return out
+
+
+def _pair(r: Any) -> tuple[Any, Any] | None:
+    return (r[0], r[1]) if isinstance(r, list | tuple) and len(r) == 2 else None
+
+
+def excluded_range_words(e: Event) -> list[str]:
+    """A batch-range exclusion in the policy's unit, the steps ("the batches of steps 130–131"),
+    with the loader's batch indices the runtime applied beside it when they differ: the launch
+    summary and the timeline name the same range (the indices alone read one off)."""
+    asked = field(e, "exclude") if isinstance(field(e, "exclude"), dict) else {}
+    steps = _pair(field(e, "exclude_batches")) or _pair(asked.get("batch_range"))
+    overrides = field(e, "overrides")
+    applied = (overrides.get("exclusions") or {}) if isinstance(overrides, dict) else {}
+    indices = [p for p in (_pair(r) for r in applied.get("batch_ranges") or []) if p is not None]
+    if steps is None:
+        return [f"excluded batch indices {a}–{b}" for a, b in indices]
+    text = f"excluded the batches of steps {steps[0]}–{steps[1]}"
+    if indices and [tuple(steps)] != indices:
+        text += " (batch indices " + ", ".join(f"{a}–{b}" for a, b in indices) + ")"
+    return [text]
 
 
 def _fix(e: Event, ctx: Context) -> str:
@@ -287,7 +304,7 @@ def _fix(e: Event, ctx: Context) -> str:
         parts.append(f"clip the grad norm at {num(field(e, 'grad_clip'))}")
     if field(e, "precision"):
         parts.append(f"precision {field(e, 'precision')}")
-    parts += _exclusion_words(e)
+    parts += exclusion_words(e)
     if field(e, "skip_batches"):
         parts.append(f"skip {field(e, 'skip_batches')} batches")
     unsupported = field(e, "unsupported") or []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from supervisor.incidents.postmortem import Postmortem, suspects_relevant
+from supervisor.incidents.postmortem import Postmortem, rollbacks_words, suspects_relevant
 
 
 def when(ts: float | None) -> str:
@@ -30,9 +30,8 @@ def duration(seconds: float | None) -> str:
 
 def impact_lines(pm: Postmortem) -> list[tuple[str, str]]:
     im = pm.impact
-    rollback = f"{im.rollback_from} → {im.rollback_to}" if im.rollback_to is not None else "none"
     return [
-        ("Steps lost", f"{im.steps_lost} (rollback {rollback})"),
+        ("Steps lost (all rollbacks)" if len(im.rollbacks) > 1 else "Steps lost", rollbacks_words(im)),
         ("Downtime (detection → resume)", duration(im.downtime_s)),
         ("Recompute of lost steps", duration(im.recompute_s)),
         ("Wall time lost", duration(im.wall_time_lost_s)),
