@@ -272,9 +272,10 @@ class Controller:
                     self.state.checkpoints_seen.append(saved)
 
     def _silent_ranks(self) -> list[int]:
-        """Ranks silent too long while they should be training (not frozen, not held at the end)."""
-        if self.state.frozen or len(self.state.held_at) == self.world_size:
-            return []
+        """Ranks silent for ``telemetry.hang_timeout_s``, whatever the phase: a rank that trains sends
+        its records, and a frozen, snapshotting or held rank repeats at each boundary of its wait
+        that it is there (``sdk.steering.HOLD_BEAT_S``); a rank stopped or hung while frozen is
+        therefore hung too, and the action waiting on it fails with the group's restart."""
         return self.assembler.silent_ranks(
             self.job.telemetry.hang_timeout_s, range(self.world_size), self.settings.startup_timeout_s
         )
@@ -693,6 +694,13 @@ class Controller:
 
     def workers_gone(self) -> bool:
         return self.ended
+
+    def kill_workers(self, reason: str) -> None:
+        """A directive that ends training could not reach every rank (one is dead or hung): the
+        group is taken down here, so the job's end is real and not only recorded."""
+        self.log.warning("workers_killed", reason=reason, step=self.current_step)
+        self.workers.shutdown()
+        self.ended = True
 
     # -- called from actor threads ------------------------------------------------------------
     def ingest_batch(

@@ -34,7 +34,8 @@ from supervisor.sdk.directives import (
     ack_event,
 )
 
-HOLD_BEAT_S = 2.0  # while held at the last step, each rank repeats that it is there this often
+HOLD_BEAT_S = 2.0  # while frozen or held at the last step, each rank repeats that it is there this often
+FROZEN = "frozen"  # the beat's event while frozen (``frozen:<step>``): a heartbeat, nothing to acknowledge
 
 if TYPE_CHECKING:
     from supervisor.checkpoint.saver import Checkpointer, SaveHandle
@@ -135,8 +136,14 @@ class Steering:
         self.frozen = True
         self.probe.log.warning("frozen at boundary", step=self.probe.step_count, reason=d.reason)
         queued, self._after_freeze = self._after_freeze, []
+        beat = time.monotonic()
         try:
             while not self.stopped:
+                # The beat comes from this loop (the training thread), never from a side thread: a
+                # rank stopped or hung while frozen goes silent, and the supervisor treats it as hung.
+                if time.monotonic() - beat >= HOLD_BEAT_S:
+                    self.probe.transport.send([self._control_message([f"{FROZEN}:{self.probe.step_count}"])])
+                    beat = time.monotonic()
                 if queued:
                     ds, queued = queued, []
                 else:

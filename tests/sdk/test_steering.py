@@ -120,3 +120,32 @@ def test_stop_ends_the_loop(dataset):
 def test_max_steps_stops_the_loader(dataset):
     model, _, _, loader, probe, transport = make_run(dataset, max_steps=3)
     assert len(train(model, loader, probe, 10)) == 3
+
+
+def test_a_frozen_rank_repeats_that_it_is_there(dataset, monkeypatch):
+    """A frozen rank beats from its training thread while parked, so a rank stopped or hung after the
+    freeze goes silent and the supervisor treats it as hung (issue 29)."""
+    from supervisor.sdk import steering
+
+    monkeypatch.setattr(steering, "HOLD_BEAT_S", 0.02)
+    model, _, _, loader, probe, transport = make_run(dataset, freeze_poll_s=0.01)
+    train(model, loader, probe, 2)
+    transport.deliver(sdk.Freeze(id="fz"))
+
+    def beats() -> list[dict]:
+        return [
+            r for r in list(transport.records) if any(e.startswith("frozen:") for e in r.get("events", []))
+        ]
+
+    def supervisor():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(beats()) < 3:
+            transport.flush(0.05)
+        transport.deliver(sdk.Continue(id="go"))
+
+    th = threading.Thread(target=supervisor)
+    th.start()
+    train(model, loader, probe, 1)
+    th.join(10)
+    got = beats()
+    assert len(got) >= 3 and all(r["control"] and r["events"] == ["frozen:2"] for r in got)

@@ -81,6 +81,13 @@ class EscalateAction:
             return None
         rt.end_job("escalated", memo["reason"])
         saved = snap.result.get("acked_at_step") if snap.ok else None
+        killed = None
+        if not stop.ok and not rt.workers_gone():
+            # The stop never reached every rank (dead or hung): the escalation's effect -- training
+            # ends -- is carried out here, and recorded as what happened, not as a stop.
+            killed = f"workers killed: {stop.reason}"
+            rt.kill_workers(killed)
         return Outcome.done(
-            state_saved_at_step=saved, snapshot_ok=snap.ok, stopped=stop.ok, reason=memo["reason"]
-        )
+            state_saved_at_step=saved, snapshot_ok=snap.ok, stopped=stop.ok, reason=memo["reason"],
+            **({"workers_killed": killed} if killed else {}),
+        )  # fmt: skip
