@@ -30,13 +30,29 @@ from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
-from supervisor.core.trigger import RISE_Z, Trigger, decide, locate_first, rise_start
+from supervisor.core.summary import nonfinite_origin
+from supervisor.core.trigger import (
+    RESUME_EVENTS,
+    RISE_Z,
+    Trigger,
+    decide,
+    incomplete_resume,
+    locate_first,
+    rise_start,
+)
 from supervisor.logging import get_logger
 
 UpdateKind = Literal["opened", "ready", "refined", "closed"]
 
 #: Excursions kept for the periodic look-back (at one per step, the last 4,096 steps at least).
 EXCURSIONS = 4096
+#: Baselines a change of LR, clip or optimizer state moves (the update ratio per unit of LR; the LR
+#: reference of the jump test). Grad norm and loss depend on the weights, which a rollback restores.
+OPTIMIZER_DERIVED = ("update", "lr")
+#: Rules that read the optimizer alone; inside the supervisor's own observation window they open
+#: nothing without the loss or a non-finite value (its own fix moves exactly these signals).
+OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
+
 #: Steps of loss z kept to date where a sustained rise began (``trigger.rise_start``).
 RISE_HISTORY = 256
 
@@ -77,6 +93,13 @@ class StreamingAnalyzer:
         self.last_step: int | None = None
         self.last_resume: int | None = None
         self.known = Interventions()
+        #: The supervisor's own restores and windows (``notify_rollback`` / ``note_overrides``):
+        #: the target of its last rollback (a ``resumed`` event right after it is its own verified
+        #: restore, never evidence of a lost state) and the steps up to which it observes its fix
+        #: (a new incident there needs the loss or a non-finite value to confirm it).
+        self.own_restore: int | None = None
+        self.observe_until: int | None = None
+        self.ramp_end: int | None = None
         #: Steps whose loss (or one rank's) left its band, opened or not: earlier occurrences of a
         #: periodic fault that stayed under the alarm threshold are found here.
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
@@ -93,8 +116,8 @@ class StreamingAnalyzer:
         if self.last_step is not None and step <= self.last_step:
             updates += self._rewind(step - 1)  # a replay nobody announced: same as a rollback
         summary = summarize(step, records)
-        if "resumed" in summary.events:
-            self.last_resume = step
+        if summary.events & RESUME_EVENTS or incomplete_resume(summary.events):
+            self._on_resume(summary.events, step)
         mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
             updates += self._on_gap(self.detector.score(summary, mult))
@@ -113,7 +136,27 @@ class StreamingAnalyzer:
         if self.open is None:
             self.detector.learn(summary, mult)
         self._reanchor_on_events(summary.events, step)
+        if self.ramp_end is not None and step >= self.ramp_end:
+            # The re-warm is over: Adam's update per unit of LR drifted while the steps were small
+            # (|m| / sqrt(v) grows when consecutive gradients agree); the regime after the ramp is
+            # judged against itself, not against the ramp.
+            self.ramp_end = None
+            self.detector.reanchor(step, OPTIMIZER_DERIVED)
         return updates
+
+    def _on_resume(self, events: set[str], step: int) -> None:
+        """A restore: the supervisor's own verified rollback, or a resume of the run's own.
+
+        A ``resumed`` event within ``resume_window`` steps after the target of the supervisor's own
+        rollback is that rollback: it restored every component from a checkpoint it verified, so it
+        is no evidence of a lost state (its optimizer-derived baselines are re-anchored instead). A
+        ``resume_incomplete`` event is a fact seen where the state was loaded, whatever the
+        optimizer's dynamics show (``checkpoint.training_state.resume_check``)."""
+        own = self.own_restore is not None and 0 < step - self.own_restore <= self.settings.resume_window + 1
+        if incomplete_resume(events) or not own:
+            self.last_resume = step
+        if own:
+            self.detector.reanchor(step - 1, OPTIMIZER_DERIVED)
 
     def _note_excursion(self, sig: Signals) -> None:
         st, s = self.settings, sig.summary
@@ -126,7 +169,7 @@ class StreamingAnalyzer:
             self.excursions.append((sig.step, s.worst_rank if rank_out else None, excess))
 
     def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
-        trig = decide(sig, self.recent, self.settings)
+        trig = self._vetted(decide(sig, self.recent, self.settings), sig)
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -150,6 +193,22 @@ class StreamingAnalyzer:
             inc.ready = True
             updates.append(self._update("ready", inc))
         return updates
+
+    def _vetted(self, trig: Trigger | None, sig: Signals) -> Trigger | None:
+        """Drop a trigger the supervisor's own intervention explains. An update-ratio jump after a
+        restore is evidence of a lost state only when the restore was not the supervisor's own
+        verified rollback (or said it was incomplete); inside an observation window an
+        optimizer-only signal needs the loss or a non-finite value to confirm it."""
+        if trig is None or trig.immediate:
+            return trig
+        step = sig.step
+        if trig.rule == "resume" and (
+            self.last_resume is None or not 0 <= step - self.last_resume <= self.settings.resume_window + 1
+        ):
+            return None
+        if trig.rule in OPTIMIZER_ONLY_RULES and self.observing(step):
+            return None
+        return trig
 
     def _continue(self, inc: Incident, sig: Signals) -> list[IncidentUpdate]:
         st = self.settings
@@ -293,6 +352,8 @@ class StreamingAnalyzer:
             inc.rank_local, inc.first_rank = True, s.checksum_minority[0]
         elif s.misreported and len(s.misreported) < len(s.records):
             inc.rank_local, inc.first_rank = True, s.misreported[0][0]
+        elif s.nonfinite_ranks and 0 < len(origin := nonfinite_origin(s)) < len(s.records):
+            inc.rank_local, inc.first_rank = True, origin[0]  # its own loss went first, not the all-reduce
         elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
             inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
         elif (
@@ -345,7 +406,12 @@ class StreamingAnalyzer:
 
     # -- the supervisor's own interventions (docs/detection.md) -----------------------------
     def notify_rollback(
-        self, to_step: int, *, from_step: int | None = None, reason: str = ""
+        self,
+        to_step: int,
+        *,
+        from_step: int | None = None,
+        reason: str = "",
+        observe_steps: int | None = None,
     ) -> list[IncidentUpdate]:
         """Training went back to checkpoint ``to_step``; returns the updates (an open incident closes).
 
@@ -356,7 +422,25 @@ class StreamingAnalyzer:
         self.known.add(
             Intervention("rollback", to_step, from_step=from_step or self.last_step, reason=reason)
         )
-        return self._rewind(to_step)
+        updates = self._rewind(to_step)
+        self.own_restore = to_step
+        self._observe(to_step, observe_steps)
+        # The restored optimizer state meets a changed LR and data order: a new regime for every
+        # optimizer-derived baseline (the level re-forms; the noise scale is kept).
+        self.detector.reanchor(to_step, OPTIMIZER_DERIVED)
+        return updates
+
+    def _observe(self, step: int, observe_steps: int | None) -> None:
+        """Open (or extend) the window in which the supervisor watches its own fix."""
+        n = observe_steps if observe_steps is not None else 2 * self.settings.level_window
+        end = step + max(0, self.known.ramp_left(step)) + n
+        self.observe_until = (
+            max(end, self.observe_until or end) if (self.observe_until or -1) >= step else end
+        )
+
+    def observing(self, step: int) -> bool:
+        """``step`` lies inside the window of the supervisor's own last intervention."""
+        return self.observe_until is not None and step <= self.observe_until
 
     def note_overrides(
         self,
@@ -367,6 +451,7 @@ class StreamingAnalyzer:
         grad_clip: float | None = None,
         data: bool = False,
         reason: str = "",
+        observe_steps: int | None = None,
     ) -> None:
         """The supervisor applied overrides after step ``step`` (the last completed step), as the
         SDK's ``ApplyOverrides`` does: from ``step + 1`` on the LR is scaled by ``lr_scale`` and
@@ -379,9 +464,15 @@ class StreamingAnalyzer:
             data=data, reason=reason,
         )  # fmt: skip
         self.known.add(iv)
-        metrics = (("update",) if grad_clip is not None else ()) + (("tokens",) if data else ())
+        lr_changed = lr_scale is not None or bool(warmup_steps)
+        metrics = (OPTIMIZER_DERIVED if lr_changed or grad_clip is not None else ()) + (
+            ("tokens",) if data else ()
+        )
         if metrics:
             self.detector.reanchor(step, metrics)
+        if warmup_steps:
+            self.ramp_end = step + warmup_steps
+        self._observe(step, observe_steps)
 
     def note_skipped(self, first: int, last: int | None = None, *, reason: str = "") -> None:
         """Steps ``first``..``last`` train on batches the supervisor set aside (skipped or excluded):
@@ -446,6 +537,9 @@ class StreamingAnalyzer:
             "benign": [b.to_json() for b in self.benign],
             "last_step": self.last_step,
             "last_resume": self.last_resume,
+            "own_restore": self.own_restore,
+            "observe_until": self.observe_until,
+            "ramp_end": self.ramp_end,
             "excursions": [list(e) for e in self.excursions],
         }
 
@@ -457,6 +551,9 @@ class StreamingAnalyzer:
         self.benign = [BenignShift(**b) for b in state.get("benign", [])]
         self.last_step = state.get("last_step")
         self.last_resume = state.get("last_resume")
+        self.own_restore = state.get("own_restore")
+        self.observe_until = state.get("observe_until")
+        self.ramp_end = state.get("ramp_end")
         self.known.load_state_dict(state.get("interventions", []))
         self.excursions = deque(
             ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS

@@ -32,6 +32,7 @@ W = {
     "checksum": 0.8,
     "after_resume": 0.6,
     "resume_update": 0.3,
+    "resume_missing": 0.4,
     "nonfinite": 0.5,
     "nonfinite_sudden": 0.2,
     "nonfinite_after_rise": -0.3,
@@ -105,6 +106,13 @@ def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | Non
         b.add(
             Cause.RESUME_STATE, "after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}"
         )
+        if f.resume_missing:
+            b.add(
+                Cause.RESUME_STATE,
+                "resume_missing",
+                f"the restore at step {f.resume_step} did not bring back: {', '.join(f.resume_missing)} "
+                "(checked where the state was loaded)",
+            )
         if f.update_spike is not None:
             step, ratio = f.update_spike
             b.add(Cause.RESUME_STATE, "resume_update", f"update ratio {_g(ratio)}x its level at step {step}")

@@ -15,6 +15,7 @@ from typing import Any
 from supervisor.core.causes import calm_grads, rank_causes, typical_step
 from supervisor.core.detect import DetectorSettings, Signals, rank_rose
 from supervisor.core.model import Diagnosis, FirstAnomaly, Phenotype, Severity
+from supervisor.core.trigger import incomplete_resume
 
 #: Most sample IDs kept as suspects (a global bad step on 1,024 ranks must not carry them all).
 MAX_SUSPECTS = 32
@@ -67,6 +68,8 @@ class Facts:
     batch_mean: tuple[int, int, float, float] | None = None  # (step, rank, batch_mean_loss, loss)
     source: tuple[str, float, float] | None = None  # (name, z, loss) when one source carries the spike
     resume_step: int | None = None
+    #: State components a restore said it did not bring back (``resume_incomplete:<component>``).
+    resume_missing: list[str] = field(default_factory=list)
     rising_steps: int = 0  # steps after onset that set a new loss peak
     rise_from: int | None = None  # where a sustained rise began, before its first out-of-band step
     occurrences: list[int] = field(default_factory=list)
@@ -151,6 +154,11 @@ class Incident:
                 f.update_ratio_at_peak = math.exp(sig.update_excess)
         f.grad_known = f.grad_known or sig.grad_z is not None or sig.update_z is not None
         note_step_facts(f, sig, settings)
+        missing = incomplete_resume(s.events)
+        if missing and not f.resume_missing:
+            f.resume_missing = missing
+            f.resume_step = f.resume_step if f.resume_step is not None else s.step
+            self.after_resume = True
         if s.nonfinite and f.nonfinite_step is None:
             f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = (
                 s.step,
@@ -205,7 +213,7 @@ class Incident:
         d["first_anomaly"] = FirstAnomaly(**d["first_anomaly"])
         facts = dict(d["facts"])
         for k, v in facts.items():
-            if isinstance(v, list) and k not in ("nonfinite_ranks", "occurrences"):
+            if isinstance(v, list) and k not in ("nonfinite_ranks", "occurrences", "resume_missing"):
                 facts[k] = tuple(v)
         if facts.get("checksum"):
             facts["checksum"] = (facts["checksum"][0], list(facts["checksum"][1]))
@@ -469,6 +477,8 @@ def _severity_of_shape(inc: Incident, phen: Phenotype, top: str | None) -> Sever
     """Severity from the curve's shape and size alone."""
     if top == "metric_artifact":
         return Severity.LOW
+    if inc.facts.resume_missing:
+        return Severity.HIGH  # the run goes on with part of its state lost, whatever the loss shows
     if phen is Phenotype.TRANSIENT and inc.facts.nonfinite_step is None and calm_grads(inc):
         return Severity.LOW  # gradients and updates stayed normal: the weights were not hurt
     unconfirmed = not inc.facts.grad_known and inc.facts.checksum is None and not inc.rank_local

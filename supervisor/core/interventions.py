@@ -90,6 +90,13 @@ class Interventions:
                 return step - x.step < x.warmup_steps
         return False
 
+    def ramp_left(self, step: int) -> int:
+        """Steps of a re-warm still to run after ``step`` (0 when none is ramping)."""
+        for x in reversed(self.log):
+            if x.kind == "override" and x.warmup_steps and x.step <= step:
+                return max(0, x.step + x.warmup_steps - step)
+        return 0
+
     def skipped(self, step: int) -> bool:
         return any(x.kind == "skip" and x.step <= step <= (x.last or x.step) for x in self.log)
 

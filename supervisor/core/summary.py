@@ -119,22 +119,43 @@ def summarize(step: int, records: list[Record]) -> StepSummary:
 
 
 def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str | None]:
-    """Ranks with NaN/Inf in loss or grad norm, or flagged by the probe; and where it was seen first."""
+    """Ranks with NaN/Inf in loss or grad norm, or flagged by the probe; and where it was seen first.
+
+    The ranks whose own quantities went non-finite come first: a grad norm is all-reduced, so one
+    rank's NaN makes every rank's grad norm NaN, while its loss (and the probe's localisation)
+    stays its own. The rank that moved first is the one whose loss went non-finite."""
     grads_total = sum(r.grad_norm for r in records if r.grad_norm is not None)
     flagged = any(r.nonfinite for r in records)
     if math.isfinite(loss_total) and math.isfinite(grads_total) and not flagged:
         return [], None  # the common case: one check of two sums instead of one per rank
-    ranks, where = [], None
+    own: list[Record] = []
+    shared: list[Record] = []
     for r in records:
-        if (
-            r.nonfinite
-            or not math.isfinite(r.loss)
-            or (r.grad_norm is not None and not math.isfinite(r.grad_norm))
-        ):
-            ranks.append(r.rank)
-            if where is None:
-                where = r.nonfinite_at or ("loss" if not math.isfinite(r.loss) else "grad_norm")
-    return ranks, where
+        if not math.isfinite(r.loss) or (r.loss_sum is not None and not math.isfinite(r.loss_sum)):
+            own.append(r)
+        elif r.nonfinite and r.nonfinite_at not in (None, "grad_norm", "unknown"):
+            own.append(r)  # the probe localised it in this rank's own forward or backward
+        elif r.nonfinite or (r.grad_norm is not None and not math.isfinite(r.grad_norm)):
+            shared.append(r)
+    bad = sorted(own, key=lambda r: r.rank) + sorted(shared, key=lambda r: r.rank)
+    where = None
+    for r in bad:
+        where = r.nonfinite_at or ("loss" if not math.isfinite(r.loss) else "grad_norm")
+        break
+    return [r.rank for r in bad], where
+
+
+def nonfinite_origin(s: StepSummary) -> list[int]:
+    """The ranks whose own loss (or localised module) went non-finite, before any all-reduce."""
+    out = []
+    for rank in s.nonfinite_ranks:
+        r = s.record_of(rank)
+        if r is None:
+            continue
+        own_loss = not math.isfinite(r.loss) or (r.loss_sum is not None and not math.isfinite(r.loss_sum))
+        if own_loss or (r.nonfinite and r.nonfinite_at not in (None, "grad_norm", "unknown")):
+            out.append(rank)
+    return out
 
 
 def _misreported(records: list[Record], own: list[float]) -> list[tuple[int, float, float]]:

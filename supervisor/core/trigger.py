@@ -20,7 +20,8 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
    with the gradients out of band too, or two steps in a row (once alone is micro-batch noise),
    or far enough to lift the step's loss ``min_loss_jump`` above the other ranks' (``_rank_split``:
    within-step evidence that needs no co-moving gradient);
-7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state);
+7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state),
+   or at once a ``resume_incomplete`` event: the SDK saw a state component missing after a load;
 8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm;
 9. the loss level rose over each of the last two level windows beyond its noise (``trend``): a
    divergence too slow for any one step to stand out, with no gradient metric logged or with the
@@ -57,6 +58,8 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("nonfinite", True)
     if s.checksum_minority:
         return Trigger("checksum", True)
+    if incomplete_resume(s.events):
+        return Trigger("resume", True)  # seen where the state was loaded: no optimizer dynamics needed
     if _rank_split(sig, st):
         return Trigger("rank", False)
     if not sig.ready:
@@ -99,6 +102,18 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
 
 
 RESUME_EVENTS = frozenset({"resumed", "restored"})
+#: Event prefix of a restore that left a state component behind (``resume_incomplete:optimizer``,
+#: ``...:scheduler``, ``...:loader``; ``checkpoint.training_state.resume_check``).
+RESUME_INCOMPLETE = "resume_incomplete"
+
+
+def incomplete_resume(events: set[str] | frozenset[str]) -> list[str]:
+    """The state components a restore says it did not bring back (empty: none, or no restore)."""
+    out = []
+    for e in events:
+        if e == RESUME_INCOMPLETE or e.startswith(RESUME_INCOMPLETE + ":"):
+            out.append(e.partition(":")[2] or "state")
+    return sorted(out)
 
 
 def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
