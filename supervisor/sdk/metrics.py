@@ -34,7 +34,7 @@ def grad_norm(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
     """Global L2 norm of the gradients before clipping; clips in place when ``max_norm > 0``."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
-        return torch.zeros(())
+        return torch.zeros((), device=params[0].device if params else None)
     # Tensor parallelism leaves some parameters plain (norms) beside DTensor ones, and torch's
     # norm and clip kernels refuse a list that mixes the two: each kind is reduced and clipped alone.
     groups = [g for g in (
@@ -94,6 +94,11 @@ class NormSampler:
             out.append(flat if small else flat[self.stride // 2 :: self.stride])
         return out
 
+    @property
+    def has_baseline(self) -> bool:
+        """A sample is kept: the next ``measure`` yields ‖Δθ‖."""
+        return self._prev is not None or not self._views
+
     def reset(self) -> None:
         """Forget the last sample (after a rollback the next delta would be meaningless)."""
         self._prev = None
@@ -135,24 +140,61 @@ def exact_param_norm(values: Sequence[float]) -> float:
 
 
 class Pack:
-    """Device tensors collected during a step and copied to the host in one transfer."""
+    """Device tensors collected during a step and copied to the host in one transfer.
+
+    ``start()`` launches that copy without waiting (pinned host memory and an event on CUDA)
+    and returns an ``Inflight`` read at a later boundary; ``fetch()`` copies and reads at once
+    (a host sync, for the paths that need the value now).
+    """
 
     def __init__(self) -> None:
         self._parts: list[tuple[str, Tensor]] = []
 
-    def add(self, name: str, t: Tensor | None) -> None:
+    def add(self, name: str, t: Tensor | None, *, snapshot: bool = False) -> None:
+        """Queue ``t``; ``snapshot``: its value now (a tensor changed in place before the copy starts)."""
         if t is not None:
-            self._parts.append((name, local(t).reshape(-1)))
+            flat = local(t).reshape(-1)
+            self._parts.append((name, flat.detach().clone() if snapshot else flat))
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def start(self) -> Inflight:
+        """Launch the step's one device->host copy; nothing waits for it here."""
+        names = [(name, t.numel()) for name, t in self._parts]
+        if not self._parts:
+            return Inflight(names, None, None)
+        dev = self._parts[0][1].device
+        flat = torch.cat([t.to(device=dev, dtype=torch.float64) for _, t in self._parts])
+        self._parts.clear()
+        if dev.type != "cuda":
+            return Inflight(names, flat, None)  # already host memory: reading it later is no sync
+        host = torch.empty(flat.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Inflight(names, host, event)
 
     def fetch(self) -> dict[str, list[float]]:
-        """The one device->host synchronization of a step."""
-        if not self._parts:
-            return {}
-        dev = self._parts[0][1].device
-        flat = torch.cat([t.to(device=dev, dtype=torch.float64) for _, t in self._parts]).tolist()
-        out, i = {}, 0
-        for name, t in self._parts:
-            out[name] = flat[i : i + t.numel()]
-            i += t.numel()
-        self._parts.clear()
-        return out
+        """Copy and read now: a device->host synchronization."""
+        return self.start().values()
+
+
+class Inflight:
+    """A pack on its way to the host: ``values()`` waits for its event (long done a step later)."""
+
+    def __init__(self, names: list[tuple[str, int]], host: Tensor | None, event: object) -> None:
+        self._names, self._host, self._event = names, host, event
+        self._values: dict[str, list[float]] | None = None
+
+    def values(self) -> dict[str, list[float]]:
+        if self._values is None:
+            if self._event is not None:
+                self._event.synchronize()  # type: ignore[attr-defined]
+            flat = self._host.tolist() if self._host is not None else []
+            out, i = {}, 0
+            for name, n in self._names:
+                out[name] = flat[i : i + n]
+                i += n
+            self._values, self._host = out, None
+        return self._values

@@ -85,12 +85,13 @@ class Probe:
         """Set by ``watch_optimizer``: the user's loop owns the optimizer step (``sdk.watch``)."""
 
     # -- the user loop -------------------------------------------------------------------------
-    def step(self, batch: Any) -> StepScope:
+    def step(self, batch: Any, *, micro_batches: int | None = None) -> StepScope:
+        """One optimizer step; ``micro_batches=N``: N ``s.backward`` calls accumulate into it."""
         if self.user_step is not None:
             raise SupervisorError("this probe watches the user's own optimizer step: call probe.record(...)")
         if self.should_stop:
             raise SupervisorError("training was stopped (Stop directive or max_steps): end the loop")
-        return StepScope(self, batch)
+        return StepScope(self, batch, micro_batches)
 
     def proceed(self) -> bool:
         """The step boundary for a loop without a ``SupervisedLoader``: ``if not probe.proceed(): break``."""
@@ -144,50 +145,84 @@ class Probe:
         return localize_nonfinite(self.model, run)
 
     # -- the step ------------------------------------------------------------------------------
-    def _optimizer_step(self, scope: StepScope) -> bool:
+    def _optimizer_step(self, scope: StepScope) -> torch.Tensor:
+        """The order and why: ``supervisor.sdk.step``'s docstring. No host read of this step's values."""
         s = self.settings
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+        scope.rescale_accumulated(self.params)
         clip = self.steering.grad_clip if self.steering.grad_clip is not None else s.grad_clip
+        gn = grad_norm(self.params, clip)
         pack = Pack()
-        pack.add("grad_norm", grad_norm(self.params, clip))
+        pack.add("grad_norm", gn)
         names = scope.pack_loss(pack)
         if self.scaler is not None:
-            pack.add("scale", self.scaler._scale)
+            pack.add("scale", self.scaler._scale, snapshot=True)  # scaler.update() changes it in place
             found = self.scaler._per_optimizer_states[id(self.optimizer)].get("found_inf_per_device", {})
-            pack.add("found_inf", torch.stack(list(found.values())).sum() if found else None)
-        self._pack_state(pack)
-        vals = pack.fetch()  # the one device->host sync of this step
-        self._finish_pending(vals, scope.started)
-        rec = self._record(vals, names, scope)
-        applied = self._apply_update(rec, scope)
+            bad = torch.stack(list(found.values())).sum() > 0 if found else None
+            pack.add("found_inf", bad)
+        else:  # NaN/Inf anywhere in the gradients makes their norm non-finite: two scalar checks
+            bad = ~(torch.isfinite(scope.loss().loss_sum) & torch.isfinite(gn))
+        self._send_pending(scope.started)  # the previous step's copy, launched a step ago
+        rec = self._record_head(names, scope)
+        self._baseline()
+        applied = self._apply_update(bad, rec, scope)
         self.step_count += 1
         rec["step"] = self.step_count
-        self.pending = Pending(
-            rec, scope.started, float(rec.get("tokens") or 0), self._canary(), self.next_events
-        )
+        self._pack_state(pack)
+        finish = lambda r, vals: self._finish(r, vals, names, scope)  # noqa: E731
+        self.pending = Pending(rec, scope.started, 0.0, None, self.next_events, pack.start(), finish)
         self.next_events = []
         return applied
 
-    def _record(self, vals: dict[str, list[float]], names: list[str], scope: StepScope) -> dict[str, Any]:
+    def _record_head(self, names: list[str], scope: StepScope) -> dict[str, Any]:
+        """The record's fields the host already knows (the rest arrive with the pack)."""
         rec: dict[str, Any] = {"step": self.step_count + 1, "rank": self.rank, "world_size": self.world_size}
         rec["time"] = time.time()
-        rec.update(loss_fields(vals, names, scope.batch, self.settings.max_samples))
-        self._loader_ids(rec, scope.batch)
-        rec["grad_norm"] = vals["grad_norm"][0]
         rec["lr"] = float(self.optimizer.param_groups[0]["lr"]) * self.steering.lr_multiplier(
             self.step_count + 1
         )
+        return rec
+
+    def _finish(
+        self, rec: dict[str, Any], vals: dict[str, list[float]], names: list[str], scope: StepScope
+    ) -> None:
+        """Complete a record from its host copy (at the next step, or at a boundary that flushes)."""
+        head = dict(rec)
+        rec.clear()
+        rec.update({k: head[k] for k in ("step", "rank", "world_size", "time")})
+        rec.update(loss_fields(vals, names, scope.meta_batch(), self.settings.max_samples))
+        self._loader_ids(rec, scope.batch)
+        if "mb_loss_sum" in vals:
+            rec.setdefault("attrs", {})["micro_batches"] = scope.micro_fields(vals, self.settings.max_samples)
+        rec["grad_norm"] = vals["grad_norm"][0]
+        rec["lr"] = head["lr"]
         if "scale" in vals:
             rec["loss_scale"] = vals["scale"][0]
             rec["overflow"] = bool(vals.get("found_inf", [0.0])[0] > 0)
         grads_bad = not math.isfinite(rec["grad_norm"]) and self.scaler is None
         rec["nonfinite"] = not math.isfinite(rec["loss_sum"]) or grads_bad
-        if rec["nonfinite"] and self.settings.localize_nonfinite and self.loss_fn is not None:
-            fn, batch = self.loss_fn, scope.batch
-            found = localize_nonfinite(self.model, lambda m: fn(m, batch).loss, sharded=self.sharded)
-            rec["nonfinite_at"] = found or "unknown"
-        return rec
+        if "nonfinite_at" in head:
+            rec["nonfinite_at"] = head["nonfinite_at"]
+        elif rec["nonfinite"]:
+            self._localize(rec, scope)
+        if rec["nonfinite"] and self.settings.skip_nonfinite_step and self.scaler is None:
+            rec.setdefault("events", []).append("step_skipped_nonfinite")
+        self._state_fields(rec, vals)
+
+    def _localize(self, rec: dict[str, Any], scope: StepScope) -> None:
+        """Replay the step's batch with checks armed. Run before any later update: a skipped step left
+        the parameters as they were, so the replay sees the state that failed."""
+        if not self.settings.localize_nonfinite or self.loss_fn is None:
+            return
+        fn = self.loss_fn
+        batches = [scope.batch] if scope.batch is not None else [b for b in scope._batches if b is not None]
+        found = None
+        for batch in batches:
+            found = localize_nonfinite(self.model, lambda m, b=batch: fn(m, b).loss, sharded=self.sharded)
+            if found:
+                break
+        rec["nonfinite_at"] = found or "unknown"
 
     def _loader_ids(self, rec: dict[str, Any], batch: Any) -> None:
         """A tuple / list / tensor batch carries no IDs itself: the loader that yielded it knows them."""
@@ -198,15 +233,30 @@ class Probe:
             rec["samples"] = list(meta.sample_ids[: self.settings.max_samples])
             rec.setdefault("attrs", {})["batch"] = int(meta.batch_index)
 
-    def _apply_update(self, rec: dict[str, Any], scope: StepScope) -> bool:
-        skip = rec["nonfinite"] and self.settings.skip_nonfinite_step and self.scaler is None
-        applied = not skip
+    def _apply_update(self, bad: torch.Tensor | None, rec: dict[str, Any], scope: StepScope) -> torch.Tensor:
+        """The optimizer step, skipped on the device when ``bad``; returns the device flag "applied"."""
+        skip = self.settings.skip_nonfinite_step and self.scaler is None
+        fused = bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+        applied = ~bad if bad is not None else torch.ones((), dtype=torch.bool)
         with self.steering.lr_override(self.step_count + 1):
-            if skip:
-                rec.setdefault("events", []).append("step_skipped_nonfinite")
-            elif self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                applied = not rec.get("overflow", False)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # a fused optimizer skips on the device; else torch reads
+            elif skip and fused and bad is not None:
+                self.optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # as GradScaler does
+                self.optimizer.grad_scale = None  # type: ignore[attr-defined]
+                try:
+                    self.optimizer.step()
+                finally:
+                    del self.optimizer.found_inf, self.optimizer.grad_scale  # type: ignore[attr-defined]
+            elif bad is not None and (skip or self.settings.localize_nonfinite):
+                # This optimizer cannot skip on the device: the one host read of the step (its flag).
+                if bool(bad):
+                    if self.settings.localize_nonfinite:
+                        self._localize(rec, scope)  # before the update, which may write NaN into the state
+                    if not skip:
+                        self.optimizer.step()
+                else:
+                    self.optimizer.step()
             else:
                 self.optimizer.step()
         if self.scaler is not None:
@@ -218,7 +268,7 @@ class Probe:
         self.optimizer.zero_grad(set_to_none=True)
         return applied
 
-    # -- state metrics of the previous step, measured now ---------------------------------------
+    # -- state metrics of this step, measured after its update -----------------------------------
     def _pack_state(self, pack: Pack) -> None:
         s = self.settings
         if s.norms:
@@ -229,21 +279,18 @@ class Probe:
                 )
                 dist.all_reduce(both)
                 param_sq, update_sq = both[0], (both[1] if update_sq is not None else None)
-            if self.pending is not None:
-                pack.add("param_sq", param_sq)
-                pack.add("update_sq", update_sq)
-        if self.pending is None:
-            return
-        step = self.pending.record["step"]
-        if s.fingerprint_every and step % s.fingerprint_every == 0:
+            pack.add("param_sq", param_sq)
+            pack.add("update_sq", update_sq)
+        if s.fingerprint_every and self.step_count % s.fingerprint_every == 0:
             pack.add("fingerprint", fingerprint_parts(self.params))
-        pack.add("canary", self.pending.canary)
+        pack.add("canary", self._canary())
 
-    def _finish_pending(self, vals: dict[str, list[float]], now_started: float | None) -> None:
-        p, self.pending = self.pending, None
-        if p is None:
-            return
-        rec = p.record
+    def _baseline(self) -> None:
+        """The update-norm sample before a step's update, when none is kept (first step, rollback)."""
+        if self.settings.norms and not self.sampler.has_baseline:
+            self.sampler.measure()  # every rank at the same step (first step, or after a rollback)
+
+    def _state_fields(self, rec: dict[str, Any], vals: dict[str, list[float]]) -> None:
         if "param_sq" in vals:
             rec["param_norm"] = math.sqrt(vals["param_sq"][0])
         if "update_sq" in vals:
@@ -256,6 +303,15 @@ class Probe:
             attrs["param_norm_exact"] = exact_param_norm(vals["fingerprint"])
         if "canary" in vals:
             attrs["canary_loss"] = vals["canary"][0]
+
+    def _send_pending(self, now_started: float | None) -> None:
+        """Send the last step's record (its values read from the host copy) with the boundary's events."""
+        p = self.pending
+        if p is None:
+            return
+        rec = p.record
+        self.pending = None
+        attrs = rec.setdefault("attrs", {})
         dropped = int(
             getattr(getattr(self.transport, "stats", None), "dropped", getattr(self.transport, "dropped", 0))
         )
@@ -272,21 +328,18 @@ class Probe:
         self.transport.send([rec])
 
     def flush(self) -> None:
-        """Emit the pending record now (one extra sync; used at boundaries that act, and at close)."""
+        """Emit the pending record now (its copy is awaited: used at boundaries that act, and at close)."""
         if self.user_step is not None:
             self.user_step.flush()
             return
-        if self.pending is None:
-            return
-        pack = Pack()
-        self._pack_state(pack)
-        self._finish_pending(pack.fetch(), None)
+        self._send_pending(None)
 
     def event(self, name: str) -> None:
         """An event of the step just finished (or of the next one if none is pending)."""
         (self.pending.events if self.pending is not None else self.next_events).append(name)
 
     def _canary(self) -> torch.Tensor | None:
+        """The canary batch's loss after this step's update, every ``canary_every`` steps."""
         every = self.settings.canary_every
         if not every or self.loss_fn is None or self.canary_batch is None or self.step_count % every:
             return None

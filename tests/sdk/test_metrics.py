@@ -133,13 +133,13 @@ def test_fingerprint_every_k_and_exact_param_norm(dataset):
     assert recs[-1]["attrs"]["param_norm_exact"] == pytest.approx(exact, rel=1e-6)
 
 
-def test_one_host_sync_per_step(dataset, monkeypatch):
+def test_one_packed_copy_per_step(dataset, monkeypatch):
     model, _, _, loader, probe, transport = make_run(dataset, fingerprint_every=2, canary_every=2)
     calls = []
-    real = Pack.fetch
-    monkeypatch.setattr(Pack, "fetch", lambda self: calls.append(1) or real(self))
+    real = Pack.start
+    monkeypatch.setattr(Pack, "start", lambda self: calls.append(1) or real(self))
     train(model, loader, probe, 5)
-    assert len(calls) == 5
+    assert len(calls) == 5  # no host read here: tests/sdk/test_no_host_sync.py
     recs = records(probe, transport)
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]
     assert all("canary_loss" in r["attrs"] for r in recs if r["step"] % 2 == 0)
