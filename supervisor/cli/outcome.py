@@ -12,6 +12,7 @@ from supervisor.config.job import JobSpec
 from supervisor.incidents import EventKind, EventStatus, IncidentStore
 from supervisor.incidents.render import render_report
 from supervisor.incidents.timeline import RELEASE_HINT, exclusion_words
+from supervisor.runtime.time_lost import incident_words, run_words
 
 # Timeline events that are things the supervisor did (in the words of the summary line).
 _DID = {
@@ -63,6 +64,9 @@ def print_outcome(
         f"\n[bold]{job.name}[/]: {final.get('phase', '?')} at step {final.get('step')}/{final.get('max_steps')}"
         f" — {final.get('reason', '')}"
     )
+    lost = run_words(final.get("time_lost"))
+    if lost:
+        out.print(f"Time: {lost}")
     incidents = [i for i in store.list_incidents(job=job.name) if i.opened_at >= since]
     if not incidents:
         out.print("No incidents in this run.")
@@ -82,6 +86,9 @@ def print_outcome(
         path.write_text(render_report(store, inc.id, "html"), encoding="utf-8")
         out.print(f"[bold yellow]Incident #{inc.id}[/] ({inc.state.value}): {what}; {where}")
         out.print(f"  done:   {' → '.join(done) if done else 'nothing (recorded only)'}")
+        noted = [e.payload["time_lost"] for e in store.timeline(inc.id) if "time_lost" in e.payload]
+        if noted:
+            out.print(f"  time:   {incident_words(noted[-1])}")
         out.print(f"  report: {path}")
         if inc.state.value == "escalated":
             out.print(f"  `latest` stays held; to release: {RELEASE_HINT.format(id=inc.id)}")

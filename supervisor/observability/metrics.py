@@ -23,6 +23,11 @@ scrape-job label). Names (prefix ``spike_supervisor_``):
 | ``checkpoint_newest_healthy_step`` | gauge | | step of the newest healthy checkpoint |
 | ``checkpoint_newest_healthy_age_seconds`` | gauge | | its age |
 | ``checkpoint_newest_healthy_age_steps`` | gauge | | steps trained since it |
+| ``effective_training_time_ratio`` | gauge | | time on steps that survive into the final timeline / wall time |
+| ``wall_seconds``, ``effective_training_seconds`` | gauge | | the run's wall time, and the surviving steps' time |
+| ``downtime_seconds`` | gauge | | wall time training did not advance (frozen, restarting, held) |
+| ``steps_retrained_total`` | counter | | steps trained again after a rollback, all incidents |
+| ``retrain_seconds_total`` | counter | | wall time spent re-training them |
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Snapshot:
     delays: list[int] = field(default_factory=list)
     checkpoints: Counter[str] | None = None
     newest_healthy: tuple[int, float] | None = None  # (step, created_at)
+    time_lost: dict[str, Any] | None = None  # ``runtime.time_lost.TimeLedger.summary``
 
 
 class SupervisorMetrics:
@@ -132,6 +138,11 @@ class SupervisorMetrics:
             self._s.checkpoints = marks
             self._s.newest_healthy = (newest.step, float(newest.created_at)) if newest else None
 
+    def on_time_lost(self, summary: dict[str, Any]) -> None:
+        """The run's time lost to instability so far (``runtime.time_lost.TimeLedger.summary``)."""
+        with self._lock:
+            self._s.time_lost = dict(summary)
+
     # -- outputs ---------------------------------------------------------------------------------
     def render(self) -> bytes:
         """The exposition text a scrape gets."""
@@ -160,10 +171,13 @@ class SupervisorMetrics:
                 (Counter(s.checkpoints) if s.checkpoints is not None else None),
                 s.newest_healthy,
             )
+            lost = dict(s.time_lost) if s.time_lost is not None else None
         yield from _incident_families(job, incidents, actions, delays)
         yield from _step_families(job, snap, ranks)
         if checkpoints is not None:
             yield from _checkpoint_families(job, checkpoints, newest, snap[0])
+        if lost is not None:
+            yield from _time_lost_families(job, lost)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
@@ -248,6 +262,31 @@ def _checkpoint_families(
         if step is not None:
             age_steps.add_metric([job], max(0, step - newest[0]))
     yield from (at, age_s, age_steps)
+
+
+_TIME_GAUGES = (
+    ("effective_training_time_ratio", "effective_training_time_ratio",
+     "Time on steps that survive into the final timeline / the run's wall time."),
+    ("wall_seconds", "wall_s", "Wall time since the run started."),
+    ("effective_training_seconds", "effective_s", "Time spent on steps that survive into the final timeline."),
+    ("downtime_seconds", "downtime_s", "Wall time training did not advance (frozen, restarting, held)."),
+)  # fmt: skip
+_TIME_COUNTERS = (
+    ("steps_retrained", "steps_retrained", "Steps trained again after a rollback, over all incidents."),
+    ("retrain_seconds", "retrain_s", "Wall time spent re-training steps after a rollback."),
+)
+
+
+def _time_lost_families(job: str, lost: dict[str, Any]) -> Iterator[Metric]:
+    for name, key, doc in _TIME_GAUGES:
+        g = _gauge(name, doc)
+        if (v := _num(lost.get(key))) is not None:
+            g.add_metric([job], v)
+        yield g
+    for name, key, doc in _TIME_COUNTERS:
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["training_job"])
+        c.add_metric([job], _num(lost.get(key)) or 0.0)
+        yield c
 
 
 class _Collector(Collector):

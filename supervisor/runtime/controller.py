@@ -51,6 +51,7 @@ from supervisor.runtime.stores import (
     runtime_state_path,
 )
 from supervisor.runtime.tending import CheckpointTending
+from supervisor.runtime.time_lost import TimeLedger
 from supervisor.sdk.directives import Directive, Finish, Stop
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
@@ -106,6 +107,7 @@ class Controller:
                                          job.checkpoint.keep)  # fmt: skip
         self.flow = IncidentFlow(self, PlanRunner(self, self.incidents))
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
+        self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0
         """Wall time the current worker generation started (directive deadlines count from it)."""
         self.ended = False
@@ -142,11 +144,11 @@ class Controller:
         self.workers.shutdown()
         self._abandon_pending_events()
         self.persist(force=True)
+        summary = self.time_lost.summary(self.state.downtime_s)
         self.export_incidents(force=True)
         if self._trace is not None:
             self._trace.close()
-        self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason,
-                      downtime_s=round(self.state.downtime_s, 1))  # fmt: skip
+        self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason, **summary)
         return self.phase
 
     def iterate(self) -> bool:
@@ -243,8 +245,10 @@ class Controller:
     def _analyse(self, step: int, records: list[Any]) -> None:
         self.history.append(aggregate(step, records))
         self.current_step = step
+        self.time_lost.on_step(step, records)
         self.flow.observe(step, records)
         self.observability.on_step(step, records, self.history[-1])
+        self.observability.metrics.on_time_lost(self.time_lost.summary(self.downtime_now()))
 
     def _note(self, rank: int, rec: dict[str, Any]) -> None:
         events = [e for e in rec.get("events") or () if isinstance(e, str)]
@@ -332,6 +336,7 @@ class Controller:
 
     def _end(self, phase: JobPhase, reason: str) -> None:
         self.flow.close_at_end(phase, reason)
+        self.close_time_lost()
         self.set_phase(phase, reason)
 
     def end_job(self, phase: str, reason: str) -> None:
@@ -583,6 +588,22 @@ class Controller:
             self.state.downtime_s += now - self.state.stalled_since
             self.state.stalled_since = None
 
+    def close_time_lost(self) -> dict[str, Any]:
+        """The run ended: its time lost to instability, per incident into each one's timeline (a
+        ``time_lost`` note), and the run's totals (returned; in the final summary and ``status``)."""
+        self.time_lost.finish(time.time())
+        for inc in self.incidents.list_incidents(job=self.job.name):
+            timeline = self.incidents.timeline(inc.id)
+            if any("time_lost" in e.payload for e in timeline):
+                continue  # recorded by the supervisor that ended the run before this one re-attached
+            downtime = sum(float(e.payload["downtime_s"]) for e in timeline if "downtime_s" in e.payload)
+            lost = {**self.time_lost.of_incident(inc.id), "downtime_s": round(downtime, 2)}
+            if lost["steps_retrained"] or lost["retrain_s"] or downtime:
+                lost["retrain_s"] = round(lost["retrain_s"], 2)
+                self.incidents.record(inc.id, EventKind.NOTE, actor="supervisor", step=max(self.current_step, 0),
+                                      payload={"time_lost": lost})  # fmt: skip
+        return self.time_lost.summary(self.state.downtime_s)
+
     def downtime_now(self) -> float:
         since = self.state.stalled_since
         return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
@@ -631,6 +652,8 @@ class Controller:
         the new position is on disk before the action that caused it is marked done."""
         if key in self.state.effects:
             return
+        active = None if key.startswith("restart:") else self.state.active
+        self.time_lost.on_rewind(to_step, self.current_step, active.incident_id if active else None)
         self.assembler.rewind(to_step)
         self.flow.notify_rollback(to_step, reason)
         if not key.startswith("restart:"):
@@ -756,6 +779,7 @@ class Controller:
             "records_lost": self.receipts.lost,
             "held_at_end": sorted(set(self.state.held_at.values())),
             "downtime_s": round(self.state.downtime_s, 2),
+            "time_lost": self.time_lost.summary(self.downtime_now()),
         }
 
 

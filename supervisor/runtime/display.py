@@ -11,6 +11,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from supervisor.runtime.time_lost import run_words
+
 _PHASE_STYLE = {"running": "green", "incident": "bold yellow", "restarting": "yellow", "finished": "bold green",
                 "escalated": "bold red", "failed": "bold red", "stopped": "magenta", "starting": "cyan"}  # fmt: skip
 
@@ -38,6 +40,9 @@ def render_table(st: dict[str, Any]) -> Table:
                               f"action [bold]{inc.get('action')}[/] {inc.get('progress')}")  # fmt: skip
     else:
         t.add_row("incident", f"none open ({st.get('incidents_total', 0)} so far)")
+    lost = run_words(st.get("time_lost"))
+    if lost:
+        t.add_row("time lost", lost)
     if st.get("reason"):
         t.add_row("outcome", str(st["reason"]))
     return t

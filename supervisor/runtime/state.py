@@ -141,6 +141,9 @@ class RuntimeState(BaseModel):
     stalled_since: float | None = None
     downtime_s: float = 0.0
     """Wall time during which training did not advance (frozen, restarting, held at the end)."""
+    time_lost: dict[str, Any] = Field(default_factory=dict)
+    """Time lost to instability (``time_lost.TimeLedger``): the run's start, its effective training
+    time, and per incident the steps and the time re-trained."""
 
     def note_incident(self, step: int) -> None:
         """An incident was detected (or came back) at ``step`` of the current timeline."""

@@ -4,6 +4,7 @@ cleanly -- after a resolved incident too -- ends with `latest` on its last check
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,53 @@ def test_a_clean_run_ends_on_its_last_checkpoint_healthy_with_no_incident(tmp_pa
     assert ctl.phase is JobPhase.FINISHED and not ctl.incidents.list_incidents(job="end")
     assert ctl.checkpoints.latest() == 200
     assert ctl.checkpoints.manifest(200).health is HealthMark.HEALTHY
+
+
+class Timed(FakeRanks):
+    """Ranks that report each step's own ``step_time``; every record sent is kept, in order."""
+
+    sent: list[tuple[int, float]]
+
+    def record(self, step: int, rank: int, events: list[str] | None = None) -> dict[str, Any]:
+        rec = super().record(step, rank, events)
+        if not hasattr(self, "sent"):
+            self.sent = []
+        rec["step_time"] = 0.002 + 0.0005 * (step % 7) + 0.001 * len(self.sent) / 1000
+        self.sent.append((step, rec["step_time"]))
+        return rec
+
+
+def test_time_lost_to_instability_against_an_independent_count(tmp_path: Path) -> None:
+    """Issue 25: per incident the steps re-trained and the time spent re-training them; per run the
+    effective training time ratio -- each against the records the ranks sent, recounted here."""
+    ranks = Timed(1, 200, diverges_once(195), grads_follow_loss=True)
+    before = time.time()
+    ctl = run(tmp_path, ranks)
+    after = time.time()
+    assert ctl.phase is JobPhase.FINISHED, ctl.status()
+    [inc] = ctl.incidents.list_incidents(job="end")
+    rolled = [e for e in ctl.incidents.timeline(inc.id) if e.kind is EventKind.ROLLED_BACK]
+    [(frm, to)] = [(e.result["from_step"], e.result["to_step"]) for e in rolled]
+    # Independently: the final timeline holds, for each step, the last record sent for it; the
+    # re-trained steps are those sent again after the rollback, up to where it left.
+    final: dict[int, float] = {}
+    retrain, back = 0.0, False
+    for i, (step, spent) in enumerate(ranks.sent):
+        back = back or (i > 0 and step <= ranks.sent[i - 1][0])
+        if back and step <= frm:
+            retrain += spent
+        final[step] = spent
+    effective = sum(final.values())
+    lost = next(e.payload["time_lost"] for e in ctl.incidents.timeline(inc.id) if "time_lost" in e.payload)
+    assert lost["steps_retrained"] == frm - to > 0
+    assert lost["retrain_s"] == pytest.approx(retrain, abs=0.01)
+    assert lost["downtime_s"] > 0
+    summary = ctl.status()["time_lost"]
+    assert summary["effective_s"] == pytest.approx(effective, abs=0.01)
+    assert summary["steps_retrained"] == frm - to
+    assert summary["downtime_s"] == pytest.approx(ctl.state.downtime_s, abs=0.01)
+    assert before - 1 <= ctl.time_lost.s["started_at"] and summary["wall_s"] <= after - before + 1
+    assert summary["effective_training_time_ratio"] == pytest.approx(effective / summary["wall_s"], rel=0.01)
+    text = ctl.observability.metrics.render().decode()
+    assert f'spike_supervisor_steps_retrained_total{{training_job="end"}} {float(frm - to)}' in text
+    assert 'spike_supervisor_effective_training_time_ratio{training_job="end"}' in text

@@ -1,0 +1,158 @@
+"""Time lost to instability, as operators count it.
+
+Per incident: the steps re-trained (each rollback's from - to), the wall time training did not
+advance (frozen, restarting, held: ``Controller._count_downtime``, per incident in its timeline)
+and the wall time spent re-training (the step time of the re-trained steps until the timeline is
+back where the rollback left it). Per run: the effective training time ratio -- the time spent
+on steps that survive into the final timeline over the run's wall time (large published runs
+report 90-97%).
+
+A step's time is its slowest rank's ``step_time`` (what the SDK measures around the step); with
+none reported, the gap between its records' ``time`` and the previous step's, when the two are
+consecutive on one timeline. The time of the steps a rollback or restart abandons leaves the
+total: the running total is kept for the newest ``MARKS_KEPT`` steps (every rollback or restart
+target is a checkpoint among them), so the memory is bounded, never the run's length.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: Steps whose surviving time is kept: a rollback or restart goes back to a checkpoint within them
+#: (further back, to the newest kept step before its target).
+MARKS_KEPT = 2048
+
+
+class TimeLedger:
+    """Owns ``state`` (a plain dict persisted in ``RuntimeState.time_lost``)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.s = state
+        state.setdefault("started_at", time.time())
+        state.setdefault("effective_s", 0.0)
+        state.setdefault("marks", {})  # checkpoint step -> effective_s when it was trained
+        state.setdefault("last", None)  # [step, max record time] of the last analysed step
+        state.setdefault("retrain", None)  # the rollback being re-trained: incident, until, spent
+        state.setdefault("incidents", {})  # incident id -> steps_retrained, retrain_s, rollbacks
+
+    # -- fed by the controller ------------------------------------------------------------------
+    def on_step(self, step: int, records: list[Any]) -> float:
+        """An analysed step of the current timeline; returns the time counted for it."""
+        times = [r.step_time for r in records if isinstance(getattr(r, "step_time", None), int | float)]
+        stamps = [r.time for r in records if isinstance(getattr(r, "time", None), int | float)]
+        last = self.s["last"]
+        if times:
+            spent = max(0.0, float(max(times)))
+        elif stamps and last is not None and last[0] == step - 1 and last[1] is not None:
+            spent = max(0.0, max(stamps) - last[1])
+        else:
+            spent = 0.0
+        self.s["effective_s"] += spent
+        self.s["last"] = [step, max(stamps) if stamps else None]
+        self.mark(step)
+        rt = self.s["retrain"]
+        if rt is not None and step <= rt["until"]:
+            rt["spent"] += spent
+            if step >= rt["until"]:
+                self._close_retrain()
+        return spent
+
+    def mark(self, step: int) -> None:
+        marks = self.s["marks"]
+        marks[str(step)] = self.s["effective_s"]
+        if len(marks) > MARKS_KEPT + MARKS_KEPT // 4:  # pruned in bulk: not a sort per step
+            for k in sorted(marks, key=int)[: len(marks) - MARKS_KEPT]:
+                del marks[k]
+
+    def on_rewind(self, to_step: int, from_step: int, incident_id: int | None) -> None:
+        """Training continues from checkpoint ``to_step``: the steps after it no longer count."""
+        if self.s["retrain"] is not None:
+            self._close_retrain()
+        marks = self.s["marks"]
+        before = [int(k) for k in marks if int(k) <= to_step]
+        self.s["effective_s"] = marks[str(max(before))] if to_step > 0 and before else 0.0
+        for k in [k for k in marks if int(k) > to_step]:
+            del marks[k]
+        self.s["last"] = None
+        lost = max(0, from_step - max(to_step, 0))
+        if incident_id is not None and lost:
+            inc = self._incident(incident_id)
+            inc["steps_retrained"] += lost
+            inc["rollbacks"].append([from_step, max(to_step, 0)])
+            self.s["retrain"] = {"incident": incident_id, "until": from_step, "spent": 0.0}
+
+    def finish(self, now: float) -> None:
+        """The run ended at ``now``: a re-training cut short counts what it spent."""
+        if self.s["retrain"] is not None:
+            self._close_retrain()
+        self.s["ended_at"] = now
+
+    # -- read ---------------------------------------------------------------------------------
+    def wall_s(self, now: float | None = None) -> float:
+        end = self.s.get("ended_at") or now or time.time()
+        return max(0.0, end - self.s["started_at"])
+
+    def ettr(self, now: float | None = None) -> float | None:
+        """Effective training time ratio (None before any time passed)."""
+        wall = self.wall_s(now)
+        return min(1.0, self.s["effective_s"] / wall) if wall > 0 else None
+
+    def of_incident(self, incident_id: int) -> dict[str, Any]:
+        inc = self.s["incidents"].get(str(incident_id))
+        out = {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
+        if inc is not None:
+            out |= {k: inc[k] for k in out}
+        rt = self.s["retrain"]
+        if rt is not None and rt["incident"] == incident_id:
+            out["retrain_s"] += rt["spent"]
+        return out
+
+    def summary(self, downtime_s: float, now: float | None = None) -> dict[str, Any]:
+        incidents = [self.of_incident(int(k)) for k in self.s["incidents"]]
+        ettr = self.ettr(now)
+        return {
+            "wall_s": round(self.wall_s(now), 2),
+            "effective_s": round(self.s["effective_s"], 2),
+            "effective_training_time_ratio": None if ettr is None else round(ettr, 4),
+            "downtime_s": round(downtime_s, 2),
+            "steps_retrained": sum(i["steps_retrained"] for i in incidents),
+            "retrain_s": round(sum(i["retrain_s"] for i in incidents), 2),
+        }
+
+    def _incident(self, incident_id: int) -> dict[str, Any]:
+        return self.s["incidents"].setdefault(
+            str(incident_id), {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
+        )
+
+    def _close_retrain(self) -> None:
+        rt = self.s["retrain"]
+        self.s["retrain"] = None
+        self._incident(rt["incident"])["retrain_s"] += rt["spent"]
+
+
+def _secs(v: Any) -> str:
+    x = float(v or 0.0)
+    return f"{x:.1f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"
+
+
+def run_words(summary: dict[str, Any] | None) -> str | None:
+    """The run's time lost in one line (``TimeLedger.summary``); None before any was counted."""
+    if not summary or summary.get("effective_training_time_ratio") is None:
+        return None
+    return (
+        f"effective training time {summary['effective_training_time_ratio']:.1%} of {_secs(summary['wall_s'])} "
+        f"wall; {summary['steps_retrained']} step(s) re-trained in {_secs(summary['retrain_s'])}; "
+        f"training stood still {_secs(summary['downtime_s'])}"
+    )
+
+
+def incident_words(lost: dict[str, Any]) -> str:
+    """One incident's ``time_lost`` note in words."""
+    return (
+        f"{lost.get('steps_retrained', 0)} step(s) re-trained in {_secs(lost.get('retrain_s'))}; "
+        f"training stood still {_secs(lost.get('downtime_s'))}"
+    )
+
+
+__all__ = ["MARKS_KEPT", "TimeLedger", "incident_words", "run_words"]
