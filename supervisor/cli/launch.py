@@ -93,6 +93,9 @@ def launch(
         job = job.model_copy(update={"faults": []})
     started = 0.0 if attach_job else time.time()  # attached: the whole job's incidents
     settings = settings_for(job)
+    open_incident_store(
+        job
+    ).close()  # a damaged database is named here, not as "the supervisor does not answer"
     start = api.attach if attach_job else api.launch
     handle = start(job, settings, detached=detach)
     if detach:
@@ -101,10 +104,10 @@ def launch(
         )
         return
     try:
-        final = display.follow(lambda: api.status(handle, timeout_s=60))
+        final = api.follow(handle, job, display.follow)
     except KeyboardInterrupt:
         api.stop(handle, "interrupted (Ctrl-C)")
-        final = display.follow(lambda: api.status(handle, timeout_s=60))
+        final = api.follow(handle, job, display.follow)
     print_outcome(job, open_incident_store(job), final, started, console())
     sys.exit(int(final.get("exit_code") or 0))
 

@@ -47,10 +47,13 @@ class Database:
         *,
         read_only: bool = False,
         on_lost: Callable[[DatabaseLost], None] | None = None,
+        on_end: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = path
         self.read_only = read_only
         self.on_lost = on_lost
+        self.on_end = on_end
+        """Called after each outermost write transaction, with True when it committed."""
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
         self._generation = 0  # bumped when the file is recreated: threads reconnect
@@ -80,7 +83,11 @@ class Database:
                 # (check_intact). PASSIVE: never waits for another process's readers.
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
-            raise IncidentStoreError(f"not an incident database ({exc})", source=str(self.path)) from None
+            raise IncidentStoreError(
+                f"not an incident database ({exc}); move it aside, and a supervisor rebuilds a new one "
+                "from the incidents exported to the job's storage",
+                source=str(self.path),
+            ) from None
         self._remember()
 
     def _check_readable(self) -> None:
@@ -146,7 +153,17 @@ class Database:
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             return conn
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.OperationalError as exc:
+            raise IncidentStoreError(
+                f"cannot open incident database: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
+            ) from None
+        except sqlite3.DatabaseError as exc:  # the file is something else (or garbage): bad input
+            raise IncidentStoreError(
+                f"not an incident database ({exc}); move it aside, and a supervisor rebuilds a new one "
+                "from the incidents exported to the job's storage",
+                source=str(self.path),
+            ) from None
+        except sqlite3.Error as exc:
             raise IncidentStoreError(
                 f"cannot open incident database: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
             ) from None
@@ -233,35 +250,70 @@ class Database:
             finally:
                 local.depth -= 1
             return
-        self.check_intact()
-        conn = self.conn()
+        committed = False
+        # The file is checked before every write, under the lock a rebuild holds: no commit goes
+        # into a file that was truncated or replaced a moment ago (it would be lost with it).
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise IncidentStoreError(
-                f"cannot write: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
-            ) from None
-        local.depth = 1
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except sqlite3.DatabaseError as exc:
-            _rollback(conn)
-            raise IncidentStoreError(
-                f"write failed: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
-            ) from None
-        except BaseException:
-            _rollback(conn)
-            raise
+            with self._check_lock:
+                self.check_intact(force=True)
+                conn = self._begin()
+                local.depth = 1
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                    committed = True
+                except sqlite3.DatabaseError as exc:
+                    _rollback(conn)
+                    self._lost_now()  # a file damaged under us fails this write, and is rebuilt for the next
+                    raise IncidentStoreError(
+                        f"write failed: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
+                    ) from None
+                except BaseException:
+                    _rollback(conn)
+                    raise
+                finally:
+                    local.depth = 0
         finally:
-            local.depth = 0
+            if self.on_end is not None:
+                self.on_end(committed)
+
+    def _begin(self) -> sqlite3.Connection:
+        """``BEGIN IMMEDIATE``; a file damaged since the last check (its pages unreadable before
+        the next ``check_intact`` would have seen it) is handed to ``on_lost`` and tried once more."""
+        for attempt in (0, 1):
+            conn = self.conn()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return conn
+            except sqlite3.DatabaseError as exc:
+                _rollback(conn)
+                if attempt == 0 and self._lost_now():
+                    continue
+                raise IncidentStoreError(
+                    f"cannot write: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
+                ) from None
+        raise AssertionError("unreachable")
+
+    def _lost_now(self) -> bool:
+        """Check the file at once after a SQLite error; True when it was lost and rebuilt."""
+        if self.on_lost is None:
+            return False
+        generation = self._generation
+        try:
+            self.check_intact(force=True)
+        except sqlite3.DatabaseError:
+            return False
+        return self._generation != generation
 
     def read(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
-        if not getattr(self._local, "depth", 0):
+        outside = not getattr(self._local, "depth", 0)
+        if outside:
             self.check_intact()
         try:
             return self.conn().execute(sql, tuple(args)).fetchall()
         except sqlite3.DatabaseError as exc:
+            if outside and self._lost_now():  # damaged since the last check: rebuilt, read again
+                return self.read(sql, args)
             raise IncidentStoreError(
                 f"cannot read: {exc}", source=str(self.path), exit_code=EXIT_BROKEN
             ) from None

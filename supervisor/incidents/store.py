@@ -11,7 +11,9 @@ what must not be repeated.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -62,9 +64,42 @@ class IncidentStore:
         self._log = get_logger("incidents", db=str(self.path))
         self._rebuild = rebuild
         self.rebuilt: list[dict[str, Any]] = []  # one entry per loss: what happened and what came back
+        self.exporter: Any = None  # an ``export.IncidentExporter`` when the runtime attached one
+        self.on_commit: Callable[[set[int], set[int]], None] | None = None
+        """Called after each committed write with the ids of the incidents whose record changed and
+        of those whose series changed (``export.IncidentExporter`` copies them to storage)."""
+        self._touched = threading.local()
+        fresh = not read_only and (not self.path.exists() or self.path.stat().st_size == 0)
         self._db = Database(
-            self.path, busy_timeout_s, read_only=read_only, on_lost=self._on_lost if rebuild else None
+            self.path,
+            busy_timeout_s,
+            read_only=read_only,
+            on_lost=self._on_lost if rebuild else None,
+            on_end=self._ended,
         )
+        if fresh and rebuild is not None:
+            # A new (or emptied) file beside exports of the job: they come back, under their ids.
+            ids = rebuild(self)
+            if ids:
+                self.rebuilt.append(
+                    {"problem": "the database was new or empty", "remnants": None, "restored": ids}
+                )
+                self._log.warning(
+                    "incident_database_rebuilt", restored=ids, count=len(ids), why="new or empty file"
+                )
+
+    def _touch(self, incident_id: int, *, series: bool = False) -> None:
+        local = self._touched
+        if not hasattr(local, "records"):
+            local.records, local.series = set(), set()
+        (local.series if series else local.records).add(incident_id)
+
+    def _ended(self, committed: bool) -> None:
+        local = self._touched
+        records, series = getattr(local, "records", set()), getattr(local, "series", set())
+        local.records, local.series = set(), set()
+        if committed and (records or series) and self.on_commit is not None:
+            self.on_commit(records, series)
 
     def _on_lost(self, lost: DatabaseLost) -> None:
         """The file went away under us: say so loudly, keep the remnants, rebuild from the exports."""
@@ -92,7 +127,11 @@ class IncidentStore:
     def _incident(self, row: sqlite3.Row) -> Incident:
         def make(r: sqlite3.Row) -> Incident:
             incident = Incident.from_row(r)
-            _ = incident.diagnosis  # parsed now: a malformed one fails here, with the row named
+            try:
+                _ = incident.diagnosis  # a diagnosis that is no longer one is dropped, and said so
+            except (ValueError, TypeError, KeyError, AttributeError):
+                self._log.warning("unreadable_diagnosis_ignored", incident=incident.id, db=str(self.path))
+                return dataclasses.replace(incident, diagnosis_json=None)
             return incident
 
         return self._decode(make, row, "incidents")
@@ -338,6 +377,7 @@ class IncidentStore:
                 incident_id,
             ),
         )
+        self._touch(incident_id)
 
     # -- timeline -----------------------------------------------------------------------------
 
@@ -373,6 +413,8 @@ class IncidentStore:
                     event_id,
                 ),
             )
+            if cur.rowcount == 1:
+                self._touch(self.event(event_id).incident_id)
             if cur.rowcount != 1:
                 current = self.event(event_id)  # raises when it does not exist
                 raise IncidentStoreError(
@@ -433,6 +475,7 @@ class IncidentStore:
             ),
         )
         conn.execute("UPDATE incidents SET updated_at = ? WHERE id = ?", (now, incident_id))
+        self._touch(incident_id)
         return int(cur.lastrowid or 0)
 
     def _clean(self, obj: dict[str, Any]) -> Any:
@@ -542,6 +585,7 @@ class IncidentStore:
                     for r in rows
                 ],
             )
+            self._touch(incident_id, series=True)
         return len(rows)
 
     def series(self, incident_id: int, *, replay: int | None = 0) -> list[dict[str, Any]]:
@@ -562,6 +606,7 @@ class IncidentStore:
                 "INSERT INTO artifacts (incident_id, kind, ref, meta, created_at) VALUES (?, ?, ?, ?, ?)",
                 (incident_id, kind, ref, dumps(self._clean(meta or {})), self._clock()),
             )
+            self._touch(incident_id)
         rows = self._read("SELECT * FROM artifacts WHERE id = ?", (cur.lastrowid,))
         return self._artifact(rows[0])
 

@@ -31,17 +31,24 @@ def runtime_state_path(job: JobSpec) -> Path:
     return incident_db_path(job).parent / "runtime" / f"{job.name}.json"
 
 
-def open_incident_store(job: JobSpec) -> Any:
+def open_incident_store(job: JobSpec, export_interval_s: float | None = None) -> Any:
     """The job's incident store; if its file is lost under the supervisor it is rebuilt from the
     incidents exported to the job's storage (``incidents.export.rebuild_from_exports``)."""
     from supervisor.incidents import IncidentStore
-    from supervisor.incidents.export import rebuild_from_exports
+    from supervisor.incidents.export import IncidentExporter, rebuild_from_exports
     from supervisor.storage import open_backend
 
     path = incident_db_path(job)
     path.parent.mkdir(parents=True, exist_ok=True)
     backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
-    return IncidentStore(path, rebuild=lambda store: rebuild_from_exports(store, backend, job.name))
+    store = IncidentStore(path, rebuild=lambda store: rebuild_from_exports(store, backend, job.name))
+    # Every committed change is exported off the caller's thread (the record at once, the series
+    # at most every export_interval_s): ``store.exporter.flush()`` waits for them. The supervisor
+    # (``export_interval_s`` given) also re-exports what a killed predecessor may not have.
+    store.exporter = IncidentExporter(store, backend, job.name, full_interval_s=export_interval_s or 2.0)
+    if export_interval_s is not None:
+        store.exporter.mark_all()
+    return store
 
 
 def pick_rollback_target(
