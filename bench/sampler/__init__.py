@@ -1,0 +1,1 @@
+"""Scenario sampler (issue 24): seeded cells over models, optimizers, schedules, precision, ranks and faults."""

@@ -1,0 +1,3 @@
+from bench.sampler.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The scenario sampler's space (bench/sampler/space.py): seeded draws, coverage, reproduction commands.
+
+Pure Python (no Ray, no torch training): what a failing cell prints must run the same cell again.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from bench.sampler import space
+from bench.sampler.run import Result, final_loss, job_dict, judge
+from bench.sampler.run import main as sampler_main
+
+
+def test_draws_are_deterministic_per_seed_and_differ_across_seeds() -> None:
+    a = space.draw(123, 20, 5)
+    assert a == space.draw(123, 20, 5)
+    assert a != space.draw(124, 20, 5)
+    clean, faulty = a
+    assert len(clean) == 5 and len(faulty) == 20
+    # Every fault cell runs on one of the clean bases: its reference is that clean run.
+    assert {c.base for c in faulty} <= {c.base for c in clean}
+    assert all(c.fault is None for c in clean) and all(c.fault is not None for c in faulty)
+
+
+def test_every_dimension_is_covered_over_many_seeds() -> None:
+    seen: dict[str, set[object]] = {name: set() for name in
+                                    ("family", "optimizer", "schedule", "accumulation", "precision", "ranks",
+                                     "kind", "moment")}  # fmt: skip
+    for seed in range(60):
+        _clean, faulty = space.draw(seed, 20, 5)
+        for cell in faulty:
+            assert cell.fault is not None
+            for name in ("family", "optimizer", "schedule", "accumulation", "precision", "ranks"):
+                seen[name].add(getattr(cell.base, name))
+            seen["kind"].add(cell.fault.kind)
+            seen["moment"].add(cell.fault.moment)
+    assert seen["family"] == set(space.FAMILIES) and len(space.FAMILIES) >= 6
+    assert seen["optimizer"] == {"adamw", "sgd", "lion"}
+    assert seen["schedule"] == {"warmup_cosine", "wsd", "constant", "inv_sqrt"}
+    assert seen["accumulation"] == {1, 2, 3, 4}
+    assert seen["precision"] == {"fp32", "bf16", "fp16"}
+    assert seen["ranks"] == {2, 3, 4}
+    assert seen["kind"] == set(space.FAULTS) and len(space.FAULTS) == 8
+    assert seen["moment"] == set(space.MOMENTS)
+
+
+@pytest.mark.parametrize("moment", space.MOMENTS)
+def test_onsets_fall_in_their_moment(moment: str) -> None:
+    import random
+
+    rng = random.Random(moment)
+    for _ in range(200):
+        step = space.onset(moment, rng)
+        assert 1 <= step < space.MAX_STEPS
+        if moment == "warmup":
+            assert step < space.WARMUP_STEPS
+        elif moment == "after_checkpoint":
+            assert step % space.CHECKPOINT_EVERY in (1, 2) and step >= 2 * space.CHECKPOINT_EVERY
+        elif moment == "last_5pct":
+            assert step >= space.MAX_STEPS * 95 // 100
+
+
+def test_recurring_shard_recurs_with_one_occurrence_at_the_moment() -> None:
+    for seed in range(400):
+        base = space.draw_base(seed)
+        f = space.draw_fault(seed, base)
+        if f.kind != "recurring_shard":
+            continue
+        occurrences = range(f.step, space.MAX_STEPS + 1, f.period)
+        assert f.period >= 40 and len(occurrences) >= 2
+        assert 0 <= f.rank < base.ranks
+
+
+def test_a_failing_cells_command_reproduces_the_same_cell() -> None:
+    _clean, faulty = space.draw(99, 12, 3, load="busy")
+    for cell in faulty:
+        argv = shlex.split(cell.command())
+        assert argv[:3] == ["python", "-m", "bench.sampler"]
+        cell_id = argv[argv.index("--cell") + 1]
+        again = space.cell_from_id(cell_id, "busy" if "--busy" in argv else "idle")
+        assert again == cell
+        assert job_dict(again, Path("/s")) == job_dict(cell, Path("/s"))
+
+
+def test_bad_cell_ids_and_sizes_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sampler_main(["--cell", "12:x"]) == 2
+    assert sampler_main(["--cells", "3", "--clean", "0", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_last_line_format(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        space.summary_line(19, 20, 5, 5, 4242)
+        == "sampler: 19/20 fault cells passed, 5/5 clean cells clean, seed 4242"
+    )
+    assert sampler_main(["--seed", "4242", "--cells", "4", "--clean", "2", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "sampler: 0/4 fault cells passed, 0/2 clean cells clean, seed 4242"
+    assert len(lines) == 1 + 6 + 1  # header, one line per cell, the last line
+
+
+def test_every_fault_becomes_a_valid_job() -> None:
+    from supervisor.config.job import JobSpec
+    from supervisor.drills.specs import parse_faults
+
+    kinds = set()
+    for seed in range(30):
+        clean, faulty = space.draw(seed, 8, 2)
+        for cell in [*clean, *faulty]:
+            job = JobSpec.model_validate(job_dict(cell, Path("/tmp/sampler-test")))
+            parse_faults(job.faults)
+            assert job.resources.num_workers == cell.base.ranks
+            kinds.add(cell.fault.kind if cell.fault else "clean")
+    assert kinds == {"clean", *space.FAULTS}
+
+
+def _rec(step: int, rank: int, loss: float, web: float | None = None) -> dict[str, object]:
+    rec: dict[str, object] = {"step": step, "rank": rank, "loss": loss, "loss_sum": loss * 100, "tokens": 100}
+    if web is not None:
+        rec["sources"] = {
+            "code": {"tokens": 50, "loss_sum": loss * 50},
+            "web": {"tokens": 50, "loss_sum": web * 50},
+        }
+    return rec
+
+
+def test_final_loss_is_a_robust_median_of_the_timeline_that_finished() -> None:
+    records = [_rec(s, r, 9.0) for s in range(1, 151) for r in range(2)]  # a first timeline
+    records += [
+        _rec(s, r, 2.0) for s in range(100, 151) for r in range(2)
+    ]  # rolled back: the one that finished
+    records.append(_rec(150, 1, 7.0))  # one garbage batch at the last step does not stand for the model
+    assert final_loss(records, 2, 150) == pytest.approx(2.0)
+    assert final_loss([_rec(s, 0, 2.0) for s in range(145, 151)], 1, 150) is None  # too few steps
+    with_web = [_rec(s, r, 2.0, web=8.0) for s in range(141, 151) for r in range(2)]
+    assert final_loss(with_web, 2, 150, without="web") == pytest.approx(2.0)
+
+
+def test_judge_applies_the_criteria() -> None:
+    def res(**kw: object) -> Result:
+        base = {
+            "id": "1:2",
+            "name": "n",
+            "clean": False,
+            "fault": "garbage_rank",
+            "command": "c",
+            "phase": "finished",
+        }
+        r = Result(**{**base, **kw})  # type: ignore[arg-type]
+        return r
+
+    ok = res(final_loss=1.04, reference_loss=1.0)
+    judge(ok, escalates=False)
+    assert ok.ok
+    worse = res(final_loss=1.06, reference_loss=1.0)
+    judge(worse, escalates=False)
+    assert not worse.ok
+    escalated = res(phase="escalated", reason="x", final_loss=1.0, reference_loss=1.0)
+    judge(escalated, escalates=False)
+    assert not escalated.ok  # nothing but the persistent LR bug may escalate
+    persistent = res(
+        fault="lr_persistent", phase="escalated", incidents=[{"rules": ["a", "b"], "escalation": "why"}]
+    )
+    judge(persistent, escalates=True)
+    assert persistent.ok and "why" in persistent.verdict
+    silent = res(fault="lr_persistent", phase="escalated", reason="")
+    judge(silent, escalates=True)
+    assert not silent.ok  # an escalation must say why
+    clean = res(
+        clean=True, fault="clean", incidents=[{"severity": "medium", "phenotype": "p", "top_cause": "c"}]
+    )
+    judge(clean, escalates=False)
+    assert not clean.ok
+    low = res(clean=True, fault="clean", incidents=[{"severity": "low"}])
+    judge(low, escalates=False)
+    assert low.ok
+    unseen = res(fault="bad_source", final_loss=1.0, reference_loss=1.0, incidents=[])
+    judge(unseen, escalates=False)
+    assert not unseen.ok  # finishing near the clean loss without keeping the source out proves nothing
+    assert {f.name for f in fields(Result)} >= {"id", "command", "verdict", "ok"}
