@@ -154,6 +154,13 @@ def test_time_lost_to_instability_against_an_independent_count(tmp_path: Path) -
     assert summary["downtime_s"] == pytest.approx(ctl.state.downtime_s, abs=0.01)
     assert before - 1 <= ctl.time_lost.s["started_at"] and summary["wall_s"] <= after - before + 1
     assert summary["effective_training_time_ratio"] == pytest.approx(effective / summary["wall_s"], rel=0.01)
+    from supervisor.incidents.postmortem import build_postmortem
+    from supervisor.incidents.render import render_report
+
+    impact = build_postmortem(ctl.incidents, inc.id).impact
+    assert impact.recompute_s == pytest.approx(retrain, abs=0.01)  # measured, not steps x median
+    assert impact.downtime_s == lost["downtime_s"] and impact.steps_lost == frm - to
+    assert "Re-training of lost steps" in render_report(ctl.incidents, inc.id, "md")
     text = ctl.observability.metrics.render().decode()
     assert f'spike_supervisor_steps_retrained_total{{training_job="end"}} {float(frm - to)}' in text
     assert 'spike_supervisor_effective_training_time_ratio{training_job="end"}' in text

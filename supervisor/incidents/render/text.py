@@ -33,7 +33,7 @@ def impact_lines(pm: Postmortem) -> list[tuple[str, str]]:
     return [
         ("Steps lost (all rollbacks)" if len(im.rollbacks) > 1 else "Steps lost", rollbacks_words(im)),
         ("Downtime (detection → resume)", duration(im.downtime_s)),
-        ("Recompute of lost steps", duration(im.recompute_s)),
+        ("Re-training of lost steps", duration(im.recompute_s)),
         ("Wall time lost", duration(im.wall_time_lost_s)),
         ("Data excluded", "; ".join(im.data_excluded) or "none"),
     ]
