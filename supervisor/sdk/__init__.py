@@ -110,7 +110,7 @@ def init(
 
     ctx = resolve_ctx(ctx)
     rank, world_size = dist_info(ctx)
-    cfg = ProbeSettings(**{**job_settings(ctx), **settings})
+    cfg = _settings({**job_settings(ctx), **settings})
     transport = (
         transport or getattr(ctx, "transport", None) or OfflineTransport(trace_path(trace, rank, world_size))
     )
@@ -127,12 +127,32 @@ def init(
     return probe
 
 
+def _settings(values: dict[str, Any]) -> ProbeSettings:
+    """``ProbeSettings`` from the job's and the caller's values; a bad one is refused in one line naming it."""
+    from pydantic import ValidationError
+
+    from supervisor.errors import ConfigError
+
+    try:
+        return ProbeSettings(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(x) for x in err["loc"]) or "settings"
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(ProbeSettings.model_fields)
+            raise ConfigError(
+                f"not an argument of sdk.init / sdk.watch (their settings: {known})", field=name
+            ) from None
+        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})", field=name) from None
+
+
 def watch(
     model: nn.Module,
     optimizer: Optimizer,
     *,
     scheduler: Any = None,
     scaler: Any = None,
+    loader: SupervisedLoader | None = None,
     ctx: Any = None,
     transport: Transport | None = None,
     checkpoint: Any = None,
@@ -144,13 +164,32 @@ def watch(
 
     The probe hooks ``optimizer`` (step pre/post hooks) for the supervisor's LR and clip
     overrides and the grad norm; ``probe.proceed()`` is the step boundary (freeze, snapshot,
-    in-place rollback of model / optimizer / scheduler, periodic checkpoint, stop). Exclusions
-    by sample ID and batch skips need the ``SupervisedLoader``: without it such a directive is
-    refused (acknowledged as failed), never silently ignored. ``restore=False``: the caller
-    resumes itself (a framework that loads its own checkpoint, ``supervisor.integrations``).
+    in-place rollback of model / optimizer / scheduler, periodic checkpoint, stop).
+
+    ``loader``: a ``SupervisedLoader`` the loop draws its batches from. The boundary then runs
+    inside it (before the first batch of each step; it raises ``StopIteration`` at
+    ``max_steps`` or on a stop, so ``for batch in loader:`` ends there and needs no
+    ``proceed()``), every record names the samples and sources drawn for its step, and the
+    policy's exclusions and batch skips are carried out. Without it such a directive is refused
+    (acknowledged as failed), never silently ignored. ``restore=False``: the caller resumes
+    itself (a framework that loads its own checkpoint, ``supervisor.integrations``).
     """
+    from supervisor.errors import ConfigError
+
+    if not callable(getattr(optimizer, "register_step_pre_hook", None)):
+        raise ConfigError(
+            f"a torch.optim.Optimizer (the one your loop steps), got {type(optimizer).__name__}",
+            source="sdk.watch", field="optimizer",
+        )  # fmt: skip
+    if loader is not None and not (hasattr(loader, "track_draws") and hasattr(loader, "exclude")):
+        raise ConfigError(
+            f"a SupervisedLoader (it names each batch's samples, carries out exclusions and resumes its "
+            f"cursor), got {type(loader).__name__}: build sdk.SupervisedLoader(dataset, batch_size, seed=...) "
+            "or leave loader= out and iterate your own",
+            source="sdk.watch", field="loader",
+        )  # fmt: skip
     probe = init(
-        model, optimizer, scheduler=scheduler, scaler=scaler, ctx=ctx, transport=transport,
+        model, optimizer, scheduler=scheduler, scaler=scaler, loader=loader, ctx=ctx, transport=transport,
         checkpoint=checkpoint, trace=trace, restore=False, **settings,
     )  # fmt: skip
     probe.watch_optimizer()

@@ -99,6 +99,9 @@ class SupervisedLoader:
         """Called before each batch is drawn (the probe's step boundary); may raise StopIteration."""
         self._recent: deque[tuple[Any, Named]] = deque(maxlen=4)
         """The last batches yielded and their metadata, named only when ``batch_meta`` asks."""
+        self._drawn: list[Named] | None = None
+        """The metadata of each batch drawn since the last ``take_drawn()`` (kept once ``track_draws()``
+        asked for it: a loop that reports its own steps, ``sdk.watch``)."""
         self._dirty = False
         self._checked = False
         workers = {
@@ -153,6 +156,23 @@ class SupervisedLoader:
                 return named(meta)
         return None
 
+    def track_draws(self) -> None:
+        """Keep the metadata of every batch drawn until ``take_drawn()``: all micro-batches of a step."""
+        if self._drawn is None:
+            self._drawn = []
+
+    @property
+    def drawn_count(self) -> int:
+        """Batches drawn since the last ``take_drawn()`` (0 when draws are not tracked)."""
+        return len(self._drawn) if self._drawn is not None else 0
+
+    def take_drawn(self) -> list[BatchMeta]:
+        """IDs, sources and index of each batch drawn since the last call, in draw order; then forget them."""
+        if not self._drawn:
+            return []
+        out, self._drawn = [named(m) for m in self._drawn], []
+        return out
+
     # -- orders --------------------------------------------------------------------------------
     def exclude(self, ex: Exclusions) -> None:
         if self.excluded.add(ex):
@@ -198,6 +218,8 @@ class SupervisedLoader:
             meta = named(meta)  # (kept named: batch_meta then hands back the lists the batch holds)
             batch = attach(batch, meta)
         self._recent.append((batch, meta))
+        if self._drawn is not None:
+            self._drawn.append(meta)
         return batch
 
     def _next_stream(self) -> tuple[Any, BatchMeta]:

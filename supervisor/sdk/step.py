@@ -423,7 +423,9 @@ class UserStep:
         if n is not None:
             rec["loss_sum"], rec["tokens"] = vals["loss_sum"][0], int(n)
         if "sample_loss_sum" in vals:
-            means = [s / t for s, t in zip(vals["sample_loss_sum"], vals["sample_tokens"], strict=True) if t > 0]
+            means = [
+                s / t for s, t in zip(vals["sample_loss_sum"], vals["sample_tokens"], strict=True) if t > 0
+            ]
             if means:
                 rec["batch_mean_loss"] = sum(means) / len(means)
             lengths = [int(t) for t in vals["sample_tokens"]]
@@ -473,7 +475,9 @@ class UserStep:
             index = batch.get("batch_index")
             return ids, (list(sources) if sources else None), (int(index) if index is not None else None)
         if batch is not None and hasattr(loader, "batch_meta"):
-            meta = loader.batch_meta(batch)  # a tuple / tensor batch: the loader that yielded it knows its IDs
+            meta = loader.batch_meta(
+                batch
+            )  # a tuple / tensor batch: the loader that yielded it knows its IDs
             if meta is not None:
                 return list(meta.sample_ids), list(meta.sources), int(meta.batch_index)
         if drawn:
