@@ -40,6 +40,8 @@ class CheckpointTending:
         """
         if self.store is None:
             return []
+        if final:
+            self._discover(state, current_step)
         self._verify(state)
         healthy = []
         for step in list(state.checkpoints_verified):
@@ -55,6 +57,26 @@ class CheckpointTending:
                 healthy.append(step)
             state.checkpoints_healthy.append(step)
         return healthy
+
+    def _discover(self, state: RuntimeState, current_step: int) -> None:
+        """Training ended: a checkpoint committed after the last one reported -- a framework's final
+        save, written after the last step's record went out (an HF ``Trainer`` saves once training
+        has ended), so its ``checkpoint_saved`` event never reached the supervisor -- is this
+        timeline's newest and is verified and marked like any other."""
+        newest = max(state.checkpoints_seen, default=-1)
+        try:
+            manifests = self.store.manifests()
+        except SupervisorError as exc:
+            log.warning("checkpoint_discovery_failed", error=exc.one_line())
+            return
+        for m in manifests:
+            if newest < m.step <= current_step and m.health is HealthMark.UNVERIFIED:
+                log.info(
+                    "checkpoint_found_at_end",
+                    step=m.step,
+                    why="committed after the last record it could ride on",
+                )
+                state.checkpoints_seen.append(m.step)
 
     def _verify(self, state: RuntimeState) -> None:
         from supervisor.checkpoint import verify

@@ -164,3 +164,22 @@ def test_time_lost_to_instability_against_an_independent_count(tmp_path: Path) -
     text = ctl.observability.metrics.render().decode()
     assert f'spike_supervisor_steps_retrained_total{{training_job="end"}} {float(frm - to)}' in text
     assert 'spike_supervisor_effective_training_time_ratio{training_job="end"}' in text
+
+
+class SavesAfterTheEnd(FakeRanks):
+    """A framework that writes its final checkpoint once training has ended (an HF ``Trainer``
+    saves after its last step's callbacks): committed to the store, never reported in a record."""
+
+    def apply(self, ctl: Controller, d: dict[str, Any]) -> None:
+        super().apply(ctl, d)
+        if d["kind"] == "finish" and self.ended and self.on_checkpoint is not None:
+            self.on_checkpoint(self.step)
+
+
+def test_a_final_checkpoint_saved_after_the_last_record_is_verified_and_healthy(tmp_path: Path) -> None:
+    """Issue 25: a clean framework run ended with `latest` on an unverified checkpoint."""
+    ranks = SavesAfterTheEnd(1, 190)
+    ctl = run(tmp_path, ranks, max_steps=190)  # 190: no periodic save at the last step
+    assert ctl.phase is JobPhase.FINISHED, ctl.status()
+    assert ctl.checkpoints.manifest(190).health is HealthMark.HEALTHY
+    assert ctl.checkpoints.latest() == 190
