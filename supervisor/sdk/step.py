@@ -174,7 +174,7 @@ class StepScope:
             return self._parts[0]
         cat = lambda xs: None if any(x is None for x in xs) else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
         return StepLoss(
-            torch.stack([p.loss_sum.detach().float() for p in self._parts]).sum(),
+            torch.stack([p.loss_sum.detach().double() for p in self._parts]).sum(),
             torch.stack([p.tokens for p in self._parts]).sum(),
             cat([p.sample_loss_sum for p in self._parts]),
             cat([p.sample_tokens for p in self._parts]),
