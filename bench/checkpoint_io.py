@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/checkpoint_io.py [--gib 1.0 | --params 1e9] [--device cpu|cuda]
                                             [--repeat 3] [--dir /tmp] [--checksum crc32] [--ablations]
+    .venv/bin/python bench/checkpoint_io.py --smoke   # seconds: 10 MiB of state, once, ablations on 16 MiB
 
 Measures, for a model + AdamW state of about --gib GiB (or a model of --params parameters,
 whose state is 3x that: the weights and AdamW's two moments), interleaved in one run:
@@ -56,13 +57,18 @@ from supervisor.storage.base import aligned_buffer
 CHUNK = 8 << 20
 
 
-def build(gib: float, params: float | None, device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Linear 4096x4096 layers; AdamW after one step holds 2 moments per parameter (3x the model)."""
-    per_layer = 4096 * 4096
+def build(
+    gib: float, params: float | None, device: str, width: int = 4096
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Linear ``width`` x ``width`` layers (4096; the smoke run 512); AdamW after one step holds
+    2 moments per parameter (3x the model)."""
+    per_layer = width * width
     layers = (
         max(1, round(params / per_layer)) if params else max(1, round(gib * (1 << 30) / (3 * 4 * per_layer)))
     )
-    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(layers)]).to(device)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(
+        device
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -135,7 +141,12 @@ def main() -> None:
     ap.add_argument(
         "--ablations", action="store_true", help="Also time the design alternatives (bench/README.md)."
     )
+    ap.add_argument("--smoke", action="store_true", help="seconds: 10 MiB of state, once, tiny ablations")
+    ap.set_defaults(width=4096)
     args = ap.parse_args()
+    if args.smoke:
+        args.gib, args.params, args.repeat, args.batch, args.ablations = 0.01, None, 1, 2, True
+        args.width = 512
     if args.device == "cuda" and not torch.cuda.is_available():
         cuda = torch.version.cuda or "none (a CPU build)"
         print(f"checkpoint_io.py: --device cuda: torch {torch.__version__} (CUDA {cuda}) sees no CUDA device here",
@@ -144,11 +155,11 @@ def main() -> None:
     slog.configure("error")
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
-        run(work, args.gib, args.params, args.device, args.repeat, args.checksum, args.batch)
+        run(work, args.gib, args.params, args.device, args.repeat, args.checksum, args.batch, args.width)
         if args.ablations:
             from checkpoint_io_ablations import ablations  # type: ignore[import-not-found]
 
-            ablations(work, args.checksum, args.repeat)
+            ablations(work, args.checksum, args.repeat, mib=16 if args.smoke else 256)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -156,7 +167,8 @@ def main() -> None:
 def train_step(
     model: torch.nn.Module, opt: torch.optim.Optimizer, batch: int, sync: Callable[[], object]
 ) -> None:
-    x = torch.randn(batch, 4096, device=next(model.parameters()).device)
+    first = next(model.parameters())
+    x = torch.randn(batch, first.shape[1], device=first.device)
     model(x).square().mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -164,9 +176,16 @@ def train_step(
 
 
 def run(
-    work: Path, gib: float, params: float | None, device: str, repeat: int, checksum: str, batch: int
+    work: Path,
+    gib: float,
+    params: float | None,
+    device: str,
+    repeat: int,
+    checksum: str,
+    batch: int,
+    width: int = 4096,
 ) -> None:
-    model, opt = build(gib, params, device)
+    model, opt = build(gib, params, device, width)
     views = state_bytes(model, opt)
     nbytes = sum(len(v) for v in views)
     store = CheckpointStore(LocalBackend(work / "storage"), "bench", StoreSettings(checksum=checksum))

@@ -48,10 +48,11 @@ def _group(title: str, cases: dict[str, Callable[[int], object]], repeat: int) -
         print(f"    {name:42s} {t:6.3f} s  {t / base:5.2f}x")
 
 
-def ablations(work: Path, algorithm: str, repeat: int) -> None:
-    sd = {f"w{i}": torch.randn(4096, 4096) for i in range(4)}  # 256 MiB
+def ablations(work: Path, algorithm: str, repeat: int, mib: int = 256) -> None:
+    rows = mib * MIB // (4 * 4 * 4096)  # 4 float32 tensors of ``rows`` x 4096: 256 MiB by default
+    sd = {f"w{i}": torch.randn(rows, 4096) for i in range(4)}
     views = [memoryview(t.numpy()).cast("B") for t in sd.values()]
-    print(f"ablations on a 256 MiB state dict, {algorithm}, median of {repeat}")
+    print(f"ablations on a {mib} MiB state dict, {algorithm}, median of {repeat}")
 
     def fresh(tag: str, i: int) -> Path:
         return work / f"abl-{tag}-{i}.bin"

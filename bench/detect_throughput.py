@@ -3,6 +3,7 @@
     python bench/detect_throughput.py [--ranks 1024] [--steps 300]
     python bench/detect_throughput.py --against REV [--rounds 5]   # this tree vs git REV, side by side
     python bench/detect_throughput.py --against REV --trace FILE    # the same on a recorded trace
+    python bench/detect_throughput.py --smoke                       # seconds: 8 ranks (tests/bench)
 
 Reports rank-records per second on one core (target >= 200,000) and the per-step decision
 latency (p50 / p99 / max), for the full record (per-source splits, samples, fingerprints) and
@@ -142,7 +143,10 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV", help="compare with the detector at this git revision")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--trace", help="with --against: a recorded trace instead of synthetic records")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 8 ranks x 120 steps (too few to judge)")
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.steps = 8, 120
     if args.against:
         trace = str(Path(args.trace).resolve()) if args.trace else None
         compare(args.against, args.ranks, args.steps, args.rounds, trace)

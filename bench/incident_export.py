@@ -89,7 +89,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4,8,16")
     parser.add_argument("--changes", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true", help="seconds: 2 ranks, 2 changes (tests/bench)")
     args = parser.parse_args()
+    if args.smoke:
+        args.ranks, args.changes = "2", 2
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (int(r) for r in args.ranks.split(",")):
             before, after, size = measure(ranks, args.changes, Path(tmp))

@@ -29,6 +29,7 @@ space can be any size while the bytes are real.
     python bench/loader.py --streams            # HF streaming (JSONL) vs webdataset (tar): rows/s
     python bench/loader.py --sampler            # the per-batch decision alone, CPU time (steady under load)
     python bench/loader.py --turns              # a loader worker's own per-batch work, CPU time
+    python bench/loader.py --smoke              # seconds: tiny sizes, every column (tests/bench)
 
 ``--streams`` writes the same rows (512 tokens each) to 8 JSONL shards and 8 tar shards and
 times one epoch through ``SupervisedLoader`` with 0 and 2 workers (start-up included).
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing.util
 import statistics
 import sys
 import tempfile
@@ -106,10 +108,20 @@ def startup(make: Any, repeat: int) -> float:
         loader = make()
         next(iter(loader))
         times.append(time.perf_counter() - t)
-        if isinstance(loader, SupervisedLoader):
-            loader.close()
-        del loader
+        close(loader)
     return statistics.median(times)
+
+
+def close(loader: Any) -> None:
+    """Stop a loader's worker processes now (a plain DataLoader's persistent workers otherwise
+    stop whenever the garbage collector gets to them, in the middle of the next row)."""
+    if isinstance(loader, SupervisedLoader):
+        loader.close()
+        return
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    loader._iterator = None
 
 
 def per_batch(loaders: dict[str, Any], args: argparse.Namespace) -> dict[str, list[float]]:
@@ -303,7 +315,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="fresh plain + supervised loaders per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[0, 2])
     ap.add_argument("--streams", type=int, nargs="?", const=16_000, default=None, metavar="ROWS")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 10^6 only, tiny batches, 1,000 excluded")
     args = ap.parse_args()
+    # One multiprocessing temp folder for the whole run, made here before any worker forks: each
+    # worker then shares it instead of making its own, which it removed when it exited mid-table
+    # while a file descriptor it had passed was still being fetched from it ("OSError: Directory
+    # not empty" traceback between two rows). The folder goes once, at exit, after the workers.
+    multiprocessing.util.get_temp_dir()
+    excluded_counts: tuple[int, ...] = (0, 100_000)
+    if args.smoke:
+        args.quick, args.seq, args.block, args.rounds, args.repeat = True, 64, 2, 1, 1
+        excluded_counts = (0, 1_000)
     if args.streams:
         stream_rows_per_s(args.streams)
         return
@@ -332,7 +354,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         for n in sizes:
             ds = IndexSpace(n, path, args.seq)
-            for count in (0, 100_000):
+            for count in excluded_counts:
                 excluded = exclusion_state(n, count)
                 for workers in args.workers:
                     run_row(ds, n, count, workers, excluded, args)
@@ -341,7 +363,7 @@ def main() -> None:
 def run_row(
     ds: IndexSpace, n: int, count: int, workers: int, excluded: Any, args: argparse.Namespace
 ) -> None:
-    repeat = 3 if workers else 5
+    repeat = 1 if args.smoke else 3 if workers else 5
     s_sup = startup(lambda: supervised(ds, args, workers, excluded), repeat)
     s_plain = startup(lambda: plain(ds, args, workers), repeat) if n <= 10**8 else None
     per: dict[str, list[float]] = {"plain": [], "supervised": []}
@@ -349,7 +371,8 @@ def run_row(
     for _ in range(args.repeat):
         lds = {"plain": plain(ds, args, workers), "supervised": supervised(ds, args, workers, excluded)}
         times = per_batch(lds, args)
-        lds["supervised"].close()
+        for ld in lds.values():
+            close(ld)
         del lds
         wall.append(paired(times["supervised"], times["plain"]))
         cpu.append(paired(times["supervised/cpu"], times["plain/cpu"]))

@@ -7,6 +7,7 @@ runtime). The supervisor actor only counts. At the end every produced record is 
 for: delivered + dropped (counted by the transport) == produced.
 
     python bench/telemetry_transport.py --ranks 8 --seconds 5
+    python bench/telemetry_transport.py --smoke     # 2 ranks for 1 s: the path works (tests/bench)
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rate", type=float, default=1000.0, help="records/s per rank (0: as fast as possible)")
     ap.add_argument("--max-buffer", type=int, default=10_000)
+    ap.add_argument("--smoke", action="store_true", help="2 ranks for 1 s each (too short to judge)")
     args = ap.parse_args()
+    if args.smoke:
+        args.ranks, args.seconds = 2, 1.0
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         print(f"{args.ranks} ranks, {args.seconds:.0f} s each, rate={args.rate or 'max'} records/s/rank")
