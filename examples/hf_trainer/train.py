@@ -54,7 +54,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="runs/hf_trainer/out")
     ap.add_argument("--save-every", type=int, default=0, help="Trainer checkpoints every N steps (0: none).")
-    ap.add_argument("--trace", default="hf_trace.jsonl", help="Offline trace (no supervisor).")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="Offline trace (no supervisor); default: $SUPERVISOR_TRACE, else supervisor_trace.jsonl, .rank<N> added per rank.",
+    )
     return ap.parse_args()
 
 

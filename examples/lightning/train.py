@@ -64,7 +64,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--data-bytes", type=int, default=300_000, help="Bytes of text per source.")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trace", default="lightning_trace.jsonl", help="Offline trace (no supervisor).")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="Offline trace (no supervisor); default: $SUPERVISOR_TRACE, else supervisor_trace.jsonl, .rank<N> added per rank.",
+    )
     ap.add_argument("--save-every", type=int, default=0, help="ModelCheckpoint every N steps (0: none).")
     ap.add_argument("--ckpt-dir", default="runs/lightning/ckpt", help="Where ModelCheckpoint writes.")
     return ap.parse_args()

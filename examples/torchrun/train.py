@@ -46,7 +46,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--save-dir", default=None, help="The script's own checkpoints (rank 0).")
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--log-every", type=int, default=20)
-    ap.add_argument("--trace", default="torchrun_trace.jsonl", help="Offline trace (no supervisor).")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="Offline trace (no supervisor); default: $SUPERVISOR_TRACE, else supervisor_trace.jsonl, .rank<N> added per rank.",
+    )
     return ap.parse_args()
 
 

@@ -128,8 +128,8 @@ class LossTap:
         self.handle.remove()
 
 
-#: Keys a ``SupervisedLoader`` adds to a mapping batch (the model must not receive them).
-META_KEYS = ("sample_ids", "sources", "batch_index")
+META_KEYS = sdk.META_KEYS
+"""Keys a ``SupervisedLoader`` adds to a mapping batch (the model must not receive them)."""
 
 
 class StepData:

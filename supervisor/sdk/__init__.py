@@ -66,6 +66,10 @@ _LAZY = {
 }
 
 
+#: Keys a ``SupervisedLoader`` adds to every mapping batch: drop them before ``model(**batch)``.
+META_KEYS = ("sample_ids", "sources", "batch_index")
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -76,7 +80,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ApplyOverrides", "BatchingTransport", "Continue", "Directive", "Exclusions", "Freeze", "MemoryTransport",
+    "ApplyOverrides", "BatchingTransport", "Continue", "Directive", "Exclusions", "Freeze", "META_KEYS", "MemoryTransport",
     "OfflineTransport", "Probe", "ProbeSettings", "RollbackInPlace", "Snapshot", "StepLoss", "Stop",
     "SupervisedLoader", "Transport", "init", "token_losses", "watch",
 ]  # fmt: skip
@@ -98,7 +102,8 @@ def init(
     restore: bool = True,
     **settings: Any,
 ) -> Probe:
-    """Build the probe for this rank. ``settings`` are ``ProbeSettings`` fields (they override the job's).
+    """Build the probe for this rank. ``settings`` are ``ProbeSettings`` fields (they override the job's:
+    ``max_steps=`` here wins over job.yaml ``max_steps``, with a warning when they differ).
 
     ``ctx`` is the runtime's worker context (rank, world size, transport, checkpoint store,
     resume step, job spec); without one it is read from the environment of a process the
@@ -110,7 +115,19 @@ def init(
 
     ctx = resolve_ctx(ctx)
     rank, world_size = dist_info(ctx)
-    cfg = _settings({**job_settings(ctx), **settings})
+    from_job = job_settings(ctx)
+    cfg = _settings({**from_job, **settings})
+    if settings.get("max_steps") is not None and from_job.get("max_steps") not in (
+        None,
+        settings["max_steps"],
+    ):
+        # The argument wins (the script's loop ends there); the supervisor's display counts to the job's.
+        from supervisor.logging import get_logger
+
+        get_logger("supervisor.sdk", rank=rank).warning(
+            "max_steps_differs", argument=settings["max_steps"], job=from_job["max_steps"],
+            note="training ends at the argument's; job.yaml max_steps is what the supervisor displays",
+        )  # fmt: skip
     transport = (
         transport or getattr(ctx, "transport", None) or OfflineTransport(trace_path(trace, rank, world_size))
     )
