@@ -67,10 +67,12 @@ def list_() -> None:
 @click.argument("file")
 @click.option(
     "--trace",
-    "trace_path",
+    "trace_paths",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Telemetry trace to run detection on (JSONL, CSV or a supported training log).",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="The run to run detection on, as `analyze` reads it: a trace or training log, a run's "
+    "folder, or one file per rank (repeat --trace).",
 )
 @click.option(
     "--format", "fmt", default="auto", show_default=True, help="Trace format (see `supervisor analyze`)."
@@ -105,7 +107,7 @@ def list_() -> None:
 @json_option
 def explain(
     file: str,
-    trace_path: Path,
+    trace_paths: tuple[Path, ...],
     fmt: str,
     checkpoint_every: int | None,
     grad_clip: float | None,
@@ -114,12 +116,13 @@ def explain(
     recovery: str,
     as_json: bool,
 ) -> None:
-    """Run detection on TRACE and print, per incident, the matched rule and the planned actions."""
+    """Run detection on the run (--trace: files or a folder) and print, per incident, the matched
+    rule and the planned actions."""
     from supervisor.core.analysis import analyze_records
-    from supervisor.traces import read_trace
+    from supervisor.traces import read_run
 
     pol = load_policy(file)
-    trace = read_trace(trace_path, format=fmt)
+    trace = read_run(list(trace_paths), fmt)
     result = analyze_records(trace.records)
     checkpoints = checkpoints_from_records(trace.records, result.incidents, checkpoint_every)
     source = f"every {checkpoint_every} steps (assumed)" if checkpoint_every else "checkpoint_saved events"
@@ -140,26 +143,32 @@ def explain(
             {
                 "policy": pol.name,
                 "policy_file": str(resolve_policy_path(file)),
-                "trace": {"path": str(trace_path), "format": trace.format, "records": len(trace.records)},
+                "trace": {
+                    "path": str(trace_paths[0]),
+                    "paths": [str(p) for p in trace_paths],
+                    "format": trace.format,
+                    "records": len(trace.records),
+                },  # fmt: skip
                 "skipped_lines": trace.skipped_lines,
                 "checkpoints": {"source": source, "items": [c.to_json() for c in checkpoints]},
                 "incidents": [e.to_json() | {"recovery_mode": _mode(e, recovery)} for e in explained],
             }
         )
         return
-    _print_text(pol.name, trace_path, len(trace.records), checkpoints, source, explained, recovery)
+    label = ", ".join(str(p) for p in trace_paths)
+    _print_text(pol.name, label, len(trace.records), checkpoints, source, explained, recovery)
 
 
 def _print_text(
     policy_name: str,
-    trace_path: Path,
+    trace_label: str,
     n_records: int,
     checkpoints: tuple[CheckpointRef, ...],
     source: str,
     explained: list[ExplainedIncident],
     recovery: str = "auto",
 ) -> None:
-    click.echo(f"policy {policy_name!r} on {trace_path} ({n_records} records)")
+    click.echo(f"policy {policy_name!r} on {trace_label} ({n_records} records)")
     marks = ", ".join(f"{c.step} {c.mark.value}" for c in checkpoints[-6:]) or "none"
     click.echo(f"checkpoints from {source}: {len(checkpoints)} (latest: {marks})")
     if not explained:
