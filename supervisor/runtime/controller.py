@@ -652,7 +652,8 @@ class Controller:
         the new position is on disk before the action that caused it is marked done."""
         if key in self.state.effects:
             return
-        active = None if key.startswith("restart:") else self.state.active
+        machinery = key.startswith("restart:g") and key[len("restart:g") :].isdigit()  # ``_restart``'s key
+        active = None if machinery else self.state.active
         self.time_lost.on_rewind(to_step, self.current_step, active.incident_id if active else None)
         self.assembler.rewind(to_step)
         self.flow.notify_rollback(to_step, reason)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+#: The ``incidents`` key of the steps re-trained after worker-group restarts (no rollback of an incident).
+RESTARTS = "restarts"
 #: Steps whose surviving time is kept: a rollback or restart goes back to a checkpoint within them
 #: (further back, to the newest kept step before its target).
 MARKS_KEPT = 2048
@@ -66,7 +68,9 @@ class TimeLedger:
                 del marks[k]
 
     def on_rewind(self, to_step: int, from_step: int, incident_id: int | None) -> None:
-        """Training continues from checkpoint ``to_step``: the steps after it no longer count."""
+        """Training continues from checkpoint ``to_step``: the steps after it no longer count.
+        ``incident_id``: the incident whose rollback this is; None: a worker-group restart (its
+        steps count for the run, under ``RESTARTS``)."""
         if self.s["retrain"] is not None:
             self._close_retrain()
         marks = self.s["marks"]
@@ -76,11 +80,12 @@ class TimeLedger:
             del marks[k]
         self.s["last"] = None
         lost = max(0, from_step - max(to_step, 0))
-        if incident_id is not None and lost:
-            inc = self._incident(incident_id)
+        if lost:
+            key = RESTARTS if incident_id is None else str(incident_id)
+            inc = self._incident(key)
             inc["steps_retrained"] += lost
             inc["rollbacks"].append([from_step, max(to_step, 0)])
-            self.s["retrain"] = {"incident": incident_id, "until": from_step, "spent": 0.0}
+            self.s["retrain"] = {"incident": key, "until": from_step, "spent": 0.0}
 
     def finish(self, now: float) -> None:
         """The run ended at ``now``: a re-training cut short counts what it spent."""
@@ -98,18 +103,20 @@ class TimeLedger:
         wall = self.wall_s(now)
         return min(1.0, self.s["effective_s"] / wall) if wall > 0 else None
 
-    def of_incident(self, incident_id: int) -> dict[str, Any]:
+    def of_incident(self, incident_id: int | str) -> dict[str, Any]:
         inc = self.s["incidents"].get(str(incident_id))
         out = {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
         if inc is not None:
             out |= {k: inc[k] for k in out}
         rt = self.s["retrain"]
-        if rt is not None and rt["incident"] == incident_id:
+        if rt is not None and rt["incident"] == str(incident_id):
             out["retrain_s"] += rt["spent"]
         return out
 
     def summary(self, downtime_s: float, now: float | None = None) -> dict[str, Any]:
-        incidents = [self.of_incident(int(k)) for k in self.s["incidents"]]
+        incidents = [
+            self.of_incident(k) for k in list(self.s["incidents"])
+        ]  # status() reads from a Ray thread
         ettr = self.ettr(now)
         return {
             "wall_s": round(self.wall_s(now), 2),
@@ -120,10 +127,8 @@ class TimeLedger:
             "retrain_s": round(sum(i["retrain_s"] for i in incidents), 2),
         }
 
-    def _incident(self, incident_id: int) -> dict[str, Any]:
-        return self.s["incidents"].setdefault(
-            str(incident_id), {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
-        )
+    def _incident(self, key: str) -> dict[str, Any]:
+        return self.s["incidents"].setdefault(key, {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []})
 
     def _close_retrain(self) -> None:
         rt = self.s["retrain"]
@@ -155,4 +160,4 @@ def incident_words(lost: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["MARKS_KEPT", "TimeLedger", "incident_words", "run_words"]
+__all__ = ["MARKS_KEPT", "RESTARTS", "TimeLedger", "incident_words", "run_words"]
