@@ -3,8 +3,9 @@
 Two formats (``alert.format`` in job.yaml):
 
 - ``json`` (default): a generic document a webhook receiver can route on — ``kind``, ``job``,
-  ``incident``, ``step``, ``severity``, ``summary``, ``message`` and the full ``diagnosis`` (the
-  stable contract of ``supervisor analyze --json``). It also carries ``text`` (the summary), so
+  ``incident``, ``step``, ``severity``, ``summary``, ``message``, ``idempotency_key`` (also the
+  ``Idempotency-Key`` header of every format: a repeat after a supervisor restart has the same
+  key) and the full ``diagnosis`` (the stable contract of ``supervisor analyze --json``). It also carries ``text`` (the summary), so
   a Slack-compatible endpoint shows something readable even when pointed at it.
 - ``slack``: what Slack incoming webhooks (and Mattermost, Rocket.Chat, Discord's ``/slack``
   endpoints) take: ``text`` (the notification and fallback) and ``blocks`` (Block Kit).
@@ -22,6 +23,7 @@ import math
 import os
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +35,16 @@ from supervisor.errors import ConfigError
 FORMATS = ("json", "slack")
 HEADER_PREFIX = "SUPERVISOR_ALERT_HEADER_"
 KIND = "spike_supervisor.alert"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+"""Every alert POST carries its key here (and the generic JSON in ``idempotency_key``): a repeat
+after a supervisor restart has the same key, so a receiver shows the alert once."""
+
+
+def idempotency_key(job: str, action_id: str) -> str:
+    """The key of one alert: its job, its action (incident, plan, index) and a random part, so a
+    job name used again for a new run never repeats an old alert's key. Made once, recorded with
+    the alert's pending event before it is sent."""
+    return f"{job}:{action_id}:{uuid.uuid4().hex[:12]}"
 
 
 def _title(word: str) -> str:
@@ -89,6 +101,7 @@ def generic_payload(doc: Mapping[str, Any]) -> dict[str, Any]:
         "severity": d.get("severity"),
         "message": doc.get("message"),
         "diagnosis": dict(d),
+        "idempotency_key": doc.get("idempotency_key"),
     }
 
 

@@ -90,6 +90,37 @@ def status(handle: Any, timeout_s: float = 10.0) -> dict[str, Any]:
         raise RuntimeBackendError(f"the supervisor does not answer: {type(exc).__name__}") from None
 
 
+def ended_status(job: JobSpec) -> dict[str, Any] | None:
+    """The job's outcome as its supervisor left it on disk, when the state file says the job ended;
+    None otherwise (the supervisor died with the job still running: that is a failure, exit 3)."""
+    from supervisor.runtime.state import RuntimeState
+    from supervisor.runtime.stores import runtime_state_path
+
+    try:
+        st = RuntimeState.load(runtime_state_path(job))
+    except (OSError, ValueError):  # an unreadable state file proves nothing about the outcome
+        return None
+    if st is None or not st.phase.is_terminal:
+        return None
+    return {"job": job.name, "phase": st.phase.value, "terminal": True, "exit_code": st.phase.exit_code,
+            "reason": st.reason, "step": max(st.watermark, 0), "max_steps": job.max_steps,
+            "downtime_s": round(st.downtime_s, 2), "incident": None, "from_state_file": True}  # fmt: skip
+
+
+def follow(handle: Any, job: JobSpec, show: Any) -> dict[str, Any]:
+    """``show(poll)`` until the job ends; returns its last status. A supervisor removed once its job
+    had ended (``supervisor stop`` from another shell waits for the end, then kills it) can no
+    longer answer: the outcome is then read from its state file, so a stopped job exits 1, not 3."""
+    try:
+        result: dict[str, Any] = show(lambda: status(handle, timeout_s=60))
+        return result
+    except RuntimeBackendError:
+        ended = ended_status(job)
+        if ended is None:
+            raise
+        return ended
+
+
 def stop(handle: Any, reason: str = "stop requested") -> None:
     ray.get(handle.stop.remote(reason), timeout=30)
 

@@ -756,6 +756,10 @@ class Controller:
     def request_stop(self, reason: str) -> None:
         self.stop_requested = reason
 
+    def stop_reason(self) -> str | None:
+        """Why a person asked the job to stop (``supervisor stop``, Ctrl-C); None: nobody did."""
+        return self.stop_requested
+
     def status(self) -> dict[str, Any]:
         last = self.history[-1] if self.history else None
         return {

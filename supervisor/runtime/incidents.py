@@ -33,7 +33,7 @@ from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.observe import StepStats, baseline
-from supervisor.runtime.plans import PlanRunner, move
+from supervisor.runtime.plans import PlanRunner, action_id, move
 from supervisor.runtime.replay import has_replay_hooks
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
@@ -116,6 +116,8 @@ class FlowHost(Protocol):
     def set_phase(self, phase: JobPhase, reason: str) -> None: ...
     def training_ended(self) -> bool: ...
     def downtime_now(self) -> float: ...
+    def persist(self, force: bool = False) -> None: ...
+    def stop_reason(self) -> str | None: ...
 
 
 class IncidentFlow:
@@ -477,6 +479,10 @@ class IncidentFlow:
         self._dismiss_after = d.top_cause is Cause.METRIC_ARTIFACT and all(
             a.name == "alert" for a in p.actions
         )
+        # The plan in force is on disk before its first action begins: a supervisor killed during
+        # that action (an alert being sent) finds this plan's action again, never makes a second plan
+        # that would send a second alert and leave the first one pending.
+        host.persist(force=True)
 
     def _count_attempt(self, incident_id: int, rule: str, delta: int) -> int:
         """Count (or uncount) one recovery attempt of ``incident_id`` under ``rule``; returns the
@@ -610,7 +616,10 @@ class IncidentFlow:
     def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str) -> None:
         """Training ended under the plan: what was left is recorded as skipped, never as done."""
         left = [a.name for a in active.plan.actions[active.index :]]
-        if pa.name == "observe" or not (set(left) & NEEDS_WORKERS):
+        stop = self.host.stop_reason()
+        if stop is not None:
+            self._stopped_mid_plan(active, left, stop, reason)
+        elif pa.name == "observe" or not (set(left) & NEEDS_WORKERS):
             why = f"every fix applied; {pa.name} skipped: {reason} (the fix is unverified)"
             move(self.store, active.incident_id, IncidentState.RESOLVED, why, self.host.current_step)
             self._release_block(active.incident_id)
@@ -624,6 +633,23 @@ class IncidentFlow:
         self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
                           payload={"skipped": left, "reason": reason})  # fmt: skip
         self._end_plan()
+
+    def _stopped_mid_plan(self, active: ActivePlan, left: list[str], stop: str, reason: str) -> None:
+        """A person stopped the job while the plan ran: the incident is recorded as stopped, with
+        what was done and what was not -- never as resolved (an unobserved fix is unverified) --
+        and left to a person (escalated: nothing acts on it again)."""
+        done = []
+        for i, a in enumerate(active.plan.actions[: active.index]):
+            ev = self.store.event_for_action(active.incident_id, action_id(active, i, a.name))
+            if ev is not None and ev.status is EventStatus.DONE:
+                done.append(a.name)
+        unverified = " (the fix is unverified)" if "apply" in done else ""
+        why = (f"stopped on request ({stop}) during the plan: done {', '.join(done) or 'nothing'}; "
+               f"not done {', '.join(left)}{unverified}")  # fmt: skip
+        move(self.store, active.incident_id, IncidentState.ESCALATED, why, self.host.current_step)
+        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
+                          payload={"stopped": {"reason": stop, "done": done, "not_done": left, "why": reason}})  # fmt: skip
+        log.warning("incident_stopped", incident=active.incident_id, done=done, not_done=left, why=stop)
 
     def _close_plan(self, active: ActivePlan) -> None:
         names = [a.name for a in active.plan.actions]

@@ -157,7 +157,13 @@ def test_alert_action_posts_and_records_no_secret(
     memo = action.prepare(rt, {"message": "m"}, "i3-p1-a0-alert")  # type: ignore[arg-type]
     recorded = json.dumps(memo)
     assert "secret-path" not in recorded and "s3cr3t" not in recorded
-    assert memo["webhook"] == "http://127.0.0.1/…" and set(memo) == {"format", "webhook", "step", "task"}
+    assert memo["webhook"] == "http://127.0.0.1/…" and set(memo) == {
+        "format",
+        "webhook",
+        "step",
+        "task",
+        "key",
+    }
     action.start(rt, {"message": "m"}, memo)  # type: ignore[arg-type]
     out = _poll(action, rt, memo)  # type: ignore[arg-type]
     assert out.ok and out.result["http_status"] == 200 and out.result["channels"] == ["log", "webhook"]
@@ -178,3 +184,20 @@ def test_alert_action_fails_when_the_endpoint_keeps_refusing(webhook: Hook, tmp_
         out.reason
         == "webhook POST failed: HTTP 404 Not Found (not retried: the endpoint rejected the request)"
     )
+
+
+def test_an_alert_sent_again_after_a_restart_carries_the_same_key(webhook: Hook, tmp_path: Path) -> None:
+    """A supervisor killed before the endpoint's answer was recorded sends the alert again from the
+    recorded memo: same idempotency key (header and JSON), so the receiver shows it once."""
+    rt = _Runtime(_job(tmp_path, webhook.url))
+    action = AlertAction()
+    memo = action.prepare(rt, {}, "i3-p1-a0-alert")  # type: ignore[arg-type]
+    assert memo["key"].startswith("tinylm:i3-p1-a0-alert:")
+    assert action.prepare(rt, {}, "i3-p1-a0-alert")["key"] != memo["key"]  # type: ignore[arg-type]  # a new run's
+    action.start(rt, {}, memo)  # type: ignore[arg-type]
+    first = _poll(action, rt, memo)  # type: ignore[arg-type]
+    again = _Runtime(_job(tmp_path, webhook.url))  # the restarted supervisor, the same recorded memo
+    action.start(again, {}, json.loads(json.dumps(memo)))  # type: ignore[arg-type]
+    _poll(action, again, memo)  # type: ignore[arg-type]
+    keys = [(r["headers"]["Idempotency-Key"], r["body"]["idempotency_key"]) for r in webhook.requests]
+    assert keys == [(memo["key"], memo["key"])] * 2 and first.result["idempotency_key"] == memo["key"]

@@ -79,6 +79,12 @@ class ObserveAction:
         if not early and len(window) < memo["steps"] and not rt.training_ended():
             return None
         base = rt.baseline()
+        stop = rt.stop_reason() if not early and rt.training_ended() else None
+        if stop is not None and len(window) < memo["steps"]:  # a stopped window is not a passed one
+            return Outcome.skip(
+                f"stopped on request ({stop}) {len(window)} of {memo['steps']} steps into the observation window",
+                steps=len(window),
+            )
         if not early and rt.training_ended() and len(window) < 5:
             return Outcome.skip(
                 f"training ended {len(window)} step(s) into the observation window", steps=len(window)

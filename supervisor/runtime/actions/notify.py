@@ -18,13 +18,18 @@ from supervisor.runtime.actions.base import Outcome, Runtime
 log = get_logger("supervisor.runtime.alert")
 
 
-def send(url: str, body: dict[str, Any]) -> int:
+def send(url: str, body: dict[str, Any], key: str | None = None) -> int:
     """The webhook POST as the supervisor's I/O pool runs it: URL and headers resolved from the
-    environment here, in the supervisor's process."""
-    return alerts.post(alerts.resolve_url(url), body, alerts.headers_from_env())
+    environment here, in the supervisor's process; ``key``: the alert's idempotency key."""
+    headers = alerts.headers_from_env() | ({alerts.IDEMPOTENCY_HEADER: key} if key else {})
+    return alerts.post(alerts.resolve_url(url), body, headers)
 
 
 class AlertAction:
+    """Sent exactly once: the idempotency key is made in ``prepare`` and recorded with the pending
+    event before anything is sent; a supervisor killed before the endpoint's answer was recorded
+    sends it again with the same key (the receiver drops the repeat), and never once it was."""
+
     event = EventKind.ALERT_SENT
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
@@ -36,6 +41,7 @@ class AlertAction:
             "webhook": alerts.redacted(url) if url and params.get("page", True) else None,
             "step": rt.current_step,
             "task": f"alert:{action_id}",
+            "key": alerts.idempotency_key(rt.job.name, action_id),
         }
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
@@ -53,8 +59,9 @@ class AlertAction:
                 "step": memo["step"],
                 "message": params.get("message"),
                 "diagnosis": d.to_json(),
+                "idempotency_key": memo.get("key"),
             }
-            rt.submit(memo["task"], send, url, alerts.payload(doc, memo["format"]))
+            rt.submit(memo["task"], send, url, alerts.payload(doc, memo["format"]), memo.get("key"))
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if not memo["webhook"]:
@@ -64,5 +71,6 @@ class AlertAction:
             return None
         ok, value = res
         if ok:
-            return Outcome.done(channels=["log", "webhook"], format=memo["format"], http_status=value)
+            return Outcome.done(channels=["log", "webhook"], format=memo["format"], http_status=value,
+                                idempotency_key=memo.get("key"))  # fmt: skip
         return Outcome.fail(f"webhook POST failed: {alerts.describe_failure(value)}", channels=["log"])
