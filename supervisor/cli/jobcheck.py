@@ -78,9 +78,10 @@ def fault_problems(faults: list[Any], job_file: Path, skip: Collection[int] = ()
 
 
 def entrypoint_problems(job: JobSpec, job_file: Path) -> list[SupervisorError]:
-    """A script the entrypoint names (``train.py``, ``python train.py ...``) exists in the working
-    directory, where the ranks start, or next to the job file; else `launch` would start Ray
-    and its workers only to fail there. Checked only for a fresh local Ray without code shipped
+    """A script the entrypoint names (``train.py``, ``python train.py ...``) exists relative to the
+    working directory, where `launch` runs and the ranks start (not relative to the job file: a
+    script found only next to it is named in the error, with the two ways to fix it); else
+    `launch` would start Ray and its workers only to fail there. Checked only for a fresh local Ray without code shipped
     by ``ray.runtime_env`` (a cluster may hold files this machine lacks); modules are not
     imported here (a package's ``__init__`` may be heavy)."""
     if job.ray.address not in (None, "local") or {"working_dir", "py_modules"} & set(job.ray.runtime_env):
@@ -92,10 +93,22 @@ def entrypoint_problems(job: JobSpec, job_file: Path) -> list[SupervisorError]:
     if argv and argv[0] in ("python", "python3"):
         argv = argv[1:]
     script = argv[0] if argv and argv[0].endswith(".py") else None
-    if script is None or (Path.cwd() / script).is_file() or (job_file.parent / script).is_file():
+    if script is None or (Path.cwd() / script).is_file():
         return []
-    return [ConfigError(f"script {script!r} not found in {Path.cwd()} (where the ranks start) nor next "
-                        "to the job file", source=str(job_file), field="entrypoint")]  # fmt: skip
+    beside = job_file.parent / script
+    if beside.is_file():
+        return [ConfigError(f"script {script!r} is next to the job file but not in {Path.cwd()}, where `launch` runs "
+                            f"and the ranks start: a relative entrypoint is relative to that directory; run `launch` "
+                            f"from {job_file.parent.resolve()} or name the script as {_named(beside)}",
+                            source=str(job_file), field="entrypoint")]  # fmt: skip
+    return [ConfigError(f"script {script!r} not found in {Path.cwd()} (where `launch` runs and the ranks start; "
+                        "a relative entrypoint is relative to it)", source=str(job_file), field="entrypoint")]  # fmt: skip
+
+
+def _named(path: Path) -> str:
+    """How the entrypoint would name ``path`` from here: relative when below, else absolute."""
+    rel = os.path.relpath(path)
+    return str(path.resolve()) if rel.startswith("..") else rel
 
 
 def check_job(job_file: Path, overrides: Sequence[str] = ()) -> tuple[JobSpec | None, list[SupervisorError]]:

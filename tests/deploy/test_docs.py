@@ -225,10 +225,10 @@ def test_readme_own_training_diff_and_job_file_run(tmp_path: Path, monkeypatch: 
     (tmp_path / "train.py").write_text(script)
     (tmp_path / "job.yaml").write_text(_block(_section("A job file"), "yaml"))
 
+    monkeypatch.chdir(tmp_path)  # `entrypoint: train.py` is relative to where launch runs
     res = CliRunner().invoke(cli, ["validate", str(tmp_path / "job.yaml")])
     assert res.exit_code == 0, res.output
     job = load_job(tmp_path / "job.yaml").model_copy(update={"max_steps": 6})
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SUPERVISOR_TRACE", str(tmp_path / "trace.jsonl"))
     resolve(job.entrypoint)(dict(job.config), SimpleNamespace(job=job))
 
@@ -236,3 +236,97 @@ def test_readme_own_training_diff_and_job_file_run(tmp_path: Path, monkeypatch: 
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert all(r["tokens"] == 64 and r["grad_norm"] > 0 and len(r["samples"]) == 8 for r in records)
     assert records[-1]["loss"] < records[0]["loss"]  # it trained
+
+
+# -- the replay contract and the SDK section's claims, against the code ------------------------
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    return " ".join(text.split(f"### {title}", 1)[1].split("\n### ", 1)[0].split())
+
+
+def test_the_replay_contract_reads_the_same_in_readme_runtime_md_and_the_code(tmp_path: Path) -> None:
+    """The README said replay on the ranks needs loss_fn + SupervisedLoader, docs/runtime.md that
+    it needs replay_hooks; a job with loss_fn and no hooks never replayed. The truth in the code:
+    planned only with replay_hooks in the entrypoint module (a command: always), run on the ranks
+    when they have loss_fn + a SupervisedLoader, else offline through the hooks."""
+    from supervisor.core.policy.engine import adapt_to_job
+    from supervisor.core.policy.plan import JobState
+    from supervisor.runtime.replay import has_replay_hooks
+
+    readme = _readme_section("Replay: telling a bad batch from a transient (optional)")
+    runtime = next(
+        ln for ln in (ROOT / "docs" / "runtime.md").read_text().splitlines() if ln.startswith("| `replay` |")
+    )
+    for text in (readme, runtime):
+        assert "planned only when the entrypoint module" in text.lower() and "replay_hooks" in text, text
+        assert "loss_fn" in text and "SupervisedLoader" in text, text
+        assert "command entrypoint" in text, text
+    # 1. Planned only with hooks: the supervisor reads the module's source.
+    without = tmp_path / "plain_train.py"
+    without.write_text("def main(config, ctx):\n    pass\n")
+    with_hooks = tmp_path / "hooked_train.py"
+    with_hooks.write_text("from x import replay_hooks\ndef main(config, ctx):\n    pass\n")
+    assert has_replay_hooks(str(without)) is False and has_replay_hooks(str(with_hooks)) is True
+    assert has_replay_hooks("python train.py --lr 1") is None  # a command: cannot tell, planned
+    step = SimpleNamespace(spec=SimpleNamespace(action="replay"))
+    kept, notes = adapt_to_job([step], JobState(step=100, can_replay=False))  # type: ignore[list-item]
+    assert kept == [] and "no replay_hooks" in notes[0] and "excluded without replay" in notes[0]
+    assert adapt_to_job([step], JobState(step=100, can_replay=None))[0] == [step]  # type: ignore[list-item]
+    # 2. On the ranks: loss_fn and a SupervisedLoader, else the ranks refuse (the offline hooks run).
+    sdk_replay = (ROOT / "supervisor" / "sdk" / "replay.py").read_text()
+    assert "probe.loss_fn is None or loader is None" in sdk_replay
+
+
+def test_the_sdk_section_claims_hold(tmp_path: Path) -> None:
+    """README "Supervise your own training": token_losses returns sums; optimizer_step clips,
+    steps the optimizer and the scheduler and zeroes the grads; with ctx=None the probe writes a
+    JSONL trace at ``trace=``; a dataset's sample_id(i) names the samples in each record."""
+    import torch
+
+    from supervisor import sdk
+
+    section = " ".join(_section("Supervise your own training").split())
+    for claim in ("returns token-loss *sums*", "clip + optimizer.step + scheduler.step + zero_grad",
+                  "(`trace=` or `$SUPERVISOR_TRACE`)", "`sample_id(i)` / `source(i)`", "probe.proceed()"):  # fmt: skip
+        assert claim in section, claim
+    logits, targets = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    sums = sdk.token_losses(logits, targets)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    assert torch.allclose(sums.loss_sum, expected) and int(sums.tokens) == 10
+
+    class Data:
+        def __init__(self) -> None:
+            self.x = torch.randint(0, 11, (16, 5), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.x[i, :-1], "labels": self.x[i, 1:]}
+
+        def sample_id(self, i: int) -> str:
+            return f"doc-{i:03d}"
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    loader = sdk.SupervisedLoader(Data(), 4, seed=0)
+    trace = tmp_path / "own.jsonl"
+    probe = sdk.init(model, opt, scheduler=sched, loader=loader, ctx=None, grad_clip=1e-3, trace=str(trace))
+    for _ in range(3):
+        batch = next(iter(loader))
+        with probe.step(batch) as s:
+            s.backward(sdk.token_losses(model(batch["input_ids"]), batch["labels"]))
+            s.optimizer_step()
+        assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # zeroed
+    probe.close()
+    assert sched.last_epoch == 3  # the scheduler stepped once per optimizer step
+    records = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(len(r["samples"]) == 4 and all(x.startswith("doc-") for x in r["samples"]) for r in records)
+    assert all(r["update_norm"] <= 0.1 * 1e-3 * 1.01 for r in records), (
+        records
+    )  # clipped at 1e-3 (SGD, lr 0.1)
