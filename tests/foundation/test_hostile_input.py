@@ -220,7 +220,9 @@ def test_a_missing_entrypoint_script_is_found_by_validate(
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "train.py").write_text("def main(config, ctx):\n    pass\n")
     nested = tmp_path / "sub" / "job.yaml"
-    nested.write_text(JOB.replace("m:f", "train.py"))  # next to the job file: fine
+    nested.write_text(JOB.replace("m:f", "train.py"))  # relative to where launch runs, not the job file
+    _one_error_line(_run("validate", str(nested)), "is next to the job file but not in")
+    nested.write_text(JOB.replace("m:f", "sub/train.py"))
     assert _run("validate", str(nested)).returncode == 0
     remote = JOB.replace("m:f", "trian.py") + "ray: {address: 'head:6379'}\n"
     job.write_text(remote)  # a cluster may hold files this machine lacks: not checked
