@@ -8,7 +8,8 @@ lines marked ``# sdk``. Run offline (no supervisor) with::
 and analyze the trace later (``supervisor analyze /tmp/tinylm.jsonl``).
 
 ``config`` keys (all optional): ``model`` (``TinyLMConfig`` fields), ``parallel`` (``ddp``, the
-default, or ``fsdp2``: ``fully_shard`` per block), ``batch_size``, ``lr``,
+default, or ``fsdp2``: ``fully_shard`` per block), ``device`` (``cpu``, the default, or ``cuda``
+with the job's ``gpus_per_worker: 1``), ``batch_size``, ``lr``,
 ``min_lr_ratio``, ``warmup_steps``, ``weight_decay``, ``betas``, ``grad_clip``, ``seed``,
 ``max_steps``, ``data`` (``max_bytes_per_source``, ``extra_texts``; ``streaming``, ``loader_workers``,
 ``prefetch_factor``, ``shards``, ``stream_dir``: see ``examples.tinylm.data.loader_source``), ``probe``
@@ -60,7 +61,8 @@ def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any,
     mcfg = TinyLMConfig.from_dict(
         {**cfg, **(cfg.get("model") or {})}
     )  # `d_model: 128` or `model: {d_model: 128}`
-    model: torch.nn.Module = TinyLM(mcfg)
+    device = torch.device(cfg.get("device", "cpu"))
+    model: torch.nn.Module = TinyLM(mcfg).to(device)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         if cfg.get("parallel", "ddp") == "fsdp2":  # sharded parameters, gradients and optimizer state
             from torch.distributed.fsdp import fully_shard
@@ -69,7 +71,9 @@ def build(config: dict[str, Any], max_steps: int) -> tuple[torch.nn.Module, Any,
                 fully_shard(block)
             fully_shard(model)
         else:
-            model = torch.nn.parallel.DistributedDataParallel(model)
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index or 0] if device.type == "cuda" else None
+            )
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     groups = [
@@ -118,14 +122,23 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
         **cfg.get("probe", {}),
     )  # sdk
     attach(faults, probe)  # drills
+    device = next(model.parameters()).device
     for batch in loader:
-        batch = faults.begin_step(probe.step_count + 1, batch)  # drills
+        batch = to_device(faults.begin_step(probe.step_count + 1, batch), device)  # drills
         with probe.step(batch) as s:  # sdk
             s.backward(lm_loss(model, batch))  # sdk: replaces loss.backward()
             with faults.optimizer_step(probe.step_count + 1, model, optimizer):  # drills
                 s.optimizer_step()  # sdk: replaces clip + optimizer.step() + scheduler.step() + zero_grad()
     probe.close()  # sdk
     return {"steps": probe.step_count}
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The batch's tensors on the model's device (config ``device``: ``cpu``, the default, or ``cuda``)."""
+    if device.type == "cpu":
+        return batch
+    return {k: v.pin_memory().to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}  # fmt: skip
 
 
 def _cli() -> None:

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ProbeSettings(BaseModel):
-    """Cost discipline lives here: every step costs one packed device->host copy, nothing more."""
+    """Cost discipline lives here: every step costs one non-blocking packed device->host copy, nothing more."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -44,4 +44,21 @@ class ProbeSettings(BaseModel):
     max_samples: int = Field(default=1024, ge=0, description="Sample IDs kept per record.")
     freeze_poll_s: float = Field(
         default=0.1, gt=0, description="How often a frozen rank 0 polls for the release."
+    )
+    guard: bool = Field(
+        default=True,
+        description="While no supervisor answers, hold at the step boundary on a severe anomaly rank 0 "
+        "sees itself (non-finite loss; loss or update ratio far above its own band): sdk/guard.py.",
+    )
+    guard_after_steps: int = Field(
+        default=10,
+        ge=1,
+        description="The guard arms after this many steps without an answer from the supervisor ...",
+    )
+    guard_after_s: float = Field(default=15.0, ge=0, description="... and this many seconds.")
+    guard_z: float = Field(
+        default=12.0, gt=0, description="Robust deviations above the rank's own band that make a step severe."
+    )
+    guard_hold_s: float = Field(
+        default=1800.0, gt=0, description="The longest hold without an answer; training then goes on."
     )
