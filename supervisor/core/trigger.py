@@ -16,7 +16,8 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
    recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
    a possible benign shift (heavy-tailed single-step noise never opens anything);
 5. the reported loss spikes while the recomputed one does not (a metric artifact);
-6. one rank far from the others' median, beyond both the usual spread and the usual worst rank,
+6. one rank far from the others' median and far out of its own band (``rank_alone``: its own
+   evidence, however little it moves the mean over N ranks); or beyond both the usual spread and the usual worst rank,
    with the gradients out of band too, or two steps in a row (once alone is micro-batch noise),
    or far enough to lift the step's loss ``min_loss_jump`` above the other ranks' (``_rank_split``:
    within-step evidence that needs no co-moving gradient);
@@ -60,7 +61,7 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("checksum", True)
     if incomplete_resume(s.events):
         return Trigger("resume", True)  # seen where the state was loaded: no optimizer dynamics needed
-    if _rank_split(sig, st):
+    if _rank_split(sig, st) or rank_alone(sig, st):
         return Trigger("rank", False)
     if not sig.ready:
         return None
@@ -172,6 +173,29 @@ def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
         return False
     others = s.ranks_median_loss
     return others is not None and others > 0.0 and s.loss_main >= others * (1.0 + st.min_loss_jump)
+
+
+def rank_alone(sig: Signals, st: DetectorSettings) -> bool:
+    """One rank out of its own band and out of the cross-rank distribution at once: an incident on
+    that rank's own evidence, whatever the mean over all ranks does. One rank lifts the mean by
+    about (ratio - 1) / N, so any rule that also asks the mean to rise loses sensitivity with the
+    number of ranks; these three tests do not:
+
+    * across ranks: beyond the usual spread (``rank_z_threshold``), beyond the usual *worst* rank
+      of a step (``rank_tail_z`` >= ``z_threshold``: the maximum of N ranks has a tail that grows
+      with N, and this compares like with like) and beyond 1.5x every worst rank of the window;
+    * in time, on that rank alone: its loss ``z_threshold`` out of its own band and
+      ``min_loss_jump`` above its own level (not only ``band_z``: this is the rank's own alarm,
+      held to the loss's own threshold).
+
+    A rank with no band of its own yet (young run, after a gap) is left to the other rules."""
+    s = sig.summary
+    if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
+        return False
+    if not _rank_far(sig, st):
+        return False
+    own = sig.rank_own(st.level_window, st.loss_floor)
+    return own is not None and own[1] >= st.z_threshold and own[0] >= math.log1p(st.min_loss_jump)
 
 
 #: ``source_off``: appearances of a source in a row (this step's included) with its own loss out of band.

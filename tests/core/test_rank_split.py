@@ -51,13 +51,15 @@ def test_a_garbage_batch_on_one_of_two_ranks_is_found_at_its_step(name: str, ste
     assert bad.samples and d.suspect_samples == bad.samples
 
 
-def test_one_heavy_micro_batch_among_many_ranks_lifts_the_step_too_little() -> None:
-    """The same 2x on one rank of 64 moves the step's loss by ~1.6%: no incident from one step
-    (tests/core/test_detect_rules.py: twice in a row is one)."""
+def test_one_rank_out_of_its_own_band_among_many_ranks_is_found_though_the_step_barely_moves() -> None:
+    """The same 2x on one rank of 64 moves the step's loss by ~1.6%, but the rank left its own
+    band and the cross-rank distribution: an incident on its own evidence (issue 26 point 0;
+    tests/core/test_rank_scale.py checks 2 to 1,024 ranks)."""
     recs = synthetic_records(300, 64, seed=8, tokens=256)
     (bad,) = at(recs, 250, rank=17)
     set_loss(bad, bad.loss * 2.0)
-    assert analyze_records(recs).incidents == []
+    found = analyze_records(recs).incidents
+    assert [(d.onset_step, d.first_rank, d.rank_local) for d in found] == [(250, 17, True)]
 
 
 # -- a rank that dipped is no fault, and never names the other rank ---------------------------------
