@@ -21,6 +21,7 @@ from supervisor.checkpoint.store import save_id
 from supervisor.cli.output import STEP, JobName, console, json_option, print_json
 from supervisor.core.model import HealthMark
 from supervisor.errors import EXIT_FAILED, CheckpointError, ConfigError
+from supervisor.incidents.timeline import RELEASE_HINT
 from supervisor.storage import Backend, open_backend
 from supervisor.storage.local import LocalBackend
 
@@ -146,6 +147,12 @@ def list_cmd(
             out.print(f"      replaced save {k['save_id']}: {k['health']} ({k['reason']})")
     if not rows:
         out.print("  no committed checkpoints")
+    for h in block.holders if block else []:
+        if h.incident is not None:  # an escalated incident's hold stays until a person releases it
+            hint = RELEASE_HINT.format(id=h.incident)
+            out.print(
+                f"  held by incident {h.incident} ({h.reason}); once it is closed and dealt with: {hint}"
+            )
 
 
 @checkpoints.command("verify")

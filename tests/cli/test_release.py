@@ -51,6 +51,12 @@ def test_escalation_message_names_the_release_command(tmp_path: Path) -> None:
     assert f"to release: supervisor incidents release {inc} --job <job.yaml> --note" in text
 
 
+def test_checkpoints_list_names_the_release_command(tmp_path: Path) -> None:
+    job, _, _, inc = _escalated_job(tmp_path)
+    code, out, _ = _run("checkpoints", "list", str(job))
+    assert code == 0 and f"supervisor incidents release {inc} --job <job.yaml>" in " ".join(out.split())
+
+
 def test_release_lifts_the_hold_records_who_and_why_and_latest_catches_up(tmp_path: Path) -> None:
     job, ckpts, store, inc = _escalated_job(tmp_path)
     code, out, err = _run("incidents", "release", str(inc), "--job", str(job), "--note", "fixed the LR schedule",
