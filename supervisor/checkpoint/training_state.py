@@ -37,7 +37,16 @@ from supervisor.errors import CheckpointError, SupervisorError
 
 Engine = Literal["dcp", "torch"]
 
-__all__ = ["LoadedState", "check_loadable", "load_training_state", "save_training_state", "unwrap"]
+__all__ = [
+    "LoadedState",
+    "check_loadable",
+    "incomplete_components",
+    "load_training_state",
+    "resume_check",
+    "resume_events",
+    "save_training_state",
+    "unwrap",
+]
 
 
 @dataclass(slots=True)
@@ -48,6 +57,65 @@ class LoadedState:
     manifest: Manifest | None = None
     shard_checksum: str | None = None
     """This rank's restored model state, checked equal to the one saved (same layout); None if resharded."""
+
+    @property
+    def incomplete(self) -> list[str]:
+        """State components the restore did not bring back as saved (``incomplete_components``)."""
+        return incomplete_components(self.report)
+
+
+#: Report lines (``consistency.compare``, ``_restore_small``) that mean a component of the saved
+#: state is missing or differs after the load -> the component. Geometry and world-size lines are
+#: intended changes, not a lost state.
+_INCOMPLETE = (
+    ("optimizer moment ", "optimizer"),
+    ("optimizer lr differs", "optimizer"),
+    ("scheduler step differs", "scheduler"),
+    ("scheduler last lr differs", "scheduler"),
+    ("checkpoint has no scheduler state", "scheduler"),
+    ("checkpoint has scheduler state but no scheduler", "scheduler"),
+    ("checkpoint has no scaler state", "scaler"),
+    ("checkpoint has scaler state but no scaler", "scaler"),
+    ("data cursor differs", "loader"),
+)
+
+
+def incomplete_components(report: list[str]) -> list[str]:
+    """The state components (optimizer, scheduler, scaler, loader) a restore's report says were not
+    restored as saved, sorted, each once. The SDK sends each as a ``resume_incomplete:<component>``
+    record event after the load; the detector opens a ``resume_state`` incident on it at once,
+    whatever the optimizer's update looks like (Lion's ``lr * sign(.)`` never changes size)."""
+    found = {comp for line in report for prefix, comp in _INCOMPLETE if line.startswith(prefix)}
+    return sorted(found)
+
+
+def resume_check(
+    saved_summary: Mapping[str, Any],
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    data_state: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """After any resume (the SDK's, or a script's own), the components that did not come back as
+    saved: ``saved_summary`` is ``consistency.summarize`` of the state at save time (what a
+    checkpoint's manifest keeps per rank), compared with the live optimizer (its moments present,
+    its LRs), scheduler (its step, last LR) and loader cursor. Returns the record events to send
+    (``resume_events``)."""
+    report = compare(
+        {"summary": dict(saved_summary)},
+        saved_world_size=1,
+        world_size=1,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data_state=data_state,
+        expect=None,
+    )
+    return resume_events(report)
+
+
+def resume_events(report: list[str]) -> list[str]:
+    """The record events of a restore with this report: ``resume_incomplete:<component>`` each."""
+    return [f"resume_incomplete:{c}" for c in incomplete_components(report)]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
