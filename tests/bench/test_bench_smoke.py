@@ -23,7 +23,8 @@ NUMBER = r"[-+]?[\d,]+(?:\.\d+)?"
 
 
 def smoke(script: str, *extra: str, timeout_s: float = 300) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "RAY_raylet_start_wait_time_s": "180"}  # a busy 2-core machine starts Ray slowly  # fmt: skip
     proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
     both = proc.stdout + proc.stderr
