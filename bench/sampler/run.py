@@ -277,6 +277,7 @@ def run_all(
 
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
     start_ray(4 * jobs + 2, NAMESPACE)  # logical CPUs: up to 4 ranks per job, room for replay tasks
+    (out / "cells.jsonl").unlink(missing_ok=True)
     spinner = BusyCore() if busy else None
     results: dict[str, Result] = {}
     try:
@@ -288,6 +289,8 @@ def run_all(
             for done in as_completed(futures):
                 res = done.result()
                 results[res.id] = res
+                with (out / "cells.jsonl").open("a", encoding="utf-8") as f:  # what finished, as it finishes
+                    f.write(json.dumps(asdict(res)) + "\n")
                 print(f"  {res.id} {res.name}: {res.phase} in {res.wall_s:.0f}s", file=sys.stderr, flush=True)
     finally:
         if spinner:
