@@ -57,6 +57,8 @@ class SupervisorLink:
         self.sent = 0
         self.acked = 0
         """Highest seq the supervisor has durably accepted."""
+        self.answers = 0
+        """Calls the supervisor answered (batches and directive polls): the SDK's guard counts them."""
         self.applied: dict[str, str] = {}  # directive id -> kind, as acknowledged in records
         self.last_step: int | None = None
         self.link_id = uuid.uuid4().hex[:12]
@@ -210,6 +212,7 @@ class SupervisorLink:
         """Forget what is durable; resend from where the supervisor asks (it lacks those records)."""
         if not isinstance(reply, dict):
             return
+        self.answers += 1
         self.acked = max(self.acked, int(reply.get("acked", 0)))
         while self._unacked and self._unacked[0][0] <= self.acked:
             self._unacked.popleft()
@@ -234,6 +237,7 @@ class SupervisorLink:
             self._forget_handle()
             return False
         with self._lock:
+            self.answers += 1
             for d in new:
                 self._after_id = max(self._after_id, int(d.pop("seq")))
                 self._directives.append(d)

@@ -37,6 +37,7 @@ class LinkServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.records = 0
+        self._answers_told: tuple[int, int] | None = None  # (connection, answers) last told to the process
         self._readers: list[threading.Thread] = []
         self._threads = [
             threading.Thread(target=self._accept, name="process-link-accept", daemon=True),
@@ -99,9 +100,17 @@ class LinkServer:
             if conn is None:
                 continue  # directives stay in the link until a process listens
             directives = self.link.take_directives()
-            if not directives:
+            answers = int(getattr(self.link, "answers", 0))
+            message: dict[str, Any] = {"directives": directives} if directives else {}
+            if self._answers_told != (
+                id(conn),
+                answers,
+            ):  # the process's guard counts the supervisor's answers
+                message["supervisor"] = {"answers": answers}
+            if not message:
                 continue
             try:
-                conn.sendall(encode({"directives": directives}))
+                conn.sendall(encode(message))
+                self._answers_told = (id(conn), answers)
             except OSError as exc:  # the process died: it will not need them, a new generation re-fetches
                 log.warning("directive_push_failed", error=repr(exc), directives=len(directives))

@@ -36,6 +36,11 @@ class RayTransport:
     def dropped(self) -> int:
         return self.link.dropped
 
+    @property
+    def supervisor_answers(self) -> int:
+        """Answers from the supervisor so far (the SDK's guard: sdk/guard.py)."""
+        return self.link.answers
+
 
 def _directive(d: dict[str, Any]) -> Any:
     """An SDK ``Directive`` from its JSON form (plain dict if the SDK cannot parse it)."""

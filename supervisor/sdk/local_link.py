@@ -12,7 +12,9 @@ its environment to configure), records handed to the actor survive the training 
 crash, and the actor sees the end of the stream the moment the process dies.
 
 Wire format (one JSON object per line, NaN/Infinity as Python's json writes them):
-``{"records": [...]}`` from the process, ``{"directives": [...]}`` to it.
+``{"records": [...]}`` from the process, ``{"directives": [...]}`` to it, and
+``{"supervisor": {"answers": n}}`` whenever the actor's link heard the supervisor answer again
+(the process's guard, ``sdk/guard.py``, counts them).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class LocalLink:
         self._lock = threading.Lock()
         self._inbox: deque[dict[str, Any]] = deque()
         self.connected = True
+        self.answers = 0
+        """Answers from the supervisor, as the rank's actor last told (the SDK's guard counts them)."""
         self._reader = threading.Thread(target=self._read, name="supervisor-socket", daemon=True)
         self._reader.start()
 
@@ -82,6 +86,13 @@ class LocalLink:
         try:
             for msg in read_lines(self._sock):
                 self._inbox.extend(d for d in msg.get("directives") or () if isinstance(d, dict))
+                told = (
+                    (msg.get("supervisor") or {}).get("answers")
+                    if isinstance(msg.get("supervisor"), dict)
+                    else None
+                )
+                if isinstance(told, int):
+                    self.answers = told
         except OSError:
             pass
         self.connected = False

@@ -33,6 +33,7 @@ from supervisor.sdk.directives import (
     Stop,
     ack_event,
 )
+from supervisor.sdk.guard import GUARD_ID, Guard, Watched
 
 HOLD_BEAT_S = 2.0  # while frozen or held at the last step, each rank repeats that it is there this often
 FROZEN = "frozen"  # the beat's event while frozen (``frozen:<step>``): a heartbeat, nothing to acknowledge
@@ -57,6 +58,10 @@ class Steering:
         """Created at the first save (every rank saves at the same boundary: it makes a gloo group)."""
         self._wake = threading.Event()
         self._after_freeze: list[Directive] = []
+        self.guard = _guard_for(probe)
+        """The ranks' own hold while no supervisor answers (None: off, or no supervisor at the other end)."""
+        if self.guard is not None:
+            probe.transport = Watched(probe.transport, self.guard)
         self._handlers: dict[type[Directive], Callable[[Any], None]] = {
             Continue: lambda d: None,
             Freeze: self._freeze,
@@ -89,9 +94,17 @@ class Steering:
             p.flush()
             raise StopIteration
 
-    def _exchange(self) -> list[Directive]:
+    def _exchange(self, extra: list[Directive] | None = None) -> list[Directive]:
+        """Rank 0's directives on every rank; ``extra``: rank 0's own (the guard's hold or release)."""
         mine = self.probe.transport.poll()  # every rank drains its queue; rank 0's is what counts
-        return self.control.exchange(mine if self.control.rank == 0 else [])
+        if self.control.rank != 0:
+            return self.control.exchange([])
+        mine += extra or []
+        if self.guard is not None and not self.frozen:
+            why = self.guard.at_boundary(bool(mine))
+            if why is not None and not any(isinstance(d, Freeze) for d in mine):
+                mine.append(Freeze(reason=f"guard: {why}", id=f"{GUARD_ID}{self.probe.step_count}"))
+        return self.control.exchange(mine)
 
     def handle(self, d: Directive) -> None:
         log = self.probe.log.bind(directive=d.id, kind=d.kind, step=self.probe.step_count)
@@ -132,7 +145,8 @@ class Steering:
             self.handle(d)
 
     def _freeze(self, d: Freeze) -> None:
-        self._ack(ack_event(d))
+        own = d.id.startswith(GUARD_ID)  # the ranks' own hold: the supervisor never issued it
+        self._ack(f"guard_held:{self.probe.step_count}" if own else ack_event(d))
         self.frozen = True
         self.probe.log.warning("frozen at boundary", step=self.probe.step_count, reason=d.reason)
         queued, self._after_freeze = self._after_freeze, []
@@ -147,12 +161,23 @@ class Steering:
                 if queued:
                     ds, queued = queued, []
                 else:
+                    release: list[Directive] = []
                     if self.control.rank == 0:
                         self._wake.wait(self.probe.settings.freeze_poll_s)
-                    ds = self._exchange()  # ranks > 0 wait here for rank 0's next broadcast
+                        why = self.guard.release_due() if own and self.guard is not None else None
+                        if why is not None:
+                            self.probe.log.warning("guard released", step=self.probe.step_count, why=why)
+                            release = [Continue(id=f"{GUARD_ID}release-{self.probe.step_count}")]
+                    ds = self._exchange(release)  # ranks > 0 wait here for rank 0's next broadcast
+                if own and any(not x.id.startswith(GUARD_ID) for x in ds):
+                    own = False  # the supervisor is back and acts: its own Continue releases the ranks
                 for i, x in enumerate(ds):
                     if isinstance(x, Continue):
-                        self._ack(ack_event(x))
+                        self._ack(
+                            f"guard_released:{self.probe.step_count}"
+                            if x.id.startswith(GUARD_ID)
+                            else ack_event(x)
+                        )
                         for rest in ds[i + 1 :]:  # what came with the release still applies
                             self.handle(rest) if not isinstance(rest, Freeze) else self._ack(ack_event(rest))
                         return
@@ -264,6 +289,7 @@ class Steering:
         p.step_count = self.last_saved = step
         p.sampler.reset()
         p.next_events.append("resumed")
+        p.next_events += [f"resume_incomplete:{c}" for c in loaded.incomplete]  # a fact, for any optimizer
         if loaded.shard_checksum is not None:  # checked equal to this rank's saved state
             p.next_events.append(f"shard_restored:{step}:{loaded.shard_checksum}")
         if loaded.report:
@@ -363,6 +389,16 @@ class Steering:
         self.warmup_steps = state.get("warmup_steps")
         self.warmup_from = int(state.get("warmup_from", 0))
         self.grad_clip = state.get("grad_clip")
+
+
+def _guard_for(probe: Any) -> Guard | None:
+    """The guard, when it is on and a supervisor is at the other end of the transport."""
+    s = probe.settings
+    transport = probe.transport  # the one that talks to the supervisor (a drill may wrap it later)
+    if not getattr(s, "guard", False) or getattr(transport, "supervisor_answers", None) is None:
+        return None
+    return Guard(lambda: transport.supervisor_answers, after_steps=s.guard_after_steps,
+                 after_s=s.guard_after_s, z=s.guard_z, hold_s=s.guard_hold_s)  # fmt: skip
 
 
 def _geometry(loader: Any) -> dict[str, Any]:

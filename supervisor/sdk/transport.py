@@ -70,8 +70,10 @@ class BatchingTransport:
         max_buffer: int = 10_000,
         name: str = "telemetry",
         hold_at_end_s: float = 0.0,
+        answers: Callable[[], int] | None = None,
     ) -> None:
         self.hold_at_end_s = hold_at_end_s
+        self._answers = answers
         """Seconds the ranks hold at their last step for the supervisor (0: a local trace, no hold)."""
         self._sink = sink
         self._source = directives
@@ -88,6 +90,11 @@ class BatchingTransport:
         self._log = get_logger("supervisor.sdk.transport", transport=name)
         self._thread = threading.Thread(target=self._run, name=f"sdk-{name}", daemon=True)
         self._thread.start()
+
+    @property
+    def supervisor_answers(self) -> int | None:
+        """How many answers came from the supervisor so far (None: no supervisor at the other end)."""
+        return self._answers() if self._answers is not None else None
 
     # -- training side -------------------------------------------------------------------------
     def send(self, batch: list[dict[str, Any]]) -> None:
