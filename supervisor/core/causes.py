@@ -57,6 +57,8 @@ _PRIOR = {
     Phenotype.SLOW_RECOVERY: Cause.OPTIMIZER,
     Phenotype.DIVERGENCE: Cause.OPTIMIZER,
 }
+#: The cause each phenotype lends its prior to; its first evidence sentence describes the curve.
+PHENOTYPE_PRIOR = _PRIOR
 
 
 def _g(x: float) -> str:

@@ -7,11 +7,13 @@ for it, filled in from the diagnosis so it is never generic boilerplate.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from supervisor.core.model import Cause, Diagnosis
+from supervisor.core.causes import PHENOTYPE_PRIOR
+from supervisor.core.model import Cause, CauseScore, Diagnosis
 
 _MIN_SCORE = 0.25
 
@@ -107,11 +109,74 @@ BY_ATTRIBUTE: dict[str, Callable[[Diagnosis], Measure]] = {
 }
 
 
+#: Steps named in an evidence sentence ("at step 221", "from step 160", "resumed at step 150").
+_STEP = re.compile(r"\b(?:at|from) step (\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class RootCause:
+    """The earliest evidence that explains the incident, and what followed from it."""
+
+    cause: Cause
+    step: int | None
+    evidence: str
+    consequences: list[str]
+
+    def headline(self) -> str:
+        return f"{self.cause.value}: {self.evidence}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause.value,
+            "step": self.step,
+            "evidence": self.evidence,
+            "consequences": list(self.consequences),
+        }
+
+
+def _first_step(text: str) -> int | None:
+    steps = [int(m) for m in _STEP.findall(text)]
+    return min(steps) if steps else None
+
+
+def root_cause(diagnosis: Diagnosis | None) -> RootCause | None:
+    """The root cause is the first abnormal quantity: among the likely causes (score >=
+    ``_MIN_SCORE``), the one whose evidence names the earliest step (an LR x25 at step 221 comes
+    before the update-ratio jump and the loss peak it caused); at the same step, the higher score.
+    The phenotype's own sentence (the loss curve) is a symptom, never a root. Later evidence of
+    every cause is listed as consequences, in step order. None without a diagnosis or causes."""
+    if diagnosis is None or not diagnosis.causes:
+        return None
+    likely = [c for c in diagnosis.causes if c.score >= _MIN_SCORE] or diagnosis.causes[:1]
+    found: list[tuple[int, int, CauseScore, str]] = []
+    for rank, cs in enumerate(likely):
+        for line in cs.evidence[1:] if _is_prior(cs, diagnosis) else cs.evidence:
+            step = _first_step(line)
+            if step is not None:
+                found.append((step, rank, cs, line))
+    if not found:
+        top = diagnosis.causes[0]
+        return RootCause(top.cause, None, top.evidence[0] if top.evidence else top.cause.value, [])
+    found.sort(key=lambda x: (x[0], x[1]))
+    step, _, cs, line = found[0]
+    later = [f"{c.cause.value}: {t}" for s, _, c, t in found[1:] if t != line]
+    return RootCause(cs.cause, step, line, later)
+
+
+def _is_prior(cs: CauseScore, d: Diagnosis) -> bool:
+    """The cause's first sentence is the phenotype's description of the loss curve (the prior)."""
+    return PHENOTYPE_PRIOR.get(d.phenotype) is cs.cause and bool(cs.evidence)
+
+
 def suggest(diagnosis: Diagnosis | None, earlier_signal: str | None = None) -> list[Measure]:
-    """Measures for this incident, most important first, one per kind."""
+    """Measures for this incident, most important first, one per kind: the root cause's first
+    (``root_cause``: the earliest evidence), then the other likely causes'."""
     out: list[Measure] = []
     if diagnosis is not None:
         causes = [c for c in diagnosis.causes if c.score >= _MIN_SCORE] or diagnosis.causes[:1]
+        root = root_cause(diagnosis)
+        if root is not None:
+            causes.sort(key=lambda c: c.cause is not root.cause)
         out += [BY_CAUSE[c.cause](diagnosis) for c in causes if c.cause in BY_CAUSE]
         out += [BY_ATTRIBUTE[a](diagnosis) for a in diagnosis.attributes]
     if earlier_signal in ("grad_norm", "update_ratio"):

@@ -21,7 +21,7 @@ from dataclasses import field as dataclass_field
 from typing import Any
 
 from supervisor.core.model import Diagnosis
-from supervisor.incidents.measures import Measure, suggest
+from supervisor.incidents.measures import Measure, root_cause, suggest
 from supervisor.incidents.models import Event, Incident, strict
 from supervisor.incidents.signals import Crossing, aggregate, first_crossings
 from supervisor.incidents.states import EventKind, EventStatus
@@ -110,6 +110,7 @@ class Postmortem:
                 "timeline": [{**e.to_json(), "summary": text} for e, text in self.timeline],
                 "root_cause": {
                     "top_cause": self.incident.top_cause,
+                    "first": (r.to_json() if (r := root_cause(self.diagnosis)) is not None else None),
                     "causes": [c.to_json() for c in self.diagnosis.causes] if self.diagnosis else [],
                     "attributes": self.diagnosis.attributes if self.diagnosis else [],
                     "suspect_samples": self.diagnosis.suspect_samples
@@ -387,11 +388,17 @@ def _summary(incident: Incident, diag: Diagnosis | None, impact: Impact) -> str:
         return f"Incident {incident.id} of job {incident.job}: {incident.state.value}, no diagnosis recorded."
     where = f" on rank {diag.first_rank}" if diag.first_rank is not None else ""
     attrs = f" [{', '.join(diag.attributes)}]" if diag.attributes else ""
-    cause = diag.causes[0] if diag.causes else None
-    why = f"; most likely cause {cause.cause.value} ({cause.score:.2f})" if cause else ""
+    root = root_cause(diag)
+    why = f"; root cause {root.headline()}" if root is not None else ""
+    detected = incident.detected_step
+    if diag.detected_step is not None and (detected is None or detected < diag.onset_step):
+        detected = diag.detected_step  # a later occurrence's own detection, never one before its onset
+    when = f"detected at step {detected}"
+    if detected is not None and detected < diag.onset_step:  # a recurrence reopened the incident
+        when = f"first detected at step {detected}, this occurrence from step {diag.onset_step}"
     parts = [
         f"Incident {incident.id} of job {incident.job}: {diag.severity.value} {diag.phenotype.value} loss spike"
-        f"{attrs} starting at step {diag.onset_step}{where}, detected at step {incident.detected_step}{why}."
+        f"{attrs} starting at step {diag.onset_step}{where}, {when}{why}."
     ]
     if len(impact.rollbacks) > 1:
         parts.append(f"Rolled back {len(impact.rollbacks)} times: {rollbacks_words(impact)}.")
