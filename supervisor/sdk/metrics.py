@@ -59,8 +59,10 @@ class NormSampler:
     """Keeps a small strided copy of the parameters to estimate ‖θ‖ and ‖Δθ‖ between calls.
 
     One measurement is a handful of kernels whatever the number of tensors: the sampled
-    elements are gathered into one flat vector, squared in float64 and summed per tensor
-    (``segment_reduce``), then weighted by ``numel / sampled``.
+    elements are gathered into one flat vector, squared in float64 and reduced with one dot
+    product against a per-element weight (``numel / sampled`` of the element's tensor, built
+    once). No kernel reads a value back to the host (``segment_reduce`` checks its lengths
+    with a device->host read: a sync per call on CUDA).
     """
 
     def __init__(self, params: Sequence[Tensor], stride: int = 31, exact_below: int = 1024) -> None:
@@ -73,12 +75,11 @@ class NormSampler:
         self.sampled = sum(v.numel() for v in self._views)
         dev = self._views[0].device if self._views else torch.device("cpu")
         lengths = [v.numel() for v in self._views]
-        self._lengths = torch.tensor(lengths, dtype=torch.int64, device=dev)
-        self._scale = torch.tensor(
+        scale = torch.tensor(
             [local(p).numel() / max(1, n) for p, n in zip(self.params, lengths, strict=True)],
             dtype=torch.float64,
-            device=dev,
         )
+        self._weight = torch.repeat_interleave(scale, torch.tensor(lengths, dtype=torch.int64)).to(dev)
 
     @property
     def memory_fraction(self) -> float:
@@ -105,8 +106,7 @@ class NormSampler:
         self._views = self._make_views()
 
     def _weighted(self, x: Tensor) -> Tensor:
-        sq = x.double().square()
-        return (torch.segment_reduce(sq, "sum", lengths=self._lengths) * self._scale).sum()
+        return torch.dot(x.double().square(), self._weight)
 
     def measure(self) -> tuple[Tensor, Tensor | None]:
         """(‖θ‖² estimate, ‖Δθ‖² estimate since the last call or None), as float64 device scalars."""
@@ -189,8 +189,8 @@ class Inflight:
 
     def values(self) -> dict[str, list[float]]:
         if self._values is None:
-            if self._event is not None:
-                self._event.synchronize()  # type: ignore[attr-defined]
+            if self._event is not None and not self._event.query():  # type: ignore[attr-defined]
+                self._event.synchronize()  # type: ignore[attr-defined]  # only at a flush, in practice
             flat = self._host.tolist() if self._host is not None else []
             out, i = {}, 0
             for name, n in self._names:

@@ -94,6 +94,7 @@ class StepScope:
         self._backwards = 0
         self._c: torch.Tensor | None = None
         self._shared = False  # c was all-reduced (declared accumulation over several ranks)
+        self._loss: StepLoss | None = None
 
     def __enter__(self) -> StepScope:
         return self
@@ -119,6 +120,7 @@ class StepScope:
         """Add this (micro-)batch's loss sums to the step's record (no sync)."""
         self._parts.append(out)
         self._batches.append(batch if batch is not None else self._current)
+        self._loss = None  # the joined StepLoss, made again after a new part
 
     def backward(self, out: StepLoss, *, batch: Any = None) -> None:
         """``report(out)`` then backward; once per micro-batch (see the module docstring)."""
@@ -172,13 +174,16 @@ class StepScope:
             raise SupervisorError("no loss reported in this step: call s.backward(out) or s.report(out)")
         if len(self._parts) == 1:
             return self._parts[0]
+        if self._loss is not None:
+            return self._loss
         cat = lambda xs: None if any(x is None for x in xs) else torch.cat([x.reshape(-1) for x in xs])  # noqa: E731
-        return StepLoss(
+        self._loss = StepLoss(
             torch.stack([p.loss_sum.detach().double() for p in self._parts]).sum(),
             torch.stack([p.tokens for p in self._parts]).sum(),
             cat([p.sample_loss_sum for p in self._parts]),
             cat([p.sample_tokens for p in self._parts]),
         )
+        return self._loss
 
     def meta_batch(self) -> Any:
         """What names the step's samples: the step's batch, else its micro-batches' IDs joined."""
