@@ -28,9 +28,17 @@ _ACTIONS = {
 }
 
 
-def reached(kill: Kill, status: dict[str, Any]) -> bool:
+#: ``action_began``: the kill lands within this long of the action's start (the effect boundary).
+BEGAN_WITHIN_S = 1.0
+
+
+def reached(kill: Kill, status: dict[str, Any], now: float | None = None) -> bool:
     """Whether ``status`` shows the run at the kill point."""
     incident = status.get("incident") or {}
+    if kill.at == "action_began":
+        began = incident.get("action_began")
+        now = time.time() if now is None else now
+        return incident.get("action") == kill.action and began is not None and now - began < BEGAN_WITHIN_S
     if kill.at == "before_detection":
         return kill.step is not None and int(status.get("step") or 0) >= kill.step and not incident
     if kill.at == "frozen":
@@ -40,8 +48,11 @@ def reached(kill: Kill, status: dict[str, Any]) -> bool:
     return incident.get("action") in _ACTIONS[kill.at]
 
 
-def kill_at(handle: Any, job_name: str, kill: Kill, timeout_s: float, poll_s: float = 0.1) -> str | None:
-    """Wait for the kill point, then kill; what was killed and when (None: never reached)."""
+def kill_at(
+    handle: Any, job: Any, kill: Kill, timeout_s: float, poll_s: float = 0.05
+) -> tuple[str | None, Any]:
+    """Wait for the kill point, then kill; (what was killed and when -- None: never reached -- and
+    the supervisor to follow from then on: in ``foreground`` mode a new one attached to the job)."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -53,14 +64,35 @@ def kill_at(handle: Any, job_name: str, kill: Kill, timeout_s: float, poll_s: fl
             time.sleep(poll_s)
             continue
         if status.get("terminal"):
-            return None
+            return None, handle
         if reached(kill, status):
-            what = _kill(handle, job_name, kill, int(status.get("generation") or 0))
-            done = f"{what} killed at {kill.at} (step {status.get('step')}, action {(status.get('incident') or {}).get('action')})"
-            log.warning("drill_kill", job=job_name, what=done)
-            return done
+            time.sleep(kill.delay_s)
+            what = _kill(handle, job.name, kill, int(status.get("generation") or 0))
+            where = kill.at if kill.action is None else f"{kill.at} {kill.action}"
+            done = (f"{what} killed at {where}{f' + {kill.delay_s:g}s' if kill.delay_s else ''} "
+                    f"(step {status.get('step')}, action {(status.get('incident') or {}).get('action')}, "
+                    f"{kill.mode})")  # fmt: skip
+            log.warning("drill_kill", job=job.name, what=done)
+            if kill.target == "supervisor" and kill.mode == "foreground":
+                from supervisor.runtime import api
+
+                handle = _attach_again(api, job)
+            return done, handle
         time.sleep(poll_s)
-    return None
+    return None, handle
+
+
+def _attach_again(api: Any, job: Any, timeout_s: float = 60.0) -> Any:
+    """``supervisor launch --attach JOB`` after a foreground supervisor died: the dead actor's name
+    is free once Ray has noticed its death."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return api.attach(job)
+        except Exception:  # the old actor is still being torn down: its name is taken
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _kill(handle: Any, job_name: str, kill: Kill, generation: int) -> str:
@@ -70,7 +102,8 @@ def _kill(handle: Any, job_name: str, kill: Kill, generation: int) -> str:
     from supervisor.runtime.names import NAMESPACE
 
     if kill.target == "supervisor":
-        ray.kill(handle, no_restart=False)  # a crash: Ray restarts the actor, which re-attaches
+        # A crash: Ray restarts a detached supervisor, which re-attaches; a foreground one stays dead.
+        ray.kill(handle, no_restart=kill.mode == "foreground")
         return "supervisor"
     name = worker_actor_name(job_name, generation, kill.rank)
     ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

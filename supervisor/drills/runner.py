@@ -251,12 +251,13 @@ def run_one(
     killed = None
     try:
         kill = sc.scenario.kill
-        # A kill drill runs the supervisor as in production with --detach: restarted by Ray.
-        handle = api.launch(job, detached=kill is not None)
+        # A kill drill runs the supervisor as in production: with --detach it is restarted by Ray;
+        # in the foreground a new supervisor attaches after the kill.
+        handle = api.launch(job, detached=kill is not None and kill.mode == "detach")
         if kill is not None:
             from supervisor.drills.kill import kill_at, wait_through_restarts
 
-            killed = kill_at(handle, job.name, kill, sc.scenario.timeout_s)
+            killed, handle = kill_at(handle, job, kill, sc.scenario.timeout_s)
             status = wait_through_restarts(handle, sc.scenario.timeout_s)
         else:
             status = api.wait(handle, timeout_s=sc.scenario.timeout_s)

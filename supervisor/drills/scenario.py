@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from supervisor.config.job import JobSpec
 from supervisor.config.loader import load_model, read_yaml
@@ -119,7 +119,7 @@ class Expect(BaseModel):
         return v
 
 
-KillPoint = Literal["before_detection", "open", "frozen", "acting", "observing", "resuming"]
+KillPoint = Literal["before_detection", "open", "frozen", "acting", "observing", "resuming", "action_began"]
 
 
 class Kill(BaseModel):
@@ -138,6 +138,29 @@ class Kill(BaseModel):
         None, ge=1, description="`before_detection`: kill once the job reports this step (before the fault)."
     )
     rank: int = Field(1, ge=0, description="`worker`: the rank whose actor is killed.")
+    action: str | None = Field(
+        None,
+        description="`action_began`: kill inside the first second after this action of the plan began "
+        "(the effect boundary just after the action before it was recorded done; `observe`: the first "
+        "second of the observation window).",
+    )
+    delay_s: float = Field(
+        0.0, ge=0, le=60, description="Wait this long after the point is reached, then kill."
+    )
+    mode: Literal["detach", "foreground"] = Field(
+        "detach",
+        description="`detach`: the supervisor runs as `launch --detach` runs it and Ray restarts it; "
+        "`foreground`: as a foreground `launch` runs it, and a new supervisor attaches after the kill "
+        "(`launch --attach`).",
+    )
+
+    @model_validator(mode="after")
+    def _action_named(self) -> Kill:
+        if (self.at == "action_began") != (self.action is not None):
+            raise ValueError("`action` is given with `at: action_began`, and only then")
+        if self.action is not None and self.action not in action_names():
+            raise ValueError(f"unknown action {self.action!r}; valid: {', '.join(action_names())}")
+        return self
 
 
 class Scenario(BaseModel):

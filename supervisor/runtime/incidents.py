@@ -695,11 +695,13 @@ class IncidentFlow:
             return None
         actions = active.plan.actions
         current = actions[active.index].name if active.index < len(actions) else None
+        began = self.runner.began.get(action_id(active, active.index, current)) if current else None
         return {
             "id": active.incident_id,
             "rule": active.plan.rule,
             "phenotype": self._diagnosis.phenotype.value if self._diagnosis else None,
             "action": current,
+            "action_began": began,
             "progress": f"{min(active.index + 1, len(actions))}/{len(actions)}",
             "waiting": list(self.state.waiting),
         }

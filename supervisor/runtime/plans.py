@@ -9,6 +9,7 @@ name), so after a restart an action whose event is ``done`` is skipped and one t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +42,8 @@ class PlanRunner:
         self.incidents = incidents
         self._started: set[str] = set()
         self.transitions = 0
+        self.began: dict[str, float] = {}
+        """Wall time each action began in this process (``status``: how long the current one runs)."""
 
     def advance(self, active: ActivePlan) -> Outcome | None:
         """None while the current action runs; the failed action's outcome when one failed."""
@@ -70,6 +73,7 @@ class PlanRunner:
             self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
             active.irreversible |= pa.name in IRREVERSIBLE
+            self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             ex.start(self.rt, params, memo)
             self._started.add(aid)
@@ -91,6 +95,7 @@ class PlanRunner:
         if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
             ex.start(self.rt, params, memo)
             self._started.add(aid)
+            self.began.setdefault(aid, event.wall_time)
         out = ex.poll(self.rt, params, memo)
         if out is None:
             return None
