@@ -10,6 +10,8 @@ traceback.
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
@@ -35,6 +37,21 @@ def fail(exc: BaseException) -> NoReturn:
         sys.exit(exc.exit_code)
     detail = printable(" ".join(str(exc).split())[:300]) or "(no detail)"
     click.echo(f"error: Ray or storage failed: {type(exc).__name__}: {detail}", err=True)
+    sys.exit(EXIT_BROKEN)
+
+
+_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EPIPE, errno.EDQUOT, errno.EIO, errno.EFBIG)
+"""Errors of a write to stdout (`--json > /dev/full`, a closed pipe): one line, not a traceback."""
+
+
+def _output_failed(exc: OSError) -> NoReturn:
+    try:  # stdout is unusable: nothing more goes to it, not even the flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    detail = exc.strerror or str(exc)
+    click.echo(f"error: <stdout>: cannot write the output: {printable(detail)}", err=True)
     sys.exit(EXIT_BROKEN)
 
 
@@ -70,6 +87,10 @@ class SupervisorGroup(click.Group):
             usage_fail(exc)
         except SupervisorError as exc:
             fail(exc)
+        except OSError as exc:
+            if exc.errno not in _OUTPUT_ERRNOS:
+                raise
+            _output_failed(exc)
         except Exception as exc:
             if not _backend_failure(exc):
                 raise

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,6 +63,8 @@ MAX_INT_DIGITS = 100
 """Longest integer literal in YAML (Python refuses over 4300 digits; no setting needs 100)."""
 MAX_GZIP_RATIO = 200
 """Decompressed / compressed size above which gzip input is a bomb (text logs compress ~5-20x)."""
+MAX_GZIP_PADDING = 1 << 16
+"""Zero bytes allowed after a gzip member (tape-style block padding is at most a few KiB)."""
 _GZIP_RATIO_FROM = 16 << 20  # the ratio is judged once this much output exists
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -116,19 +118,42 @@ def _read_capped(stream: io.RawIOBase | gzip.GzipFile, limit: int, head: bytes =
 
 
 def _gunzip(raw_file: io.FileIO, p: Path, limit: int, error: type[SupervisorError]) -> bytes:
+    """Every gzip member of the file, decompressed as a stream (zlib, not ``gzip.GzipFile``: that
+    one skips zero padding after a member one byte per read, > 300 s for 1 GiB of it)."""
     out = bytearray()
+    member: Any = None  # the decompressor of the member being read; None between members
+    consumed = padding = 0
     try:
-        with gzip.GzipFile(fileobj=raw_file, mode="rb") as gz:
-            while chunk := gz.read(_CHUNK):
-                out += chunk
+        while chunk := raw_file.read(_CHUNK):
+            consumed += len(chunk)
+            data: bytes = chunk
+            while data:
+                if member is None:
+                    stripped = data.lstrip(b"\0")  # zero padding between or after members
+                    padding += len(data) - len(stripped)
+                    if padding > MAX_GZIP_PADDING:
+                        raise error(
+                            f"corrupt gzip data: more than {MAX_GZIP_PADDING:,} bytes of zero padding",
+                            source=str(p),
+                        )
+                    data = stripped
+                    if not data:
+                        break
+                    member, padding = zlib.decompressobj(wbits=31), 0
+                out += member.decompress(data, limit + 1 - len(out))
                 if len(out) > limit:
                     raise _too_big(p, limit, error, "decompressed ")
-                consumed = max(raw_file.tell(), 1)
                 if len(out) > _GZIP_RATIO_FROM and len(out) > MAX_GZIP_RATIO * consumed:
                     raise error(
                         f"gzip expands more than {MAX_GZIP_RATIO}x (a decompression bomb?); refused",
                         source=str(p),
                     )
+                if member.eof:
+                    data, member = member.unused_data, None
+                else:
+                    data = member.unconsumed_tail
+        if member is not None:
+            raise error("corrupt gzip data: the file ends inside a compressed member", source=str(p))
     except (OSError, EOFError, zlib.error) as exc:
         raise error(f"corrupt gzip data: {' '.join(str(exc).split())}", source=str(p)) from None
     return bytes(out)
@@ -141,6 +166,7 @@ def read_bytes(
     expected: str,
     max_bytes: int | None = None,
     decompress: bool = True,
+    check_head: Callable[[bytes], None] | None = None,
 ) -> bytes:
     """A regular file's bytes (gzip decompressed transparently), at most ``max_bytes``.
 
@@ -159,9 +185,16 @@ def read_bytes(
             if decompress and head == _GZIP_MAGIC:
                 raw_file.seek(0)
                 return _gunzip(raw_file, p, limit, error)
-            if os.fstat(fd).st_size > limit:  # refused before reading (a 2 GB file took 1 GB and seconds)
+            size = os.fstat(fd).st_size
+            if size > limit:  # refused before reading (a 2 GB file took 1 GB and seconds)
                 raise _too_big(p, limit, error)
-            data = _read_capped(raw_file, limit, head) if len(head) == 2 else head
+            if check_head is not None:  # e.g. "binary content", judged before the whole file is read
+                check_head(head + raw_file.read(4094))
+            # One read of the size fstat gave: one buffer of the file's size, never a copy of it.
+            raw_file.seek(0)
+            data = raw_file.read(size + 1)
+            if len(data) > size:  # it grew meanwhile: the rest in chunks, still capped
+                data = _read_capped(raw_file, limit, data)
         except OSError as exc:
             raise error(f"cannot read: {exc.strerror or exc}", source=str(p)) from None
     if data is None:

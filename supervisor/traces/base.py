@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from supervisor.config.loader import read_bytes
 from supervisor.core.records import Record
@@ -25,16 +26,25 @@ class TraceData:
 def read_text(path: str | Path) -> str:
     """The file's text (``.gz`` transparently); one-line TraceError when it cannot be read as text."""
     p = Path(path)
-    raw = read_bytes(p, error=TraceError, expected="a trace file")
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise TraceError(f"corrupt gzip data: {exc}", source=str(p)) from None
-    text = raw.decode("utf-8", errors="replace")
-    if "\x00" in text[:4096]:
-        raise TraceError("binary content, expected a text trace or log", source=str(p)) from None
-    return text
+
+    def text_only(head: bytes) -> None:  # judged on the first 4 KiB: a 1 GiB binary file is never read whole
+        if b"\x00" in head[:4096]:
+            raise TraceError("binary content, expected a text trace or log", source=str(p))
+
+    raw = read_bytes(p, error=TraceError, expected="a trace file", check_head=text_only)  # gzip: decompressed
+    if raw[:2] == b"\x1f\x8b":  # gzip inside gzip: a trace is never that
+        raise TraceError("gzip inside gzip, expected a text trace or log", source=str(p))
+    text_only(raw)
+    return raw.decode("utf-8", errors="replace")
+
+
+def json_loads(text: str) -> Any:
+    """``json.loads`` whose too-deep nesting (``[[[[...`` a few thousand levels, a RecursionError
+    from the C decoder) is a ValueError like any other malformed JSON: the line or file is skipped."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def parse_float(text: str) -> float | None:

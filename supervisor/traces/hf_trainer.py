@@ -6,16 +6,15 @@ evaluation and summary entries (``eval_loss``, ``train_loss``) count as skipped.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, finite_or_none
+from supervisor.traces.base import TraceData, finite_or_none, json_loads
 
 
 def parse_hf_trainer(text: str) -> TraceData:
     try:
-        obj: Any = json.loads(text)
+        obj: Any = json_loads(text)
     except ValueError:
         return TraceData([], sum(1 for line in text.splitlines() if line.strip()), "hf_trainer", ["not JSON"])
     history = obj.get("log_history") if isinstance(obj, dict) else obj

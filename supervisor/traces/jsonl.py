@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData
+from supervisor.traces.base import TraceData, json_loads
 
 
 def parse_jsonl(text: str) -> TraceData:
@@ -16,7 +14,7 @@ def parse_jsonl(text: str) -> TraceData:
         if not line:
             continue
         try:
-            obj = json.loads(line)  # Python's json reads NaN / Infinity, as the format requires
+            obj = json_loads(line)  # Python's json reads NaN / Infinity, as the format requires
             records.append(Record.from_dict(obj))
         except (ValueError, TypeError, KeyError, AttributeError):
             skipped += 1

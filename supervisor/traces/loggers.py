@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.traces.base import TraceData
+from supervisor.traces.base import TraceData, json_loads
 from supervisor.traces.metrics import STEP_NAMES, FieldMap, norm, rows_to_records, to_float
 
 _RUN_SEP = " - "
@@ -40,7 +39,7 @@ def parse_lightning(text: str, fmap: FieldMap | None = None) -> TraceData:
 def _parse_wandb_json(text: str, fmap: FieldMap) -> TraceData:
     """A JSON list of rows, a pandas ``to_json()`` column map, or one JSON object per line."""
     try:
-        whole: Any = json.loads(text)
+        whole: Any = json_loads(text)
     except ValueError:
         whole = None
     if isinstance(whole, list):
@@ -57,7 +56,7 @@ def _parse_wandb_json(text: str, fmap: FieldMap) -> TraceData:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json_loads(line)
         except ValueError:
             skipped += 1
             continue

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from typing import Any
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData
+from supervisor.traces.base import TraceData, json_loads
 
 _LISTS = ("samples", "events")
 _OBJECTS = ("sources", "attrs")
@@ -22,10 +21,10 @@ def _cell(name: str, value: str) -> Any:
     value = value.strip()
     if name in _LISTS:
         if value.startswith("["):
-            return json.loads(value)
+            return json_loads(value)
         return [v for v in value.split(";") if v]
     if name in _OBJECTS:
-        return json.loads(value)
+        return json_loads(value)
     return value
 
 

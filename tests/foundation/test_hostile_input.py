@@ -4,6 +4,7 @@ exit code 2, no traceback, bounded time and memory. Fast: every command runs in 
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,45 @@ def test_a_wide_yaml_file_is_refused_quickly(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(loader, "MAX_NODES", 1000)  # the real 200,000 takes PyYAML seconds to reach
     with pytest.raises(ConfigError, match="more than 1,000 values at line 1, column 2000"):
         parse_yaml("[" + "1," * 5000 + "1]", source="x.yaml")  # refused while parsing, not after
+
+
+_DEEP = "[" * 5000 + "]" * 5000  # 10 KB: far under every size limit, deeper than json's C decoder goes
+_ROWS = "".join(f'{{"step": {s}, "loss": {3.0 - s / 100}}}\n' for s in range(100))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fmt"),
+    [
+        ("t.jsonl", _ROWS + '{"step": 5, "loss": 1.0, "attrs": ' + _DEEP + "}\n", "auto"),
+        ("trainer_state.json", '{"log_history": ' + _DEEP + "}", "hf_trainer"),
+        ("wandb.json", _DEEP, "wandb"),
+        ("metrics.csv", "step,loss,sources\n" + "".join(f"{s},{3 - s / 100},{{}}\n" for s in range(99)) + f'99,1.0,"{_DEEP}"\n', "csv"),
+    ],
+    ids=["jsonl-line", "hf-trainer", "wandb", "csv-cell"],
+)  # fmt: skip
+def test_deeply_nested_json_in_a_trace_is_skipped_or_one_line(
+    tmp_path: Path, name: str, content: str, fmt: str
+) -> None:
+    """Reported (issue 29): JSON nested deeply was a RecursionError traceback in 4 trace readers."""
+    path = tmp_path / name
+    path.write_text(content)
+    done = _run("analyze", str(path), "--format", fmt, "--json")
+    if done.returncode == 2:
+        _one_error_line(done, str(path))
+    else:
+        assert done.returncode in (0, 1), done.stderr
+
+
+def test_json_output_to_a_full_device_is_one_line(tmp_path: Path) -> None:
+    """Reported (issue 29): `--json > /dev/full` was a traceback."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_ROWS)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor.cli.main", "analyze", str(trace), "--json"],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 3 and lines == [
+        "error: <stdout>: cannot write the output: No space left on device"
+    ], done.stderr

@@ -196,3 +196,25 @@ def test_plot_to_an_unwritable_path_or_of_huge_values(tmp_path: Path) -> None:
     )
     done = _run("analyze", str(trace), "--plot", str(tmp_path / "x.png"))
     assert done.returncode in (0, 1) and (tmp_path / "x.png").stat().st_size > 0, done.stderr
+
+
+def test_gzip_with_a_gib_of_zero_padding_is_refused_at_once(tmp_path: Path) -> None:
+    """Reported (issue 29): a gzip followed by 1 GiB of zero padding ran past 300 s (gzip.GzipFile
+    skips padding one byte per read). A few KiB of padding, as tape blocks leave, still reads."""
+    body = gzip.compress(b'{"step": 1, "loss": 2.0}\n' * 100)
+    padded = tmp_path / "padded.jsonl.gz"
+    with open(padded, "wb") as f:
+        f.write(body)
+        f.truncate(len(body) + (1 << 30))  # sparse: no GiB written to this disk
+    _one_error_line(_run("analyze", str(padded)), "bytes of zero padding")
+    small = tmp_path / "small.jsonl.gz"
+    small.write_bytes(body + b"\0" * 4096 + body)  # padding between two members, as concatenated files have
+    assert read_bytes(small, error=TraceError, expected="x").count(b"\n") == 200
+
+
+def test_a_gib_binary_trace_is_refused_from_its_head(tmp_path: Path) -> None:
+    """Reported (issue 29): any 1 GiB input cost 2.1 GB of memory before it was refused."""
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate((1 << 30) - 16)  # under the 1 GiB input limit; sparse, all NUL bytes
+    _one_error_line(_cli("analyze", str(big), mem_mb=768), "binary content")

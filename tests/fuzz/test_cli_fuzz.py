@@ -192,6 +192,11 @@ ATTACKS = [
     ("control-char", b"\x01"),
     ("empty", b""),
     ("csv", b"step,loss\n" + b"".join(f"{s},{'nan' if s % 5 else 1e308}\n".encode() for s in range(100))),
+    # issue 29: a short line nested past json's C decoder (10 KB, under every size limit)
+    ("json-deep-line", b"".join(json.dumps({"step": s, "loss": 2.0}).encode() + b"\n" for s in range(60)) + b'{"step": 61, "loss": 1.0, "attrs": ' + _deep(5000, "[", "]").encode() + b"}\n"),
+    ("hf-deep", b'{"log_history": ' + _deep(5000, "[", "]").encode() + b"}"),
+    ("csv-deep-cell", b"step,loss,sources\n" + b"".join(f"{s},2.0,{{}}\n".encode() for s in range(60)) + b'61,1.0,"' + _deep(5000, "[", "]").encode() + b'"\n'),
+    ("gzip-zero-padded", gzip.compress(b'{"step": 1, "loss": 2.0}\n' * 50) + b"\0" * (1 << 20)),
 ]  # fmt: skip
 _ATTACKS = st.sampled_from(ATTACKS)
 
