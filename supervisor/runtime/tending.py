@@ -64,13 +64,18 @@ class CheckpointTending:
         has ended), so its ``checkpoint_saved`` event never reached the supervisor -- is this
         timeline's newest and is verified and marked like any other."""
         newest = max(state.checkpoints_seen, default=-1)
+        since = float(state.time_lost.get("started_at") or 0.0)  # this run's: never a save of an older run
         try:
             manifests = self.store.manifests()
         except SupervisorError as exc:
             log.warning("checkpoint_discovery_failed", error=exc.one_line())
             return
         for m in manifests:
-            if newest < m.step <= current_step and m.health is HealthMark.UNVERIFIED:
+            if (
+                newest < m.step <= current_step
+                and m.health is HealthMark.UNVERIFIED
+                and m.created_at >= since
+            ):
                 log.info(
                     "checkpoint_found_at_end",
                     step=m.step,
