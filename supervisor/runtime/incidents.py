@@ -132,6 +132,7 @@ class IncidentFlow:
         self._diagnosis: Diagnosis | None = None
         self._opened_at: list[tuple[int, int]] = []  # (step, incident id) of incidents opened this run
         self._dismiss_after = False
+        self._plan_unsaved = False
         self.can_replay = has_replay_hooks(host.job.entrypoint)
         """False: the job defines no ``replay_hooks`` (the policy then excludes without replay)."""
 
@@ -420,6 +421,9 @@ class IncidentFlow:
             return False
         active = self.state.active
         assert active is not None
+        if self._plan_unsaved:  # here, not where the plan was made: that may be amid a batch of steps
+            self.host.persist(force=True)
+            self._plan_unsaved = False
         before = (active.plan_no, active.index, self.runner.transitions)
         out = self.runner.advance(active)
         if out is not None:
@@ -479,10 +483,10 @@ class IncidentFlow:
         self._dismiss_after = d.top_cause is Cause.METRIC_ARTIFACT and all(
             a.name == "alert" for a in p.actions
         )
-        # The plan in force is on disk before its first action begins: a supervisor killed during
-        # that action (an alert being sent) finds this plan's action again, never makes a second plan
-        # that would send a second alert and leave the first one pending.
-        host.persist(force=True)
+        # The plan in force is on disk before its first action begins (``advance``): a supervisor
+        # killed during that action (an alert being sent) finds this plan's action again, never
+        # makes a second plan that would send a second alert and leave the first one pending.
+        self._plan_unsaved = True
 
     def _count_attempt(self, incident_id: int, rule: str, delta: int) -> int:
         """Count (or uncount) one recovery attempt of ``incident_id`` under ``rule``; returns the
