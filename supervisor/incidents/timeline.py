@@ -361,8 +361,9 @@ def _escalated(e: Event, ctx: Context) -> str:
     tail = f"; state saved at step {saved}, training stopped" if saved is not None else ""
     if e.status == EventStatus.PENDING:
         return f"Escalating to a person: {quote(reason)}."
-    hint = RELEASE_HINT.format(id=e.incident_id)
-    return f"Escalated to a person: {quote(reason)}{tail}; `latest` stays held until released (to release: {hint})."
+    # The command that releases `latest` is named once, by the move to `escalated` (every way of
+    # escalating makes it; not every one records this event).
+    return f"Escalated to a person: {quote(reason)}{tail}; `latest` stays held until a person releases it."
 
 
 def _replayed(e: Event, ctx: Context) -> str:

@@ -48,7 +48,13 @@ def _escalated_job(tmp_path: Path) -> tuple[Path, CheckpointStore, IncidentStore
 def test_escalation_message_names_the_release_command(tmp_path: Path) -> None:
     _, _, store, inc = _escalated_job(tmp_path)
     text = " ".join(t for _, t in build_postmortem(store, inc).timeline)
-    assert f"to release: supervisor incidents release {inc} --job <job.yaml> --note" in text
+    assert "`latest` stays held until a person releases it." in text
+    assert (
+        text.count(
+            f"To release `latest` once fixed: supervisor incidents release {inc} --job <job.yaml> --note"
+        )
+        == 1
+    )
 
 
 def test_checkpoints_list_names_the_release_command(tmp_path: Path) -> None:
