@@ -9,7 +9,9 @@ and prints — and runs unchanged three ways (from the repository root)::
     supervisor launch examples/torchrun/job.yaml        # one process per rank, supervised
 
 The lines marked ``# supervisor`` are all it takes: ``sdk.watch`` hooks the optimizer and
-``probe.record`` reports each step. Without a supervisor the probe writes a local trace
+``probe.record`` reports each step. ``--supervised-loader`` draws the batches from the SDK's
+``SupervisedLoader`` instead of a ``DistributedSampler`` (records name samples and sources, and
+the policy's exclusions and skips work). Without a supervisor the probe writes a local trace
 (``--trace``, one file per rank) that ``supervisor analyze`` reads.
 """
 
@@ -19,10 +21,10 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from examples.tinylm.data import build_dataset, collate
@@ -46,6 +48,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--save-dir", default=None, help="The script's own checkpoints (rank 0).")
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument(
+        "--supervised-loader",
+        action="store_true",
+        help="Draw batches from sdk.SupervisedLoader (sample IDs and sources in the records, exclusions).",
+    )
     ap.add_argument(
         "--trace",
         default=None,
@@ -76,43 +83,58 @@ def main() -> None:
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     dataset = build_dataset(args.seq_len, args.data_bytes, args.seed)
-    sampler = DistributedSampler(dataset, seed=args.seed) if distributed else None
-    loader = DataLoader(dataset, args.batch_size, sampler=sampler, shuffle=sampler is None,
-                        collate_fn=collate, drop_last=True)  # fmt: skip
 
-    probe = sdk.watch(
-        model, optimizer, scheduler=scheduler, trace=args.trace, max_steps=args.steps
-    )  # supervisor
-    inject_faults(probe)  # drills
-    step, epoch = probe.step_count, probe.step_count  # a supervised restart resumes at the probe's step
-    while step < args.steps:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        epoch += 1
-        for batch in loader:
-            if not probe.proceed():  # supervisor: step boundary (directives, checkpoints, stop)
-                step = args.steps
-                break
-            logits = model(batch["input_ids"])
-            targets = batch["targets"]
-            tokens = (targets != -100).sum()
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            probe.record(loss, grad_norm=grad_norm, tokens=tokens)  # supervisor
-            step = (
-                probe.step_count
-            )  # supervisor: the kept timeline's step (an in-place rollback moves it back)
-            if rank == 0 and step % args.log_every == 0:
-                print(f"step {step} loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
-            if args.save_dir and rank == 0 and step % args.save_every == 0:
-                Path(args.save_dir).mkdir(parents=True, exist_ok=True)
-                torch.save(
-                    {"model": model.state_dict(), "step": step}, Path(args.save_dir) / f"step{step}.pt"
-                )
+    def train_step(batch: dict[str, Any]) -> tuple[sdk.StepLoss, torch.Tensor]:
+        out = sdk.token_losses(model(batch["input_ids"]), batch["targets"])  # per-sample token-loss sums
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return out, grad_norm
+
+    def after_step(step: int, out: sdk.StepLoss) -> None:
+        if rank == 0 and step % args.log_every == 0:
+            print(f"step {step} loss {out.loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
+        if args.save_dir and rank == 0 and step % args.save_every == 0:
+            Path(args.save_dir).mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "step": step}, Path(args.save_dir) / f"step{step}.pt")
+
+    if args.supervised_loader:
+        # supervisor: the SDK's loader (it shards the global batch over the ranks itself). The step
+        # boundary runs inside it and it ends at max_steps; records name each step's samples and
+        # sources, and the policy's exclusions and skips are carried out.
+        supervised = sdk.SupervisedLoader(dataset, args.batch_size, seed=args.seed, collate_fn=collate)
+        probe = sdk.watch(
+            model, optimizer, scheduler=scheduler, loader=supervised, trace=args.trace, max_steps=args.steps
+        )  # supervisor (a restarted process resumes here: model, optimizer, scheduler and data cursor)
+        inject_faults(probe)  # drills
+        for batch in supervised:
+            out, grad_norm = train_step(batch)
+            probe.record(out, grad_norm=grad_norm)  # supervisor: per-sample sums give per-source losses
+            after_step(probe.step_count, out)
+        supervised.close()
+    else:
+        sampler = DistributedSampler(dataset, seed=args.seed) if distributed else None
+        loader = DataLoader(dataset, args.batch_size, sampler=sampler, shuffle=sampler is None,
+                            collate_fn=collate, drop_last=True)  # fmt: skip
+        probe = sdk.watch(
+            model, optimizer, scheduler=scheduler, trace=args.trace, max_steps=args.steps
+        )  # supervisor
+        inject_faults(probe)  # drills
+        step, epoch = probe.step_count, probe.step_count  # a supervised restart resumes at the probe's step
+        while step < args.steps:
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            epoch += 1
+            for batch in loader:
+                if not probe.proceed():  # supervisor: step boundary (directives, checkpoints, stop)
+                    step = args.steps
+                    break
+                out, grad_norm = train_step(batch)
+                probe.record(out, grad_norm=grad_norm)  # supervisor
+                step = probe.step_count  # supervisor: the kept timeline's step (a rollback moves it back)
+                after_step(step, out)
     probe.close()  # supervisor
     if rank == 0:
         print(f"done at step {probe.step_count}", flush=True)

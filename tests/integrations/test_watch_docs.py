@@ -83,3 +83,25 @@ def test_the_keys_the_loader_adds_are_the_documented_ones() -> None:
     for key in sdk.META_KEYS:
         assert f"`{key}`" in DOCS
     loader.close()
+
+
+def test_the_torchrun_example_with_the_supervised_loader_names_samples_and_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from examples.torchrun import train
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    trace = tmp_path / "trace.jsonl"
+    argv = ["train", "--steps", "3", "--d-model", "16", "--layers", "1", "--seq-len", "16", "--data-bytes", "3000",
+            "--batch-size", "4", "--supervised-loader", "--trace", str(trace)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    train.main()
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    recs = [r for r in recs if "loss" in r and not r.get("control")]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        assert len(r["samples"]) == 4 and r["attrs"]["batch"] == r["step"] - 1
+        assert sum(s["tokens"] for s in r["sources"].values()) == r["tokens"]
+        assert sum(s["loss_sum"] for s in r["sources"].values()) == pytest.approx(r["loss_sum"], rel=1e-9)
