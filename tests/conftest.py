@@ -14,12 +14,37 @@ environment for the session, so boto3's standard chain finds them.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.s3support import free_port, make_bucket
+
+# A crash after the last test (at interpreter exit, in a Ray, gloo or storage-client thread) must
+# print every thread's stack. pytest's own faulthandler plugin stops at pytest_unconfigure, and
+# re-enables the handler afterwards only when it was on before pytest configured: this file is
+# loaded before that, so it is.
+if not faulthandler.is_enabled():
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop what tests may have left running in this process before the interpreter tears down
+    (a daemon thread still inside a C extension while modules are freed can crash the exit)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    export = sys.modules.get("supervisor.incidents.export")
+    if export is not None:
+        export.close_all()
+
 
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

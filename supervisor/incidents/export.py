@@ -17,6 +17,7 @@ import atexit
 import json
 import threading
 import time
+import weakref
 from typing import Any
 
 from supervisor.errors import IncidentStoreError, SupervisorError
@@ -158,6 +159,15 @@ def rebuild_from_exports(store: IncidentStore, backend: Backend, job: str) -> li
     return restored
 
 
+_OPEN: weakref.WeakSet[IncidentExporter] = weakref.WeakSet()
+
+
+def close_all(timeout_s: float = 10.0) -> None:
+    """Flush and stop every exporter of this process (its end, or a test session's)."""
+    for exporter in list(_OPEN):
+        exporter.close(timeout_s)
+
+
 class IncidentExporter:
     """Copies every committed change of ``store`` to the job's storage on its own thread.
 
@@ -187,6 +197,7 @@ class IncidentExporter:
         # Stopped before the interpreter tears down: a daemon thread still inside SQLite or boto3
         # while modules are freed can crash the process at exit.
         atexit.register(self.close, 10.0)
+        _OPEN.add(self)
 
     def changed(self, records: set[int], series: set[int]) -> None:
         """Mark incidents whose record (or series) changed; returns at once."""
@@ -231,6 +242,7 @@ class IncidentExporter:
         if self.store.on_commit == self.changed:
             self.store.on_commit = None
         atexit.unregister(self.close)
+        _OPEN.discard(self)
 
     def _due(self) -> tuple[list[int], list[int]]:
         now = time.monotonic()
