@@ -115,7 +115,8 @@ def read_newest(backend: Backend, job: str, incident_id: int) -> dict[str, Any]:
             log.error("incident_export_unreadable", incident=incident_id, error=exc.one_line())
     if not docs:
         raise IncidentStoreError(f"no readable export of incident {incident_id}", source=backend.uri)
-    full = next((d for d in docs if d["format"] == EXPORT_FORMAT), {"series": [], "replayed": []})
+    empty: dict[str, Any] = {"series": [], "replayed": []}
+    full = next((d for d in docs if d["format"] == EXPORT_FORMAT), empty)
     newest = max(docs, key=lambda d: (float(d["incident"]["updated_at"]), len(d["timeline"])))
     return {**full, "incident": newest["incident"], "timeline": newest["timeline"],
             "artifacts": newest.get("artifacts") or full.get("artifacts") or []}  # fmt: skip

@@ -96,7 +96,8 @@ class IncidentStore:
 
     def _ended(self, committed: bool) -> None:
         local = self._touched
-        records, series = getattr(local, "records", set()), getattr(local, "series", set())
+        records: set[int] = getattr(local, "records", set())
+        series: set[int] = getattr(local, "series", set())
         local.records, local.series = set(), set()
         if committed and (records or series) and self.on_commit is not None:
             self.on_commit(records, series)
