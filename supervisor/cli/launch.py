@@ -96,6 +96,11 @@ def launch(
     open_incident_store(
         job
     ).close()  # a damaged database is named here, not as "the supervisor does not answer"
+    if not attach_job:
+        from supervisor.cli.release import closed_holds
+
+        for line in closed_holds(job):  # a relaunch after an escalation: say how `latest` is released
+            console().print(f"[yellow]note:[/] {line}")
     start = api.attach if attach_job else api.launch
     handle = start(job, settings, detached=detach)
     if detach:

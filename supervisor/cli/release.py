@@ -84,3 +84,34 @@ def _catch_up(ckpts: CheckpointStore, closed_at: float, current: int | None) -> 
         return current
     ckpts.advance_latest(newest)
     return ckpts.latest()
+
+
+def closed_holds(job: Any) -> list[str]:
+    """One line per hold on `latest` left by a closed incident of ``job``: said when the job is
+    launched again, since the new run's checkpoints will not move `latest` until it is released."""
+    from supervisor.errors import SupervisorError
+    from supervisor.incidents.paths import db_path_for_job
+    from supervisor.incidents.store import IncidentStore
+    from supervisor.storage import open_backend
+
+    try:
+        ckpts = CheckpointStore(
+            open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region), job.name
+        )
+        block = ckpts.block_state()
+        db = db_path_for_job(job)
+        if block is None or not db.is_file():
+            return []
+        lines = []
+        with IncidentStore(db, read_only=True) as store:
+            for h in block.holders:
+                if h.incident is None or not h.incident.isdigit():
+                    continue
+                inc = store.get(int(h.incident))
+                if inc.state.is_terminal:
+                    lines.append(f"`latest` is held at step {block.latest_at_block} by incident {inc.id} "
+                                 f"({inc.state.value}): this run's checkpoints will not move it; once the cause "
+                                 f"is fixed, to release: {release_hint(inc.id)}")  # fmt: skip
+        return lines
+    except SupervisorError:  # a note only: storage trouble is reported where it matters, at launch
+        return []

@@ -109,3 +109,19 @@ def test_refuses_an_incident_still_being_handled_and_an_empty_note(tmp_path: Pat
     assert code == 2 and "--note" in err
     code, _, err = _run("incidents", "release", "77", "--job", str(job), "--note", "x")
     assert code == 2 and "no incident 77" in err
+
+
+def test_a_relaunch_is_told_that_latest_is_held_and_how_to_release_it(tmp_path: Path) -> None:
+    from supervisor.cli.release import closed_holds
+    from supervisor.config.job import load_job
+
+    job_file, ckpts, store, inc = _escalated_job(tmp_path)
+    job = load_job(job_file)
+    [line] = closed_holds(job)
+    assert f"held at step 100 by incident {inc} (escalated)" in line
+    assert f"supervisor incidents release {inc} --job <job.yaml>" in line
+    live = store.open_incident("job1", diagnosis(onset_step=210), key=2).id
+    ckpts.block("incident open", incident=live)
+    assert len(closed_holds(job)) == 1  # an open incident's hold is its supervisor's business
+    _run("incidents", "release", str(inc), "--job", str(job_file), "--note", "fixed")
+    assert closed_holds(job) == []
