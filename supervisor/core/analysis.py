@@ -100,6 +100,9 @@ class StreamingAnalyzer:
         self.own_restore: int | None = None
         self.observe_until: int | None = None
         self.ramp_end: int | None = None
+        #: Ranks that reported the last complete step (a step with fewer, and fewer than the job's
+        #: world size, lost a rank's records).
+        self.rank_count = 0
         #: Steps whose loss (or one rank's) left its band, opened or not: earlier occurrences of a
         #: periodic fault that stayed under the alarm threshold are found here.
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
@@ -126,6 +129,14 @@ class StreamingAnalyzer:
         self.last_step = step
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline
+        ranks = len({r.rank for r in records})
+        missing = ranks < self.rank_count and _ranks_missing(records)
+        self.rank_count = ranks if not missing else self.rank_count
+        if not summary.nonfinite and missing:
+            # A rank's records stopped (its process exited, or they are late): the step's mean,
+            # tokens and cross-rank spread are over fewer ranks. A worker failure is the runtime's
+            # incident, never a loss spike: the step is neither evidence nor baseline.
+            return updates
         self.recent.append(sig)
         self.loss_zs.append((step, sig.loss_z))
         self._note_excursion(sig)
@@ -450,6 +461,7 @@ class StreamingAnalyzer:
         warmup_steps: int | None = None,
         grad_clip: float | None = None,
         data: bool = False,
+        precision: str | None = None,
         reason: str = "",
         observe_steps: int | None = None,
     ) -> None:
@@ -468,6 +480,8 @@ class StreamingAnalyzer:
         metrics = (OPTIMIZER_DERIVED if lr_changed or grad_clip is not None else ()) + (
             ("tokens",) if data else ()
         )
+        if precision is not None:  # other rounding: every level moves a little, the loss scale too
+            metrics += ("loss", "reported", "grad") + OPTIMIZER_DERIVED
         if metrics:
             self.detector.reanchor(step, metrics)
         if warmup_steps:
@@ -562,6 +576,12 @@ class StreamingAnalyzer:
         self.loss_zs.clear()
         self.watch.cancel()
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}
+
+
+def _ranks_missing(records: list[Record]) -> bool:
+    """Fewer ranks reported this step than the records say the job has."""
+    sizes = [r.world_size for r in records if r.world_size]
+    return bool(sizes) and len({r.rank for r in records}) < max(sizes)
 
 
 def _fingerprint(d: Diagnosis) -> tuple[Any, ...]:

@@ -184,7 +184,7 @@ class Incident:
         causes = rank_causes(self, phen, settings)
         nonfinite = self.facts.nonfinite_step is not None
         return Diagnosis(
-            onset_step=self.onset(phen),
+            onset_step=min(self.onset(phen), self.detected_step),  # never after its own detection
             peak_step=self.peak_step,
             end_step=self.end_step,
             phenotype=phen,

@@ -237,3 +237,47 @@ def test_one_rank_nan_is_named_on_that_rank_though_the_all_reduced_grad_norm_is_
             d.to_json()
         )
         assert d.nonfinite and d.causes[0].cause.value == "numeric"
+
+
+def _precision_change(tell: bool) -> StreamingAnalyzer:
+    """fp16 with a scaler grown to 2**20; the supervisor switches precision after step 200: a new
+    scaler starts at 2**16; the loss, grad norm and update move to new levels (exaggerated here:
+    8%, 2.5x, 2x, so that an unannounced change does open an incident)."""
+    a = StreamingAnalyzer()
+    for step, batch in _steps(5, n=320):
+        for r in batch:
+            r.loss_scale = 2.0**20 if step <= 200 else 2.0**16
+            if step > 200:
+                set_loss(r, r.loss * 1.08)
+                r.grad_norm = (r.grad_norm or 0.0) * 2.5
+                r.update_norm = (r.update_norm or 0.0) * 2.0
+        a.observe_step(step, batch)
+        if step == 200 and tell:
+            a.note_overrides(200, precision="fp16", reason="precision")
+    return a
+
+
+def test_own_precision_change_moves_levels_and_loss_scale_without_an_incident() -> None:
+    assert _precision_change(tell=False).finish().incidents  # unannounced, the shift reads as a fault
+    told = _precision_change(tell=True).finish().incidents
+    assert not told, [d.to_json() for d in told]
+
+
+def test_a_rank_that_stops_reporting_is_no_loss_spike() -> None:
+    """Issue 24 point 4: a rank process crashed; the steps after it carry the other ranks' records
+    only (and a last half-written one). A worker failure is the runtime's incident."""
+    a = StreamingAnalyzer()
+    for step, batch in _steps(6, n=260, ranks=4):
+        if 168 <= step < 175:
+            batch = [r for r in batch if r.rank != 2]
+            for r in batch:  # the survivors wait in the collective: slow, heavier-tailed steps
+                set_loss(r, r.loss * (1.0 + 0.6 * (r.rank == 3)))
+        if step >= 175:
+            break
+        a.observe_step(step, batch)
+    assert not a.finish().incidents
+
+
+def test_onset_is_never_after_detection() -> None:
+    for d in _rewarm_run(1).finish().incidents:
+        assert d.detected_step is None or d.onset_step <= d.detected_step
