@@ -401,7 +401,7 @@ def _summary(incident: Incident, diag: Diagnosis | None, impact: Impact) -> str:
         f"{attrs} starting at step {diag.onset_step}{where}, {when}{why}."
     ]
     if len(impact.rollbacks) > 1:
-        parts.append(f"Rolled back {len(impact.rollbacks)} times: {rollbacks_words(impact)}.")
+        parts.append(f"Steps lost: {rollbacks_words(impact)}.")
     elif impact.rollback_to is not None:
         parts.append(
             f"Rolled back from step {impact.rollback_from} to {impact.rollback_to} ({impact.steps_lost} steps lost)."

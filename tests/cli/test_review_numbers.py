@@ -51,6 +51,7 @@ def test_two_rollbacks_are_named_and_summed(tmp_path: Path) -> None:
     assert str(total) in text and "2 rollbacks" in text
     for src, dst in rollbacks:
         assert f"{src} → {dst} ({src - dst})" in text, text
+    assert f"Steps lost: {total} in total over 2 rollbacks: 300 → 257 (43), 343 → 300 (43)." in pm.summary
 
 
 @pytest.mark.slow
