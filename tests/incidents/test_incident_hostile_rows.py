@@ -70,3 +70,23 @@ def test_a_series_row_without_a_step_keeps_its_step(tmp_path: Path) -> None:
         assert any("rank" in r for r in rows)
     result = CliRunner().invoke(cli, ["incidents", "report", str(inc), "--db", str(path), "--format", "md"])
     assert result.exit_code == 0, result.output
+
+
+def test_an_html_report_of_1e308_values_has_its_plots(tmp_path: Path) -> None:
+    """Reported (issue 29): plots of a series holding +-1e308 raised LinAlgError (singular matrix)."""
+    from tests.incidents.builders import telemetry
+
+    path = tmp_path / "incidents.sqlite"
+    with IncidentStore(path) as store:
+        inc = full_incident(store)
+        rows = telemetry()
+        for r in rows:
+            for key in ("loss", "grad_norm", "update_norm", "param_norm"):
+                r[key] = 1e308 if r["step"] % 2 else -1e308
+        store.attach_series(inc, rows)
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(
+        cli, ["incidents", "report", str(inc), "--db", str(path), "--format", "html", "-o", str(out)]
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 0 and "<img" in out.read_text()

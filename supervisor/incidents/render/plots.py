@@ -58,6 +58,15 @@ def panel_figure(pm: Postmortem, signal: str, title: str, log_scale: bool, *, dp
     return _panel(pm.series, pm.replayed, signal, title, log_scale, pm.markers, dpi)
 
 
+PLOT_LIMIT = 1e100
+"""Values beyond +-1e100 are drawn as off-scale markers, like NaN: a 1e308 point made
+matplotlib's axis transform singular (LinAlgError), and it would flatten every other point."""
+
+
+def _plottable(v: float) -> bool:
+    return math.isfinite(v) and abs(v) <= PLOT_LIMIT
+
+
 def _values(rows: list[dict[str, Any]], signal: str) -> dict[int, float]:
     return {s: row[signal] for s, row in aggregate(rows).items() if signal in row}
 
@@ -141,10 +150,10 @@ def _panel(
                 )
                 _line(ax, again, label=label, lw=1.6, color=_NEW[i % len(_NEW)])
                 drawn.append(again)
-        positive = [v for vals in drawn for v in vals.values() if math.isfinite(v)]
+        positive = [v for vals in drawn for v in vals.values() if _plottable(v)]
         if log_scale and positive and min(positive) > 0:
             ax.set_yscale("log")
-        _mark(ax, m, [s for vals in drawn for s, v in vals.items() if not math.isfinite(v)], bool(replayed))
+        _mark(ax, m, [s for vals in drawn for s, v in vals.items() if not _plottable(v)], bool(replayed))
         threshold = m.thresholds.get(signal)
         if threshold is not None and m.observation is not None:
             color = "tab:green" if threshold.ok else "tab:red"
@@ -176,7 +185,7 @@ def _line(
     if not values:
         return color
     steps = sorted(values)
-    ys = [values[s] if math.isfinite(values[s]) else math.nan for s in steps]
+    ys = [values[s] if _plottable(values[s]) else math.nan for s in steps]
     (line,) = ax.plot(steps, ys, style, label=label, lw=lw, color=color, alpha=alpha)
     return str(to_hex(line.get_color()))
 
