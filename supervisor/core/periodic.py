@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from supervisor.core.detect import DetectorSettings
-from supervisor.core.diagnose import Incident
+from supervisor.core.diagnose import MAX_SUSPECTS, Incident
 
 #: Shortest period we call periodic: anything closer is one incident's aftershock (or a burst).
 MIN_PERIOD = 20
@@ -125,6 +125,16 @@ def _absorb(head: Incident, other: Incident) -> None:
     head.trajectory.sort(key=lambda p: p.step)
     if head.facts.source is None:
         head.facts.source = other.facts.source
+    _take_occurrence(head, other)
+
+
+def _take_occurrence(head: Incident, occ: Incident) -> None:
+    """The chain's suspects are every occurrence's, the latest first: a recurring bad shard serves
+    other samples each time, so an exclusion of the first occurrence's alone would let the next
+    ones through. The chain is detected again where this occurrence was (its dates never invert)."""
+    merged = list(dict.fromkeys([*occ.suspect_samples, *head.suspect_samples]))
+    head.suspect_samples = merged[:MAX_SUSPECTS]
+    head.detected_step = max(head.detected_step, occ.detected_step)
 
 
 def _reopen(head: Incident, new: Incident) -> None:
@@ -137,3 +147,4 @@ def _reopen(head: Incident, new: Incident) -> None:
         head.facts.source = new.facts.source
     if not head.rank_local and new.rank_local:
         head.rank_local, head.first_rank = True, new.first_rank
+    _take_occurrence(head, new)

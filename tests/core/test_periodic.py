@@ -41,3 +41,27 @@ def test_noise_is_not_an_occurrence() -> None:
         _spike(recs, s)
     res = analyze_records(recs)
     assert all(d.phenotype is not Phenotype.PERIODIC for d in res.incidents)
+
+
+def test_each_occurrence_brings_its_own_suspects_and_is_detected_where_it_is() -> None:
+    """Issue 24 point 4: a bad shard on rank 1 every 80 steps serves other samples each time; the
+    chain's exclusion must cover the latest occurrence's, not only the first's, and the chain is
+    never dated as detected before the occurrence it reports."""
+    from supervisor.core.analysis import StreamingAnalyzer, group_steps
+
+    recs = synthetic_records(430, 2, seed=24)
+    occ = (80, 160, 240, 320, 400)
+    for s in occ:
+        (r,) = at(recs, s, rank=1)
+        set_loss(r, r.loss * 2.2)
+    a = StreamingAnalyzer()
+    seen: dict[int, object] = {}
+    for step, batch in group_steps(recs):
+        for u in a.observe_step(step, batch):
+            seen[step] = u.diagnosis
+    head = next(i for i in a.incidents if i.period is not None)
+    assert head.period == 80 and head.facts.occurrences[-2:] == [320, 400]
+    d = head.diagnosis(a.settings)
+    assert d.suspect_samples[:2] == ["s400r1i0", "s400r1i1"], d.suspect_samples
+    assert {f"s{s}r1i0" for s in (160, 240, 320, 400)} <= set(d.suspect_samples)
+    assert d.detected_step is not None and d.detected_step >= 400
