@@ -36,21 +36,34 @@ TEXT_KEYS = frozenset(
 _MAX_LABEL = 80
 
 
+def _whole(value: Any) -> int | None:
+    """A whole number in SQLite's 64-bit range (an integral float counts), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    whole = int(value)
+    return whole if -(2**63) <= whole < 2**63 else None
+
+
 def series_row(record: dict[str, Any]) -> dict[str, Any] | None:
     """The storable part of one record (or aggregate row); None when it has no usable step."""
-    try:
-        step = int(record["step"])
-    except (KeyError, TypeError, ValueError):
+    step = _whole(record.get("step"))
+    if step is None:  # missing, 1e400, "x", 2**70: no row (SQLite keys are 64-bit)
         return None
     out: dict[str, Any] = {"step": step}
     for name in SERIES_FIELDS[1:]:
         value = record.get(name)
         if isinstance(value, bool):
             out[name] = value
+        elif name in ("rank", "world_size", "tokens", "seq_len_max"):
+            if (whole := _whole(value)) is not None:
+                out[name] = whole
         elif isinstance(value, int | float):
-            out[name] = (
-                float(value) if name not in ("rank", "world_size", "tokens", "seq_len_max") else int(value)
-            )
+            try:
+                out[name] = float(value)
+            except OverflowError:  # an int past float's range
+                continue
     if "update_ratio" not in out and "update_norm" in out and "param_norm" in out:
         out["update_ratio"] = out["update_norm"] / (out["param_norm"] + 1e-12)
     sources = record.get("sources")

@@ -90,3 +90,15 @@ def test_an_html_report_of_1e308_values_has_its_plots(tmp_path: Path) -> None:
     )
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 0 and "<img" in out.read_text()
+
+
+def test_series_records_without_a_usable_step_are_dropped(tmp_path: Path) -> None:
+    """Reported (issue 29): a series row without a step (or with 1e400, 2**70) was a traceback."""
+    from tests.incidents.builders import diagnosis
+
+    with IncidentStore(tmp_path / "incidents.sqlite") as store:
+        inc = store.open_incident("j", diagnosis())
+        hostile = [{"loss": 1.0}, {"step": "x", "loss": 2.0}, {"step": 1e400, "loss": 1.0}, {"step": 2**70, "loss": 1.0},
+                   {"step": 5, "rank": 1e400, "loss": 1.0}, {"step": 6.0, "rank": 1, "loss": 2**1100}]  # fmt: skip
+        assert store.attach_series(inc.id, hostile) == 2
+        assert store.series(inc.id) == [{"step": 5, "loss": 1.0}, {"step": 6, "rank": 1}]
