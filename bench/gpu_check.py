@@ -46,11 +46,15 @@ SIZES: dict[str, dict[str, Any]] = {
     "cuda": {"probe": {"d_model": 1024, "layers": 8, "heads": 16, "seq": 512, "batch": 8, "blocks": 12,
                        "block_steps": 10, "data_bytes": 300_000},
              "ckpt": {"params": 1e9, "width": 4096, "batch": 16},
-             "job": {"d_model": 128, "layers": 2, "max_steps": 400, "fault_step": 250, "every": 50}},
+             # steps of ~10-20 ms: a run the supervisor follows step by step, as it would a real one
+             "job": {"d_model": 512, "layers": 8, "seq": 512, "batch": 16, "max_steps": 400, "fault_step": 250,
+                     "every": 50}},
     "cpu": {"probe": {"d_model": 32, "layers": 1, "heads": 2, "seq": 32, "batch": 4, "blocks": 3,
                       "block_steps": 3, "data_bytes": 40_000},
             "ckpt": {"params": 2e6, "width": 512, "batch": 2},
-            "job": {"d_model": 32, "layers": 1, "max_steps": 200, "fault_step": 130, "every": 20}},
+            # the demo's model: a tinier one trains faster than a loaded 2-core box supervises it
+            "job": {"d_model": 64, "layers": 2, "seq": 64, "batch": 8, "max_steps": 300, "fault_step": 200,
+                    "every": 50}},
 }  # fmt: skip
 PROBE_VARIANTS: dict[str, dict[str, Any] | None] = {
     "plain loop": None,
@@ -73,7 +77,7 @@ def probe_rows(device: str) -> list[Row]:
     from examples.tinylm.model import TinyLM, TinyLMConfig
 
     size = SIZES[device]["probe"]
-    args = argparse.Namespace(device=device, batch=size["batch"])
+    args = argparse.Namespace(device=device, batch=size["batch"], fused=False)
     torch.manual_seed(0)
     cfg = TinyLMConfig(
         seq_len=size["seq"], d_model=size["d_model"], n_layers=size["layers"], n_heads=size["heads"]
@@ -204,8 +208,9 @@ def _run_job(
 
     job = JobSpec.model_validate({
         "name": f"gpu-check-{name}", "entrypoint": "examples.tinylm.train:main", "max_steps": size["max_steps"],
-        "config": {"model": {"d_model": size["d_model"], "n_layers": size["layers"], "n_heads": 4, "seq_len": 64},
-                   "data": {"max_bytes_per_source": 200_000}, "device": device},
+        "config": {"model": {"d_model": size["d_model"], "n_layers": size["layers"], "n_heads": 4,
+                             "seq_len": size["seq"]},
+                   "batch_size": size["batch"], "data": {"max_bytes_per_source": 200_000}, "device": device},
         "resources": {"num_workers": 1, "gpus_per_worker": 1 if device == "cuda" else 0},
         "storage": {"path": str(work / name)}, "policy": "default",
         "checkpoint": {"every_steps": size["every"], "keep": 3},

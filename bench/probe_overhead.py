@@ -8,6 +8,11 @@ shared machine the 10th percentile is the steadier one.
 
     python bench/probe_overhead.py                         # CPU, the example model
     python bench/probe_overhead.py --device cuda --d-model 1024 --layers 8 --seq 512 --batch 8
+    python bench/probe_overhead.py --compare HEAD~3        # + the probe as it was at a git ref
+
+``--compare REF`` runs the minimal and the default probe of today beside the same two built
+from ``supervisor/sdk/{metrics,step,probe}.py`` as they were at ``REF`` (the rest of the SDK
+is today's), interleaved in the same blocks: a before/after measured side by side.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,41 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 }
 
 
+COMPARED: dict[str, dict[str, Any] | None] = {
+    "baseline (clip, no probe)": None,
+    "before: minimal (loss+grad norm+nonfinite)": {"norms": False, "fingerprint_every": 0, "_before": True},
+    "after:  minimal (loss+grad norm+nonfinite)": {"norms": False, "fingerprint_every": 0},
+    "before: default": {"_before": True},
+    "after:  default": {},
+}
+_BEFORE: Any = None  # the Probe class of --compare REF
+
+
+def probe_at(ref: str) -> Any:
+    """``Probe`` from ``supervisor/sdk/{metrics,step,probe}.py`` at git ``ref`` (the rest: today's)."""
+    root = Path(__file__).resolve().parents[1]
+    names = [f"supervisor.sdk.{n}" for n in ("metrics", "step", "probe")]
+    saved = {n: sys.modules.get(n) for n in names}
+    mods: dict[str, types.ModuleType] = {}
+    try:
+        for full in names:  # in import order: each sees the old modules before it
+            path = full.replace(".", "/") + ".py"
+            shown = subprocess.run(
+                ["git", "-C", str(root), "show", f"{ref}:{path}"], capture_output=True, text=True
+            )
+            if shown.returncode != 0:
+                raise SystemExit(f"probe_overhead.py: --compare {ref}: {shown.stderr.strip()}")
+            mod = types.ModuleType(full)
+            mod.__file__ = f"{ref}:{path}"
+            sys.modules[full] = mods[full] = mod
+            exec(compile(shown.stdout, mod.__file__, "exec"), mod.__dict__)  # noqa: S102
+    finally:
+        for n, m in saved.items():
+            if m is not None:
+                sys.modules[n] = m
+    return mods["supervisor.sdk.probe"].Probe
+
+
 def to_device(batch: dict[str, Any], device: str) -> dict[str, Any]:
     return {
         k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
@@ -51,7 +93,7 @@ class Loop:
         self.name, self.device, self.settings = name, args.device, settings
         self.model = copy.deepcopy(base)
         self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=1e-3, weight_decay=0.1, fused=args.device == "cuda"
+            self.model.parameters(), lr=1e-3, weight_decay=0.1, fused=args.device == "cuda" or args.fused
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
         self.loader = sdk.SupervisedLoader(
@@ -64,8 +106,16 @@ class Loop:
             canary = (
                 to_device(self.loader.fixed_batch(), args.device) if settings.get("canary_every") else None
             )
-            self.probe = sdk.init(self.model, self.opt, scheduler=self.sched, loader=self.loader, loss_fn=lm_loss,
-                                  transport=self.transport, canary_batch=canary, grad_clip=1.0, **settings)  # fmt: skip
+            settings = dict(settings)
+            if settings.pop("_before", False):
+                from supervisor.sdk.settings import ProbeSettings
+
+                self.probe = _BEFORE(self.model, self.opt, transport=self.transport, scheduler=self.sched,
+                                     loader=self.loader, loss_fn=lm_loss, canary_batch=canary,
+                                     settings=ProbeSettings(grad_clip=1.0, **settings))  # fmt: skip
+            else:
+                self.probe = sdk.init(self.model, self.opt, scheduler=self.sched, loader=self.loader, loss_fn=lm_loss,
+                                      transport=self.transport, canary_batch=canary, grad_clip=1.0, **settings)  # fmt: skip
 
     def run(self, steps: int) -> None:
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
@@ -103,14 +153,20 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=30)
     ap.add_argument("--block-steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    ap.add_argument("--compare", metavar="REF", default=None, help="also the probe as it was at this git ref")
+    ap.add_argument("--fused", action="store_true", help="fused AdamW on CPU too (always on CUDA)")
     args = ap.parse_args()
+    global _BEFORE
+    variants = VARIANTS
+    if args.compare:
+        _BEFORE, variants = probe_at(args.compare), COMPARED
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = TinyLMConfig(seq_len=args.seq, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads)
     base = TinyLM(cfg).to(args.device)
     dataset = build_dataset(seq_len=args.seq, max_bytes_per_source=300_000)
-    loops = [Loop(name, base, dataset, args, s) for name, s in VARIANTS.items()]
+    loops = [Loop(name, base, dataset, args, s) for name, s in variants.items()]
     for loop in loops:
         loop.run(args.block_steps)  # warm-up
         loop.times.clear()
@@ -120,7 +176,8 @@ def main() -> None:
     params = sum(p.numel() for p in base.parameters())
     print(f"model: {params / 1e6:.2f}M params, d_model={args.d_model} layers={args.layers} seq={args.seq} "
           f"batch={args.batch}, device={args.device}, threads={torch.get_num_threads()}, "
-          f"{args.blocks} blocks x {args.block_steps} steps")  # fmt: skip
+          f"{args.blocks} blocks x {args.block_steps} steps, AdamW fused={args.device == 'cuda' or args.fused}"
+          + (f", before = {args.compare}" if args.compare else ""))  # fmt: skip
     ref, ref_low = statistics.median(loops[0].times), _p10(loops[0].times)
     print(f"  {'variant':<48} {'median':>8}  {'vs base':>7}   {'p10':>8}  {'vs base':>7}")
     for loop in loops:
