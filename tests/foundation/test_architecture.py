@@ -79,7 +79,12 @@ def _package_graph() -> dict[str, set[str]]:
             continue
         for mod in _imports(f):
             names = mod.split(".")
-            if names[0] == "supervisor" and len(names) > 1 and (PKG / names[1]).is_dir() and names[1] != parts[0]:
+            if (
+                names[0] == "supervisor"
+                and len(names) > 1
+                and (PKG / names[1]).is_dir()
+                and names[1] != parts[0]
+            ):
                 graph.setdefault(parts[0], set()).add(names[1])
     return graph
 
