@@ -296,18 +296,53 @@ def run_all(
         if spinner:
             spinner.__exit__()
         ray.shutdown()
+    judged = judge_all(clean, faulty, results)
+    return (*judged, spinner.cores if spinner else None)
+
+
+def judge_all(
+    clean: list[Cell], faulty: list[Cell], results: dict[str, Result]
+) -> tuple[list[Result], list[Result]]:
+    """Verdicts of the cells that have a result, each fault cell against its base's clean run."""
     for cell in clean:
-        judge(results[cell.id], escalates=False)
+        if cell.id in results:
+            judge(results[cell.id], escalates=False)
     for cell in faulty:
+        if cell.id not in results:
+            continue
         res, ref = results[cell.id], results.get(str(cell.base.seed))
         if ref is not None:
             res.reference_loss = ref.final_loss_good if res.fault == "bad_source" else ref.final_loss
         judge(res, cell.escalates)
-    return (
-        [results[c.id] for c in clean],
-        [results[c.id] for c in faulty],
-        spinner.cores if spinner else None,
-    )
+    return [results[c.id] for c in clean if c.id in results], [
+        results[c.id] for c in faulty if c.id in results
+    ]
+
+
+def rejudge(out: Path) -> tuple[list[Result], list[Result]]:
+    """The verdicts of the cells an interrupted invocation finished (``<out>/cells.jsonl``)."""
+    results: dict[str, Result] = {}
+    for line in (out / "cells.jsonl").read_text(encoding="utf-8").splitlines():
+        data = json.loads(line)
+        results[data["id"]] = Result(**data)
+    cells = [cell_from_id(i) for i in results]
+    # A fault cell whose clean run did not finish has no reference yet: not judged (the persistent LR
+    # bug needs none).
+    faulty = [c for c in cells if c.fault is not None and (c.escalates or str(c.base.seed) in results)]
+    return judge_all([c for c in cells if c.fault is None], faulty, results)
+
+
+def report(clean_res: list[Result], fault_res: list[Result], seed: int | str) -> int:
+    """Print the table, the failing cells with their commands, and the last line; the exit code."""
+    print(table([*clean_res, *fault_res]))
+    failing = [r for r in [*clean_res, *fault_res] if not r.ok]
+    if failing:
+        print(f"\n{len(failing)} failing cell(s):")
+        for r in failing:
+            print(f"- seed {r.id} ({r.name}): {r.verdict}\n  {r.command}")
+    passed, clean_ok = sum(r.ok for r in fault_res), sum(r.ok for r in clean_res)
+    print(summary_line(passed, len(fault_res), clean_ok, len(clean_res), seed))
+    return 0 if not failing else 1
 
 
 def table(results: list[Result]) -> str:
@@ -342,7 +377,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=900.0, help="Per cell.")
     ap.add_argument("--out", type=Path, default=Path("runs/sampler"))
     ap.add_argument("--dry-run", action="store_true", help="Print the drawn cells and exit.")
+    ap.add_argument("--rejudge", type=Path, default=None, metavar="OUT",
+                    help="Judge the cells an interrupted invocation finished (OUT/cells.jsonl) and exit.")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.rejudge is not None:
+        if not (args.rejudge / "cells.jsonl").is_file():
+            print(f"error: --rejudge: no {args.rejudge / 'cells.jsonl'}", file=sys.stderr)
+            return 2
+        seed_file = args.rejudge / "seed"
+        return report(
+            *rejudge(args.rejudge), seed_file.read_text().strip() if seed_file.is_file() else "unknown"
+        )
     load = "busy" if args.busy else "idle"
     try:
         if args.cell:
@@ -367,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.matrix.run import write_bytecode
 
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "seed").write_text(f"{seed}\n", encoding="utf-8")
     t0 = time.monotonic()
     write_bytecode()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -389,15 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         f"load average before {meta['loadavg_before'][0]}, after {meta['loadavg_after'][0]}"
         + (f"; the spinning process took {spinner_cores} cores" if spinner_cores else "")
     )
-    print(table([*clean_res, *fault_res]))
-    failing = [r for r in [*clean_res, *fault_res] if not r.ok]
-    if failing:
-        print(f"\n{len(failing)} failing cell(s):")
-        for r in failing:
-            print(f"- seed {r.id} ({r.name}): {r.verdict}\n  {r.command}")
-    passed, clean_ok = sum(r.ok for r in fault_res), sum(r.ok for r in clean_res)
-    print(summary_line(passed, len(fault_res), clean_ok, len(clean_res), seed))
-    return 0 if not failing else 1
+    return report(clean_res, fault_res, seed)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Pure Python (no Ray, no torch training): what a failing cell prints must run the
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import fields
 from pathlib import Path
@@ -184,3 +185,26 @@ def test_judge_applies_the_criteria() -> None:
     judge(unseen, escalates=False)
     assert not unseen.ok  # finishing near the clean loss without keeping the source out proves nothing
     assert {f.name for f in fields(Result)} >= {"id", "command", "verdict", "ok"}
+
+
+def test_rejudge_judges_what_an_interrupted_invocation_finished(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from bench.sampler.run import rejudge
+
+    clean, faulty = space.draw(5, 6, 2)
+    on_first = [c for c in faulty if c.base == clean[0].base and not c.escalates]
+    on_second = [c for c in faulty if c.base == clean[1].base and not c.escalates]
+    assert on_first and on_second
+
+    def result(cell: space.Cell, loss: float) -> Result:
+        kind = cell.fault.kind if cell.fault else "clean"
+        return Result(cell.id, cell.name, cell.fault is None, kind, cell.command(), phase="finished",
+                      final_loss=loss, final_loss_good=loss)  # fmt: skip
+
+    rows = [result(clean[0], 2.0), result(on_first[0], 2.2), result(on_second[0], 2.0)]  # clean[1] never ran
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    clean_res, fault_res = rejudge(tmp_path)
+    assert [r.id for r in clean_res] == [clean[0].id] and clean_res[0].ok
+    assert [r.id for r in fault_res] == [on_first[0].id]  # no reference for the other: not judged
+    assert not fault_res[0].ok and fault_res[0].loss_ratio == pytest.approx(1.1)
