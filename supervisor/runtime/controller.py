@@ -778,7 +778,7 @@ class Controller:
             "generation": self.state.generation,
             "group_restarts": len(self.state.restart_steps),
             "incident": self.flow.summary(),
-            "incidents_total": len(set(self.state.incident_keys.values())),  # a reopen adds a key, not an incident
+            "incidents_total": len(set(self.state.incident_keys.values())),  # a reopen: a key, same id
             "mode": self.job.mode,
             "records_missing": self.assembler.missing,
             "records_lost": self.receipts.lost,
