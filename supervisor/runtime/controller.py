@@ -80,7 +80,7 @@ class Controller:
         self.policy = load_policy(job.policy)
         check_registry(action_names())  # one executor per action the policy language has
         self.restart_settings = RestartSettings.of(self.policy)
-        self.incidents = open_incident_store(job)
+        self.incidents = open_incident_store(job, self.settings.export_interval_s)
         self.checkpoints = open_checkpoint_store(job)
         self.state_path = runtime_state_path(job)
         self.attach = attach
@@ -118,8 +118,6 @@ class Controller:
         self._relaunch: tuple[float, int | None, int, int | None, int | None] | None = None
         self._last_persist = 0.0
         self._written: str | None = None  # the state file's content as this controller last wrote it
-        self._exported: dict[int, float] = {}  # incident id -> updated_at of its last export
-        self._last_export = 0.0
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
 
     # -- the phase: one writer ------------------------------------------------------------------
@@ -555,21 +553,11 @@ class Controller:
         self._last_persist = time.monotonic()
 
     def export_incidents(self, force: bool = False) -> None:
-        """Copy every incident that changed to ``<job>/incidents/<id>.json`` in the job's storage,
-        so the record survives the loss of this machine's SQLite file."""
-        if not force and time.monotonic() - self._last_export < self.settings.export_interval_s:
-            return
-        self._last_export = time.monotonic()
-        from supervisor.incidents.export import export_incident
-
-        for inc in self.incidents.list_incidents(job=self.job.name):
-            if self._exported.get(inc.id) == inc.updated_at:
-                continue
-            try:
-                export_incident(self.incidents, inc.id, self.checkpoints.backend, self.job.name)
-                self._exported[inc.id] = inc.updated_at
-            except SupervisorError as exc:  # storage trouble must not stop supervision; retried next pass
-                self.log.warning("incident_export_failed", incident=inc.id, error=exc.one_line())
+        """Every committed change of an incident is copied to ``<job>/incidents/`` in the job's
+        storage by the store's exporter, on its own thread (``incidents.export.IncidentExporter``),
+        so a write never delays this loop; at the end (``force``) wait for it to finish."""
+        if force and self.incidents.exporter is not None:
+            self.incidents.exporter.close()
 
     def _abandon_pending_events(self) -> None:
         for incident in self.incidents.active(self.job.name):
