@@ -9,6 +9,7 @@ that incident's timeline.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import io
 import os
@@ -164,9 +165,11 @@ def _refuse_overwriting_inputs(output: Path, inputs: list[Path | None]) -> None:
             if same or output.absolute() == f.absolute():
                 raise IncidentStoreError("names a file this command reads (the database or the job file); refusing to overwrite it",
                                          source=str(output), field="--output")  # fmt: skip
-    try:
-        with open(output, "rb") as existing:
-            is_db = existing.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+    try:  # a regular file only: opening a FIFO to read it would wait for a writer
+        is_db = False
+        if output.is_file():
+            with open(output, "rb") as existing:
+                is_db = existing.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
     except OSError:
         is_db = False
     if is_db:
@@ -179,7 +182,17 @@ def _write_whole(output: Path, text: str) -> None:
     a device or FIFO (``-o /dev/stdout``) is written directly."""
     try:
         if output.exists() and not output.is_file():
-            with open(output, "w", encoding="utf-8") as fh:
+            # O_NONBLOCK: a FIFO nobody reads fails at once (ENXIO) instead of waiting forever;
+            # once open, the write itself blocks as any pipe write does.
+            try:
+                fd = os.open(output, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                raise IncidentStoreError("is a FIFO nobody reads; refusing to wait for a reader",
+                                         source=str(output), field="--output") from None  # fmt: skip
+            os.set_blocking(fd, True)
+            with open(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
             return
         tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
