@@ -385,10 +385,11 @@ class UserStep:
         gn = _number("grad_norm", grad_norm) if grad_norm is not None else self.grad_norm
         ids, sources, index = self._samples(batch)
         per_sample = sums.dim() == 1
-        if per_sample and ids is not None and len(ids) != sums.numel():
+        named = ids if ids is not None else sources
+        if per_sample and named is not None and len(named) != sums.numel():
             raise _refused(
                 "loss_sum",
-                f"{sums.numel()} per-sample sums, but the step's batches hold {len(ids)} samples (every "
+                f"{sums.numel()} per-sample sums, but the step's batches hold {len(named)} samples (every "
                 "micro-batch drawn since the last record, in draw order)",
             )
         pack = Pack()
@@ -474,11 +475,11 @@ class UserStep:
         carries them, else from what the loader handed out since the last record (all micro-batches)."""
         loader = self.probe.loader
         drawn = loader.take_drawn() if loader is not None and hasattr(loader, "take_drawn") else []
-        if isinstance(batch, dict) and batch.get("sample_ids"):
-            ids = [str(x) for x in batch["sample_ids"]]
-            sources = batch.get("sources")
+        if isinstance(batch, dict) and (batch.get("sample_ids") or batch.get("sources")):
+            ids = [str(x) for x in batch["sample_ids"]] if batch.get("sample_ids") else None
+            sources = [str(x) for x in batch["sources"]] if batch.get("sources") else None
             index = batch.get("batch_index")
-            return ids, (list(sources) if sources else None), (int(index) if index is not None else None)
+            return ids, sources, (int(index) if index is not None else None)
         if batch is not None and hasattr(loader, "batch_meta"):
             meta = loader.batch_meta(
                 batch

@@ -226,3 +226,28 @@ def test_bad_watch_arguments_are_refused_in_one_line_naming_them() -> None:
         assert "\n" not in line and argument in line, line
     with pytest.raises(SupervisorError, match="optimizer"):
         sdk.watch(model, object(), transport=transport)  # type: ignore[arg-type]
+
+
+def test_a_loop_without_the_loader_reports_per_source_losses_through_batch() -> None:
+    """A script's own DataLoader: ``batch=`` a mapping with ``sources`` gives the per-source split."""
+    torch.manual_seed(0)
+    model = TinyLM(TinyLMConfig(seq_len=16, d_model=16, n_layers=1, n_heads=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    transport = sdk.MemoryTransport(flush_interval_s=0.01)
+    probe = sdk.watch(model, opt, transport=transport, max_steps=1)
+    batch = collate([build_dataset(16, 3_000, 0)[i] for i in range(BATCH)])
+    sources = ["web", "code", "web", "code"]
+    sums, tokens = per_sample(model, batch)
+    (sums.sum() / tokens.sum()).backward()
+    opt.step()
+    probe.record(loss_sum=sums, tokens=tokens, batch={"sources": sources})
+    probe.close()
+    (rec,) = records(transport)
+    for name in ("web", "code"):
+        picked = [i for i, s in enumerate(sources) if s == name]
+        assert rec["sources"][name]["loss_sum"] == pytest.approx(float(sums[picked].sum()), rel=1e-6)
+        assert rec["sources"][name]["tokens"] == int(tokens[picked].sum())
+    assert "samples" not in rec
+    with pytest.raises(SupervisorError, match=r"loss_sum=.*4 per-sample sums.*3 samples"):
+        probe2 = sdk.watch(model, opt, transport=transport, max_steps=1)
+        probe2.record(loss_sum=sums, tokens=tokens, batch={"sources": sources[:3]})
