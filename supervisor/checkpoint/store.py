@@ -38,6 +38,7 @@ from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, StorageError
 from supervisor.logging import get_logger
 from supervisor.storage.base import Backend, ObjectNotFound, join_key
+from supervisor.storage.local import LocalBackend
 
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
@@ -51,6 +52,8 @@ _ARCHIVED = re.compile(r"^MANIFEST\.([a-z]+)\.([0-9a-f]+)\.json$")
 _GOOD_LATEST = (HealthMark.HEALTHY, HealthMark.VERIFIED)
 _LATEST_DOC = re.compile(rb'\{\s*"step"\s*:\s*(\d{1,18})\s*\}')
 _MAX_POINTER_BYTES = 4096
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest manifest read (one of 10,000 files is ~2 MB)."""
 _MAX_REASON_CHARS = 4000
 """Longest reason a health change records (`checkpoints mark --reason` refuses more)."""
 
@@ -289,10 +292,21 @@ class CheckpointStore:
 
     def find(self, step: int) -> Manifest | None:
         try:
-            data = self.backend.get_bytes(self.key(step, MANIFEST))
+            data = self._get_small(self.key(step, MANIFEST), f"{self.where(step)}/{MANIFEST}")
         except ObjectNotFound:
             return None
         return Manifest.from_bytes(data, source=f"{self.where(step)}/{MANIFEST}")
+
+    def _get_small(self, key: str, where: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+        """A manifest, pointer or block file; a local one past ``limit`` is refused by its size
+        before it is read (a 1 GiB garbage manifest cost a GiB, then a parse)."""
+        if isinstance(self.backend, LocalBackend):
+            info = self.backend.stat(key)
+            if info is None:
+                raise ObjectNotFound(key)
+            if info.size > limit:
+                raise CheckpointError(f"larger than {limit:,} bytes; not a checkpoint record", source=where)
+        return self.backend.get_bytes(key)
 
     def manifest(self, step: int) -> Manifest:
         found = self.find(step)
@@ -383,9 +397,11 @@ class CheckpointStore:
         The pointer is ``{"step": N}``: anything else (1e400, a 100k-deep list, a negative or
         fractional step, kilobytes of text) is refused in one line without being parsed whole."""
         try:
-            data = self.backend.get_bytes(join_key(self.root, LATEST))
+            data = self._get_small(join_key(self.root, LATEST), f"{self.uri}/{LATEST}", _MAX_POINTER_BYTES)
         except ObjectNotFound:
             return None
+        except CheckpointError:
+            data = b"x"  # too big to be a pointer: unreadable, said below
         where = f"{self.uri}/{LATEST}"
         match = (
             _LATEST_DOC.fullmatch(data[:_MAX_POINTER_BYTES].strip())

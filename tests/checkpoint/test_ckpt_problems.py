@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,18 @@ def test_list_of_the_root_directory_is_one_line(tmp_path: Path) -> None:
     """Reported: `checkpoints list /` walked the file system into a PermissionError traceback."""
     code, _, err = _run("checkpoints", "list", "/")
     assert code == 2 and err.startswith("error: /: ")
+
+
+def test_a_huge_manifest_is_refused_by_its_size(local: tuple[Path, CheckpointStore]) -> None:
+    """Reported (issue 29): any 1 GiB input cost 2.1 GB of memory before it was refused."""
+    root, store = local
+    with open(root / "job1" / "checkpoints" / "step_00000200" / "MANIFEST.json", "r+b") as f:
+        f.truncate(1 << 30)  # sparse
+    with open(_latest_file(root), "r+b") as f:
+        f.truncate(1 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    problems = store.problems()
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 100 << 10  # KiB: never read
+    assert any("step 200: " in p and "larger than" in p for p in problems)
+    assert any("unreadable latest pointer" in p for p in problems)
+    assert [m.step for m in store.manifests()] == [100, 300]
