@@ -26,6 +26,7 @@ from supervisor.incidents.postmortem import build_postmortem
 from supervisor.incidents.store import IncidentStore
 from supervisor.logging import get_logger
 from supervisor.storage.base import Backend, ObjectNotFound, join_key
+from supervisor.storage.local import LocalBackend
 
 EXPORT_FORMAT = "spike-supervisor.incident/1"
 RECORD_FORMAT = "spike-supervisor.incident-record/1"
@@ -82,8 +83,11 @@ def export_record(store: IncidentStore, incident_id: int, backend: Backend, job:
 
 
 def _read_doc(backend: Backend, key: str, fmt: str) -> dict[str, Any]:
-    data = backend.get_bytes(key)
     where = f"{backend.uri.rstrip('/')}/{key}"
+    info = backend.stat(key) if isinstance(backend, LocalBackend) else None  # a stat is cheap here
+    if info is not None and info.size > MAX_EXPORT_BYTES:
+        raise IncidentStoreError(f"larger than {MAX_EXPORT_BYTES:,} bytes", source=where)
+    data = backend.get_bytes(key)
     if len(data) > MAX_EXPORT_BYTES:
         raise IncidentStoreError(f"larger than {MAX_EXPORT_BYTES:,} bytes", source=where)
     try:
