@@ -35,6 +35,7 @@ W = {
     "resume_missing": 0.4,
     "nonfinite": 0.5,
     "nonfinite_sudden": 0.2,
+    "nonfinite_skipped": 0.0,
     "nonfinite_after_rise": -0.3,
     "overflow": 0.2,
     "update_spike": 0.3,
@@ -235,6 +236,14 @@ def _numeric(inc: Incident, b: _Board) -> None:
             )
         else:
             b.add(Cause.NUMERIC, "nonfinite_sudden", "nothing was out of band before it")
+        last_finite = bool(inc.trajectory) and not inc.trajectory[-1].nonfinite
+        if f.nonfinite_applied == 0 and f.nonfinite_steps and last_finite:
+            b.add(
+                Cause.NUMERIC,
+                "nonfinite_skipped",
+                f"the non-finite step {f.nonfinite_step} was skipped: no weights changed "
+                "(the SDK or the AMP scaler set its update aside)",
+            )
     dropped = f.loss_scale_drop is not None and f.loss_scale_drop[1] < f.loss_scale_drop[0]
     if f.overflow_steps or dropped:
         text = f"{f.overflow_steps} overflowed (skipped) steps" if f.overflow_steps else "loss scale dropped"

@@ -54,6 +54,10 @@ class Facts:
     nonfinite_step: int | None = None
     nonfinite_at: str | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
+    #: Non-finite steps seen, and how many of them were not skipped (the SDK's
+    #: ``step_skipped_nonfinite`` event or the AMP scaler's overflow skip: no weights changed).
+    nonfinite_steps: int = 0
+    nonfinite_applied: int = 0
     rose_before_nonfinite: bool = False
     overflow_steps: int = 0
     first_overflow: int | None = None
@@ -159,6 +163,9 @@ class Incident:
             f.resume_missing = missing
             f.resume_step = f.resume_step if f.resume_step is not None else s.step
             self.after_resume = True
+        if s.nonfinite:
+            f.nonfinite_steps += 1
+            f.nonfinite_applied += not ("step_skipped_nonfinite" in s.events or s.overflow)
         if s.nonfinite and f.nonfinite_step is None:
             f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = (
                 s.step,

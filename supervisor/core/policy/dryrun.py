@@ -19,6 +19,7 @@ from typing import Any
 
 from supervisor.core.model import Diagnosis, HealthMark
 from supervisor.core.policy.engine import plan
+from supervisor.core.policy.evidence import nonfinite_skipped
 from supervisor.core.policy.plan import CheckpointRef, JobState, Plan, Supervision
 from supervisor.core.policy.recurrence import Resolved, reopens
 from supervisor.core.policy.schema import Policy
@@ -116,7 +117,7 @@ def dry_run(
             attempts=attempts,
             steps_since_last_incident=None if last_end is None else max(0, d.onset_step - last_end),
             checkpoints=tuple(c for c in checkpoints if c.step <= step),
-            state_maybe_nonfinite=d.nonfinite,
+            state_maybe_nonfinite=d.nonfinite and not nonfinite_skipped(d),
             lr=values.lr,
             grad_clip=values.grad_clip,
             grad_norm=values.grad_norm,

@@ -8,7 +8,9 @@ are measured facts that do not flip with timing. A plan follows the facts:
 - ``update_jump``: the update ratio ‖Δθ‖/‖θ‖ jumped (one oversized step);
 - ``nonfinite``: NaN/Inf in the loss, gradients, weights or optimizer moments;
 - ``rank_local``, ``source_local``, ``after_resume``: where the fault is confined;
-- ``checksum``: ranks' parameter fingerprints disagree.
+- ``checksum``: ranks' parameter fingerprints disagree;
+- ``skipped_step``: every non-finite step was skipped (the SDK's ``skip_nonfinite_step`` or the
+  AMP scaler): no weights changed, so the state is not suspect and the batch alone is the fix.
 
 The detector states evidence as sentences (supervisor.core.causes); the patterns below read
 the ones it writes, and tests/policy/test_evidence.py runs the real detector on traces with
@@ -23,7 +25,14 @@ from typing import Literal
 from supervisor.core.model import Cause, Diagnosis
 
 Finding = Literal[
-    "lr_jump", "update_jump", "nonfinite", "rank_local", "source_local", "after_resume", "checksum"
+    "lr_jump",
+    "update_jump",
+    "nonfinite",
+    "rank_local",
+    "source_local",
+    "after_resume",
+    "checksum",
+    "skipped_step",
 ]
 FINDINGS: tuple[str, ...] = Finding.__args__  # type: ignore[attr-defined]
 
@@ -36,12 +45,14 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "update_jump": re.compile(r"^update ratio \S+x its level", re.IGNORECASE),
     "nonfinite": re.compile(r"^non-finite values first at step", re.IGNORECASE),
     "checksum": re.compile(r"^param fingerprints of ranks", re.IGNORECASE),
+    "skipped_step": re.compile(r"^the non-finite step \d+ was skipped", re.IGNORECASE),
 }
 _WHERE = {
     "lr_jump": (Cause.OPTIMIZER,),
     "update_jump": (Cause.OPTIMIZER, Cause.RESUME_STATE),
     "nonfinite": (Cause.NUMERIC,),
     "checksum": (Cause.DISTRIBUTED,),
+    "skipped_step": (Cause.NUMERIC,),
 }
 
 
@@ -71,5 +82,16 @@ def findings(d: Diagnosis) -> dict[str, str]:
 
 
 def state_suspect(d: Diagnosis) -> dict[str, str]:
-    """The findings that require a rollback before the onset plus a fix."""
-    return {k: v for k, v in findings(d).items() if k in STATE_SUSPECT}
+    """The findings that require a rollback before the onset plus a fix. A non-finite step that was
+    skipped changed no weights: it is no such finding (unless the incident went on diverging)."""
+    found = findings(d)
+    skipped = nonfinite_skipped(d, found)
+    return {k: v for k, v in found.items() if k in STATE_SUSPECT and not (k == "nonfinite" and skipped)}
+
+
+def nonfinite_skipped(d: Diagnosis, found: dict[str, str] | None = None) -> bool:
+    """Every non-finite step of a transient incident was skipped: the weights never saw it."""
+    from supervisor.core.model import Phenotype
+
+    found = findings(d) if found is None else found
+    return "skipped_step" in found and d.phenotype is Phenotype.TRANSIENT

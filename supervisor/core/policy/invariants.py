@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype
 from supervisor.core.policy.actions import CONTINUES, TERMINAL
-from supervisor.core.policy.evidence import state_suspect
+from supervisor.core.policy.evidence import nonfinite_skipped, state_suspect
 from supervisor.core.policy.plan import JobState
 from supervisor.core.policy.schema import ActionSpec
 
@@ -48,10 +48,10 @@ def metric_artifact_only(steps: list[Step]) -> tuple[list[Step], list[str]]:
 
 def maybe_nonfinite(d: Diagnosis, state: JobState) -> str | None:
     """Why weights/optimizer moments may be non-finite, or None."""
-    if d.nonfinite:
+    if d.nonfinite and not nonfinite_skipped(d):
         where = f" (first at {d.nonfinite_at})" if d.nonfinite_at else ""
         return f"NaN/Inf seen{where}"
-    if state.state_maybe_nonfinite:
+    if state.state_maybe_nonfinite and not (d.nonfinite and nonfinite_skipped(d)):  # the flag is d.nonfinite
         return "the job state reports possibly non-finite weights or optimizer moments"
     if d.phenotype is Phenotype.DIVERGENCE and d.top_cause is Cause.NUMERIC:
         return "numeric divergence"
