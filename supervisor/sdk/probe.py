@@ -219,7 +219,11 @@ class Probe:
         batches = [scope.batch] if scope.batch is not None else [b for b in scope._batches if b is not None]
         found = None
         for batch in batches:
-            found = localize_nonfinite(self.model, lambda m, b=batch: fn(m, b).loss, sharded=self.sharded)
+
+            def run(m: nn.Module, b: Any = batch) -> torch.Tensor:
+                return fn(m, b).loss
+
+            found = localize_nonfinite(self.model, run, sharded=self.sharded)
             if found:
                 break
         rec["nonfinite_at"] = found or "unknown"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +143,7 @@ class StepScope:
         scaler = self.probe.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-    def rescale_accumulated(self, params: list[torch.Tensor]) -> None:
+    def rescale_accumulated(self, params: Sequence[torch.Tensor]) -> None:
         """Sum of micro-batch gradients (each of ``loss_sum / c``) -> gradient of the step's mean loss."""
         if self.declared is not None and self._backwards != self.declared:
             raise SupervisorError(
