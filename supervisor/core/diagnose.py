@@ -125,7 +125,9 @@ class Incident:
                     and sig.rank_z >= settings.band_z
                     and rank_rose(sig, settings)  # still above its own band, not left there by another's dip
                 )
-                or (self.first_rank in s.checksum_minority and sig.loss_z >= settings.band_z)
+                # Replicas that disagree never agree again by themselves: the rank stands out
+                # while its fingerprint stays in the minority, however little the loss moves.
+                or self.first_rank in s.checksum_minority
                 or self.first_rank in s.nonfinite_ranks
             )
         )

@@ -281,3 +281,24 @@ def test_a_rank_that_stops_reporting_is_no_loss_spike() -> None:
 def test_onset_is_never_after_detection() -> None:
     for d in _rewarm_run(1).finish().incidents:
         assert d.detected_step is None or d.onset_step <= d.detected_step
+
+
+def test_a_persistent_corruption_of_one_ranks_update_is_not_transient() -> None:
+    """Held-out class of issue 24 point 5: one rank's replica applies a corrupted update from step
+    250 on (its fingerprint stays in the minority); its loss moves little. Replicas that disagree
+    never agree again by themselves: a persistent rank fault, not a transient."""
+    from supervisor.core.model import Phenotype
+
+    recs = synthetic_records(340, 4, seed=6)
+    for r in recs:
+        if r.step >= 250 and r.rank == 2:
+            r.param_checksum = f"other{r.step}"
+            set_loss(r, r.loss * (1.12 if r.step == 250 else 1.02))
+    a = StreamingAnalyzer()
+    for step, batch in group_steps(recs):
+        a.observe_step(step, batch)
+    (d,) = a.finish().incidents
+    assert (d.onset_step, d.first_rank) == (250, 2)
+    assert (
+        d.phenotype is Phenotype.DIVERGENCE and d.top_cause is not None and d.top_cause.value == "distributed"
+    )
