@@ -78,7 +78,13 @@ class Checker:
             i for i in self.incidents if fault is not None and (i.onset_step or 0) >= fault - ONSET_SLACK
         ]
         self.primary: Incident | None = caused[0] if caused else None
-        self.false_alarms = [i for i in self.incidents if i not in caused]
+        # A worker the drill killed itself opens a machinery incident wherever the run was then (on
+        # a re-trained timeline, possibly before the fault's step): that is the kill, not an alarm.
+        kill = run.scenario.scenario.kill
+        own = run.killed is not None and kill is not None and kill.target == "worker"
+        self.false_alarms = [
+            i for i in self.incidents if i not in caused and not (own and i.top_cause == "distributed")
+        ]
         self.timeline = store.timeline(self.primary.id) if self.primary else []
         ws = self.job.resources.num_workers
         self.records = series.read_trace(Path(self.job.storage.path), self.job.name, ws)

@@ -214,3 +214,26 @@ def test_quarantined_needs_a_failed_verification_kept_through_a_resave(tmp_path:
     assert not verify(ckpts, 100).ok  # quarantines it
     save_plain(ckpts, 100)  # the re-run saves step 100 again
     assert check().ok is True and "kept beside a re-save" in check().detail
+
+
+def test_the_machinery_incident_of_the_drills_own_worker_kill_is_no_false_alarm(tmp_path: Path) -> None:
+    """A worker killed inside the observation window (re-trained steps, before the fault's step)
+    opens a machinery incident there: the kill drill caused it, the detector raised no alarm."""
+    from supervisor.runtime.controller import _machinery_diagnosis
+
+    (tmp_path / "_base.yaml").write_text(yaml.safe_dump(BASE))
+    p = tmp_path / "kw.yaml"
+    body = {"name": "kw", "description": "x", "faults": [{"kind": "garbage_batch", "step": 60, "rank": 1}],
+            "kill": {"target": "worker", "at": "action_began", "action": "observe", "delay_s": 1.0},
+            "expect": {**EXPECT, "exported": False}}  # fmt: skip
+    p.write_text(yaml.safe_dump(body))
+    sc = load_scenario(p)
+    job = sc.job_spec(tmp_path / "storage")
+    _trace(tmp_path / "storage", job.name, _flat)
+    store = IncidentStore(tmp_path / "storage" / "incidents.sqlite")
+    _incident(store, job.name)
+    store.open_incident(job.name, _machinery_diagnosis(45, 1, "worker rank(s) [1] lost"), actor="supervisor")
+    status = {"phase": "finished", "terminal": True, "group_restarts": 1}
+    for killed, ok in (("worker rank 1 killed at action_began observe + 1s", True), (None, False)):
+        run = RunOutcome(sc, job, status, 1.0, tmp_path / "out", killed=killed)
+        assert {c.name: c for c in Checker(run, store).checks()}["no_false_alarm"].ok is ok
