@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -77,6 +78,7 @@ def launch(
     from supervisor.runtime.stores import open_incident_store
 
     job = load_checked_job(job_file, overrides) if job_file is not None else None
+    checked = _check_incident_db(job) if job is not None else None  # before Ray starts
     if attach_job:
         named = job.ray.address if job is not None and job.ray.address != "local" else None
         cluster.connect_existing(address or named)
@@ -93,9 +95,8 @@ def launch(
         job = job.model_copy(update={"faults": []})
     started = 0.0 if attach_job else time.time()  # attached: the whole job's incidents
     settings = settings_for(job)
-    open_incident_store(
-        job
-    ).close()  # a damaged database is named here, not as "the supervisor does not answer"
+    if checked is None:
+        _check_incident_db(job)
     if not attach_job:
         from supervisor.cli.release import closed_holds
 
@@ -115,6 +116,15 @@ def launch(
         final = api.follow(handle, job, display.follow)
     print_outcome(job, open_incident_store(job), final, started, console())
     sys.exit(int(final.get("exit_code") or 0))
+
+
+def _check_incident_db(job: Any) -> bool:
+    """Open (create, migrate) the job's incident database here: a damaged one is named in one line
+    (exit 2) instead of surfacing as "the supervisor does not answer" from the actor that failed."""
+    from supervisor.runtime.stores import open_incident_store
+
+    open_incident_store(job).close()
+    return True
 
 
 @click.command()

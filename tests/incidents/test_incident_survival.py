@@ -145,3 +145,19 @@ def test_a_garbage_database_before_launch_is_named(tmp_path: Path) -> None:
         open_incident_store(job)
     assert err.value.exit_code == 2 and "not an incident database" in err.value.one_line()
     assert str(tmp_path / "store" / "incidents.sqlite") in err.value.one_line()
+
+
+def test_launch_with_a_garbage_database_says_so_before_ray_starts(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from supervisor.cli.main import cli
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "incidents.sqlite").write_bytes(b"\x00garbage" * 1000)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: job-a\nentrypoint: m:f\nstorage: {{path: {store}}}\nmax_steps: 10\n")
+    result = CliRunner().invoke(cli, ["--log-level", "error", "launch", str(job)])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 2 and len(errors) == 1, result.output
+    assert str(store / "incidents.sqlite") in errors[0] and "not an incident database" in errors[0]
