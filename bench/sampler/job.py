@@ -108,7 +108,7 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
         max_steps=max_steps,
     )  # sdk
     attach(faults, probe)  # drills
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
     for batch in loader:
         batch = faults.begin_step(probe.step_count + 1, batch)  # drills
         batch = bad_source(cfg, probe.step_count + 1, batch)  # the job's data bug (sampler)
@@ -116,7 +116,7 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
             parts = micro_batches(batch, accumulation)
             tokens = (batch["targets"] != -100).sum().clamp_min(1)
             for i, mb in enumerate(parts):
-                sync = contextlib.nullcontext() if not ddp or i == len(parts) - 1 else model.no_sync()
+                sync = ddp.no_sync() if ddp is not None and i < len(parts) - 1 else contextlib.nullcontext()
                 with sync:
                     with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
                         out = token_loss(model, mb)
