@@ -129,9 +129,10 @@ class StreamingAnalyzer:
         self.last_step = step
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline
-        ranks = len({r.rank for r in records})
+        ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize
         missing = ranks < self.rank_count and _ranks_missing(records)
-        self.rank_count = ranks if not missing else self.rank_count
+        if not missing:
+            self.rank_count = ranks
         if not summary.nonfinite and missing:
             # A rank's records stopped (its process exited, or they are late): the step's mean,
             # tokens and cross-rank spread are over fewer ranks. A worker failure is the runtime's

@@ -125,9 +125,19 @@ class Incident:
                     and sig.rank_z >= settings.band_z
                     and rank_rose(sig, settings)  # still above its own band, not left there by another's dip
                 )
-                # Replicas that disagree never agree again by themselves: the rank stands out
-                # while its fingerprint stays in the minority, however little the loss moves.
-                or self.first_rank in s.checksum_minority
+                # Its replica disagrees and its loss shows it: in the step's loss, or in its own loss
+                # against the other ranks' (one rank's drift moves the mean by a 1/N share only).
+                or (
+                    self.first_rank in s.checksum_minority
+                    and (
+                        sig.loss_z >= settings.band_z
+                        or (
+                            s.worst_rank == self.first_rank
+                            and sig.rank_z is not None
+                            and sig.rank_z >= settings.band_z
+                        )
+                    )
+                )
                 or self.first_rank in s.nonfinite_ranks
             )
         )
