@@ -126,3 +126,36 @@ def test_a_declared_count_must_match_the_backward_calls(dataset):
     with pytest.raises(SupervisorError, match="9"):
         sdk_split(batch, 9)
     assert math.isfinite(sum(p.sum().item() for p in model.parameters()))
+
+
+def test_two_ranks_accumulate_to_the_global_token_weighted_mean(tmp_path):
+    """DDP over gloo, 2 ranks x 2 declared micro-batches with unequal tokens everywhere: the update
+    every rank applies is the one step of the global token-weighted mean loss, and each rank's record
+    holds its own loss, tokens and the global grad norm."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.sdk import accum_worker as w
+
+    mp.spawn(w.run, args=(2, str(tmp_path)), nprocs=2, join=True)
+    net = w.model()
+    batches = [w.batch_of(r, 2) for r in range(2)]
+    parts = [[lm_loss(net, mb) for mb in sdk_split(b, w.MICRO)] for b in batches]
+    total = sum(p.tokens for rank in parts for p in rank)
+    (sum(p.loss_sum for rank in parts for p in rank) / total).backward()
+    want_norm = torch.nn.utils.get_total_norm([p.grad for p in net.parameters()]).item()
+    want = torch.cat([(-w.LR * p.grad).reshape(-1) for p in net.parameters()])
+    for rank in range(2):
+        got = torch.tensor(json.loads((tmp_path / f"delta.rank{rank}.json").read_text()))
+        assert (got - want).norm() / want.norm() < 1e-5, rank
+        (rec,) = [json.loads(x) for x in (tmp_path / f"trace.rank{rank}.jsonl").read_text().splitlines()
+                  if not json.loads(x).get("control")]  # fmt: skip
+        mine = parts[rank]
+        assert rec["tokens"] == int(sum(p.tokens for p in mine))
+        own = sum(p.loss_sum for p in mine) / sum(p.tokens for p in mine)
+        assert rec["loss"] == pytest.approx(own.item(), rel=1e-5)
+        assert rec["grad_norm"] == pytest.approx(want_norm, rel=1e-5)
+    assert int(parts[0][0].tokens) != int(
+        parts[1][0].tokens
+    )  # the ranks' divisors differ: the case that matters
