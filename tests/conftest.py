@@ -46,6 +46,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         export.close_all()
 
 
+@pytest.fixture(autouse=True)
+def _process_logging_restored() -> Iterator[None]:
+    """A test that runs a CLI command in this process (click's runner) makes it one of "our own"
+    processes: ``supervisor.logging.configure`` routes every later line to structlog's printer on
+    that command's captured stream, closed once the command returns. Later tests then see no SDK
+    log line in caplog and a closed file on the next warning. Each test starts as a host process."""
+    from supervisor import logging as sv_logging
+
+    before = (sv_logging._configured, sv_logging._level)
+    yield
+    if (sv_logging._configured, sv_logging._level) != before:
+        import structlog
+
+        sv_logging._configured, sv_logging._level = before
+        structlog.reset_defaults()
+
+
 _FAKE_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
