@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from supervisor.config.job import JobSpec
+from supervisor.errors import SupervisorError
 from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
@@ -40,6 +41,11 @@ class SupervisorActor:
     def _run(self) -> None:
         try:
             self.ctl.run()
+        except SupervisorError as exc:  # an expected failure (Ray, storage) nothing handled: name it
+            self.error = exc.one_line()
+            self.log.error("supervisor_failed", error=self.error, tb=traceback.format_exc()[-3000:])
+            self.ctl.state.exit_code = exc.exit_code
+            self.ctl.set_phase(JobPhase.FAILED, f"the supervisor cannot go on: {self.error}")
         except BaseException as exc:  # the loop died: report it; workers keep training meanwhile
             self.error = f"{type(exc).__name__}: {exc}"
             self.log.error("supervisor_loop_crashed", error=self.error, tb=traceback.format_exc()[-3000:])

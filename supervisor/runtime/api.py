@@ -102,7 +102,7 @@ def ended_status(job: JobSpec) -> dict[str, Any] | None:
         return None
     if st is None or not st.phase.is_terminal:
         return None
-    return {"job": job.name, "phase": st.phase.value, "terminal": True, "exit_code": st.phase.exit_code,
+    return {"job": job.name, "phase": st.phase.value, "terminal": True, "exit_code": st.ended_with(),
             "reason": st.reason, "step": max(st.watermark, 0), "max_steps": job.max_steps,
             "downtime_s": round(st.downtime_s, 2), "incident": None, "from_state_file": True}  # fmt: skip
 

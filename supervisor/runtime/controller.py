@@ -26,6 +26,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception_type, wait_exponential
+
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, CauseScore, Diagnosis, Phenotype, Severity
 from supervisor.core.policy import action_names, load_policy
@@ -35,6 +37,7 @@ from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
+from supervisor.runtime.group import WorkerStartError
 from supervisor.runtime.incidents import IncidentFlow
 from supervisor.runtime.machinery import WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
@@ -61,6 +64,8 @@ RESTART_MARGIN_STEPS = 10
 HISTORY_KEPT = 1000
 #: The state is written at most this often while records flow (each write acknowledges them).
 PERSIST_INTERVAL_S = 0.5
+START_TIMEOUT_S = 120.0
+"""Time a worker generation has to be placed and to answer; doubled on each retry (``_launch``)."""
 _END = "end_reached:"
 
 
@@ -193,8 +198,56 @@ class Controller:
             )
             self.rewind(resume, f"boot:{resume}", "a new run resumes from the newest verified checkpoint")
         self.set_phase(JobPhase.STARTING, "placing the worker group")
-        self.workers.launch(self.state.generation, resume, self.directives.last_seq)
+        try:
+            self._launch(resume, self.directives.last_seq)
+        except SupervisorError as exc:
+            self.workers.shutdown()
+            self.ended = True
+            self.state.exit_code = exc.exit_code
+            self._end(JobPhase.FAILED, exc.one_line())
+            return
         self._group_started()
+
+    def _launch(self, resume: int | None, after_seq: int) -> None:
+        """Start a worker generation. A start Ray did not carry out (``WorkerStartError``: not placed
+        in time, a rank slow to come up on a loaded host or dead on the way) is retried after the
+        restart policy's backoff, as a fresh generation that counts in the restart budget
+        (``restarts.max_restarts``) and is given twice the time of the one before; once the budget
+        is spent (or a stop was asked for) the last failure is raised, naming the attempts. Any
+        other failure is raised at once."""
+        s = self.restart_settings
+        at = max(self.current_step, 0)
+        window = s.window_steps
+        counted = [x for x in self.state.restart_steps if window is None or at - x <= window]
+        attempts = 1 + max(0, s.max_restarts - len(counted))
+        retrying = Retrying(
+            retry=retry_if_exception_type(WorkerStartError),
+            stop=lambda rs: rs.attempt_number >= attempts or self.stop_requested is not None,
+            wait=wait_exponential(multiplier=s.backoff_s, exp_base=s.backoff_factor, max=s.backoff_max_s),
+            before_sleep=lambda rs: self.log.warning(
+                "worker_start_failed", attempt=rs.attempt_number, of=attempts, generation=self.state.generation,
+                error=str(rs.outcome.exception()) if rs.outcome else "", retry_in_s=rs.upcoming_sleep,
+                why=f"retried within restarts.max_restarts={s.max_restarts} (policy)"),
+            reraise=True,
+        )  # fmt: skip
+        tried = 0
+        try:
+            for attempt in retrying:
+                with attempt:
+                    tried = attempt.retry_state.attempt_number
+                    if tried > 1:  # a fresh generation: the failed one's names may still be registered
+                        self.state.generation += 1
+                        self.state.restart_steps.append(at)
+                        self.persist(force=True)
+                    self.workers.launch(self.state.generation, resume, after_seq,
+                                        ready_timeout_s=START_TIMEOUT_S * 2 ** (tried - 1))  # fmt: skip
+        except WorkerStartError as exc:
+            budget = f"restarts.max_restarts={s.max_restarts} (policy)"
+            if self.stop_requested is not None:
+                budget = f"a stop was requested: {self.stop_requested}"
+            raise WorkerStartError(
+                f"the worker group did not start after {tried} attempt(s) ({budget}): {exc.one_line()}"
+            ) from None
 
     def _group_started(self) -> None:
         self.generation_started_at = time.time()
@@ -428,8 +481,9 @@ class Controller:
             return
         self._relaunch = None
         try:
-            self.workers.launch(self.state.generation, resume, after_seq)
+            self._launch(resume, after_seq)
         except SupervisorError as exc:
+            self.state.exit_code = exc.exit_code
             if event_id is not None and incident_id is not None:  # a failure's restart is its own incident
                 self.incidents.finish(event_id, result={"error": exc.one_line()}, failed=True)
                 move(self.incidents, incident_id, IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
@@ -754,7 +808,7 @@ class Controller:
             "job": self.job.name,
             "phase": self.phase.value,
             "terminal": self.phase.is_terminal,
-            "exit_code": self.phase.exit_code if self.phase.is_terminal else None,
+            "exit_code": self.state.ended_with(),
             "reason": self.state.reason,
             "step": max(self.current_step, 0),
             "max_steps": self.job.max_steps,

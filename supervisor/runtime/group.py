@@ -29,6 +29,12 @@ from supervisor.runtime.worker import TrainWorker
 RemoteWorker = ray.remote(TrainWorker)
 
 
+class WorkerStartError(RuntimeBackendError):
+    """A worker group that did not start: not placed in time, or a rank that did not answer or
+    failed to begin. Ray's problem, not the job's (exit code 3); the controller retries it within
+    the restart budget (``Controller._launch``)."""
+
+
 def worker_actor_name(job: str, generation: int, rank: int) -> str:
     return f"worker:{job}:{generation}:{rank}"
 
@@ -73,7 +79,7 @@ class WorkerGroup:
             ray.get(self.pg.ready(), timeout=ready_timeout_s)
         except GetTimeoutError:
             self.shutdown()
-            raise RuntimeBackendError(
+            raise WorkerStartError(
                 f"cannot place {self.world_size} workers x {bundle} within {ready_timeout_s:.0f}s "
                 f"(cluster has {ray.available_resources()})"
             ) from None
@@ -101,11 +107,24 @@ class WorkerGroup:
             for rank in range(self.world_size)
         ]
         # 3. Rendezvous at rank 0's node, then start every rank (each joins the process group).
-        addr, port = ray.get(self.workers[0].address.remote(), timeout=ready_timeout_s)
-        ray.get(
-            [w.start.remote(addr, port, resume_step, after_seq) for w in self.workers],
-            timeout=ready_timeout_s,
-        )
+        # A rank that is slow to come up (a loaded host) or dies on the way is a start failure:
+        # the half-started generation is taken down and the caller decides whether to try again.
+        stage = "rank 0 (rendezvous address)"
+        try:
+            addr, port = ray.get(self.workers[0].address.remote(), timeout=ready_timeout_s)
+            stage = f"the {self.world_size} rank(s) (start)"
+            ray.get(
+                [w.start.remote(addr, port, resume_step, after_seq) for w in self.workers],
+                timeout=ready_timeout_s,
+            )
+        except RayError as exc:
+            self.shutdown()
+            if isinstance(exc, GetTimeoutError):
+                what = f"did not answer within {ready_timeout_s:.0f}s"
+            else:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                what = f"failed: {type(exc).__name__}: {lines[-1][:300]}"
+            raise WorkerStartError(f"worker generation {self.generation}: {stage} {what}") from None
         self._watch()
         self.log.info(
             "group_launched", world_size=self.world_size, resume_step=resume_step, master=f"{addr}:{port}"

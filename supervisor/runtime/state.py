@@ -144,6 +144,16 @@ class RuntimeState(BaseModel):
     time_lost: dict[str, Any] = Field(default_factory=dict)
     """Time lost to instability (``time_lost.TimeLedger``): the run's start, its effective training
     time, and per incident the steps and the time re-trained."""
+    exit_code: int | None = None
+    """Set when the job ended because Ray, the supervisor or storage failed (3: a worker group that
+    would not start) rather than the job itself; None: the phase's own code (``JobPhase.exit_code``)."""
+
+    def ended_with(self) -> int | None:
+        """The CLI's exit code for this job; None while it runs."""
+        if not self.phase.is_terminal:
+            return None
+        return self.exit_code if self.exit_code is not None else self.phase.exit_code
+
 
     def note_incident(self, step: int) -> None:
         """An incident was detected (or came back) at ``step`` of the current timeline."""

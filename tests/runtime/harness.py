@@ -198,7 +198,8 @@ class FakeWorkers:
         self.ranks = ranks
         self.events: list[GroupEvent] = []
         self.launches: list[tuple[int, int | None, int]] = []
-        self.fail_launch: list[str] = []
+        self.fail_launch: list[str | Exception] = []
+        """What the next launches raise: a message (RuntimeBackendError) or the exception itself."""
         self.running = False
 
     def find(self) -> bool:
@@ -207,9 +208,12 @@ class FakeWorkers:
     def exists_on_cluster(self) -> bool:
         return False
 
-    def launch(self, generation: int, resume: int | None, after_seq: int) -> None:
+    def launch(
+        self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
+    ) -> None:
         if self.fail_launch:
-            raise RuntimeBackendError(self.fail_launch.pop(0))
+            failure = self.fail_launch.pop(0)
+            raise failure if isinstance(failure, Exception) else RuntimeBackendError(failure)
         self.launches.append((generation, resume, after_seq))
         self.running = True
         if self.ranks is not None:  # the new generation starts from the resume point
