@@ -40,10 +40,13 @@ class WorkerSupervision:
     def exists_on_cluster(self) -> bool:
         return WorkerGroup.find(self.job, self.settings) is not None
 
-    def launch(self, generation: int, resume: int | None, after_seq: int) -> None:
-        """Place and start a new generation; raises SupervisorError when it cannot start."""
+    def launch(
+        self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
+    ) -> None:
+        """Place and start a new generation within ``ready_timeout_s``; raises SupervisorError
+        (``WorkerStartError`` when Ray did not start it) when it cannot start."""
         self.group = WorkerGroup(self.job, self.settings, generation)
-        self.group.launch(resume, after_seq=after_seq)
+        self.group.launch(resume, after_seq=after_seq, ready_timeout_s=ready_timeout_s)
 
     def watch(self, silent_ranks: list[int]) -> GroupEvent | None:
         """What the group did since the last call (None: it trains on, or there is no group).
