@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
-from supervisor.core.diagnose import MAX_SUSPECTS, Facts, Incident, lr_still_raised
+from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, Incident, lr_still_raised
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
@@ -52,6 +52,13 @@ OPTIMIZER_DERIVED = ("update", "lr")
 #: Rules that read the optimizer alone; inside the supervisor's own observation window they open
 #: nothing without the loss or a non-finite value (its own fix moves exactly these signals).
 OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
+
+#: An LR fault under observation comes back when the LR (the supervisor's own factor divided out)
+#: jumps, or stands above the LR before the fault's onset, by at least this share of the fault's own
+#: size in log units (``sqrt``: a x25 fault is back at x5), and never by less than ``LR_BACK_MIN``x,
+#: more than any schedule moves in one step (a linear warm-up doubles the LR once, at its 2nd step).
+LR_BACK_SHARE = 0.5
+LR_BACK_MIN = 2.5
 
 #: Steps of loss z kept to date where a sustained rise began (``trigger.rise_start``).
 RISE_HISTORY = 256
@@ -100,6 +107,9 @@ class StreamingAnalyzer:
         self.own_restore: int | None = None
         self.observe_until: int | None = None
         self.ramp_end: int | None = None
+        #: The LR fault the supervisor is handling (its onset, its size, the LR before it), armed by
+        #: its interventions: inside their window the LR coming back is that fault again.
+        self.lr_fault: tuple[int, float, float] | None = None
         #: Ranks that reported the last complete step (a step with fewer, and fewer than the job's
         #: world size, lost a rank's records).
         self.rank_count = 0
@@ -151,9 +161,11 @@ class StreamingAnalyzer:
         if self.ramp_end is not None and step >= self.ramp_end:
             # The re-warm is over: Adam's update per unit of LR drifted while the steps were small
             # (|m| / sqrt(v) grows when consecutive gradients agree); the regime after the ramp is
-            # judged against itself, not against the ramp.
+            # judged against itself, not against the ramp. The LR reference stays: the ramp's factor
+            # is divided out, so a jump at the ramp's end (a persistent bug at the onset the re-warm
+            # was sized to) is a jump.
             self.ramp_end = None
-            self.detector.reanchor(step, OPTIMIZER_DERIVED)
+            self.detector.reanchor(step, ("update",))
         return updates
 
     def _on_resume(self, events: set[str], step: int) -> None:
@@ -182,6 +194,8 @@ class StreamingAnalyzer:
 
     def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
         trig = self._vetted(decide(sig, self.recent, self.settings), sig)
+        if (trig is None or not trig.immediate) and self._lr_back(sig):
+            trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -205,6 +219,34 @@ class StreamingAnalyzer:
             inc.ready = True
             updates.append(self._update("ready", inc))
         return updates
+
+    def _lr_back(self, sig: Signals) -> bool:
+        """Inside the window of an intervention on an LR fault, the LR the job runs (the supervisor's
+        own factor divided out) jumped, or stands at or after the fault's onset far above the LR
+        before it: the fault is back, whatever the loss does yet. An LR is a fact of the recipe,
+        not an optimizer dynamic: the supervisor knows its own factor exactly, so nothing of its own
+        fix moves it. (SGD at a re-warmed LR can carry a x20 LR for many steps before the loss
+        shows it; a bug in the last steps of a run leaves no step for the loss to show it.)"""
+        if self.lr_fault is None or sig.lr_norm is None or not self.observing(sig.step):
+            return False
+        onset, size, before = self.lr_fault
+        limit = max(LR_BACK_MIN, size**LR_BACK_SHARE)
+        jumped = sig.lr_ratio is not None and sig.lr_ratio >= limit
+        return jumped or (sig.step >= onset and before > 0 and sig.lr_norm >= limit * before)
+
+    def _arm_lr_fault(self) -> None:
+        """The newest incident is the one the supervisor acts on: when its evidence is an LR that
+        jumped or rose (upward), its return is watched for inside the intervention's window."""
+        self.lr_fault = None
+        inc = self.open or (self.incidents[-1] if self.incidents else None)
+        if inc is None or inc.facts.lr_before is None or inc.facts.lr_before[1] <= 0:
+            return
+        f = inc.facts
+        size = max(
+            f.lr_jump[1] if f.lr_jump is not None else 0.0, f.lr_rise[1] if f.lr_rise is not None else 0.0
+        )
+        if size >= LR_RAISED:
+            self.lr_fault = (inc.onset_step, size, f.lr_before[1])
 
     def _vetted(self, trig: Trigger | None, sig: Signals) -> Trigger | None:
         """Drop a trigger the supervisor's own intervention explains. An update-ratio jump after a
@@ -288,6 +330,8 @@ class StreamingAnalyzer:
             name = inc.facts.source[0]
             if name in sig.source_own:
                 return not sig.source_z[name] >= band
+        if rule == "lr":  # open while the LR stays raised: one incident while the bug is in the schedule
+            return not lr_still_raised(inc) and not (sig.loss_z >= band)
         if rule in ("grad", "resume"):  # open while the optimizer signal is still out of band
             return (sig.co_z or 0.0) < band and sig.loss_z < band
         if rule == "checksum" and s.checksum_minority:
@@ -300,6 +344,10 @@ class StreamingAnalyzer:
         st = self.settings
         s = sig.summary
         first = locate_first(self.recent, st, trig.rule, self.detector_interval())
+        if trig.rule == "lr":
+            first = FirstAnomaly(
+                step=s.step, metric="lr", value=sig.lr_norm, baseline=(self.lr_fault or (0, 0, None))[2]
+            )
         if trig.source is not None:
             first = self._source_onset(trig.source, first)
         start = self.detector.trend_start() if trig.rule == "trend" else None
@@ -329,6 +377,13 @@ class StreamingAnalyzer:
             facts.loss_scale_drop = (before[-1].summary.loss_scale, before[-1].summary.loss_scale)
         if before and before[-1].lr_norm is not None:
             facts.lr_before = (before[-1].step, before[-1].lr_norm)
+        if trig.rule == "lr" and self.lr_fault is not None:
+            # The fault's own reference: the LR before its first onset (the step before this one
+            # may already run at the raised LR, when the bug is in the schedule of every timeline).
+            onset, _, lr_ref = self.lr_fault
+            facts.lr_before = (onset - 1, lr_ref)
+            if sig.lr_ratio is not None and sig.lr_ratio >= LR_RAISED:
+                facts.lr_jump = (s.step, sig.lr_ratio)
         for r in self.recent:  # the steps between onset and detection belong to the incident too
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
@@ -436,6 +491,7 @@ class StreamingAnalyzer:
         )
         updates = self._rewind(to_step)
         self.own_restore = to_step
+        self._arm_lr_fault()
         self._observe(to_step, observe_steps)
         # The restored optimizer state meets a changed LR and data order: a new regime for every
         # optimizer-derived baseline (the level re-forms; the noise scale is kept).
@@ -487,6 +543,8 @@ class StreamingAnalyzer:
             self.detector.reanchor(step, metrics)
         if warmup_steps:
             self.ramp_end = step + warmup_steps
+        if self.lr_fault is None or not self.observing(step):
+            self._arm_lr_fault()
         self._observe(step, observe_steps)
 
     def note_skipped(self, first: int, last: int | None = None, *, reason: str = "") -> None:
@@ -555,6 +613,7 @@ class StreamingAnalyzer:
             "own_restore": self.own_restore,
             "observe_until": self.observe_until,
             "ramp_end": self.ramp_end,
+            "lr_fault": list(self.lr_fault) if self.lr_fault is not None else None,
             "excursions": [list(e) for e in self.excursions],
         }
 
@@ -569,6 +628,8 @@ class StreamingAnalyzer:
         self.own_restore = state.get("own_restore")
         self.observe_until = state.get("observe_until")
         self.ramp_end = state.get("ramp_end")
+        lf = state.get("lr_fault")
+        self.lr_fault = (int(lf[0]), float(lf[1]), float(lf[2])) if lf else None
         self.known.load_state_dict(state.get("interventions", []))
         self.excursions = deque(
             ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS

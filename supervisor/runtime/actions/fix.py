@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
 from supervisor.runtime.observe import Baseline, Check, evaluate
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
@@ -30,8 +29,6 @@ class ApplyAction(DirectiveAction):
     """LR scale / warmup / clipping / exclusions / skip N, from the next step on (the SDK records
     each override as an event in the records)."""
 
-    event = EventKind.FIX_APPLIED
-
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return ApplyOverrides(
             lr_scale=params.get("lr_scale"),
@@ -54,8 +51,6 @@ class ObserveAction:
     """Release the freeze, run N steps -- and at least to the onset plus a margin, so a fault that
     comes back at its own step is inside the window -- then pass or fail each criterion against
     the pre-incident baseline of the same run."""
-
-    event = EventKind.OBSERVATION
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         steps = int(params.get("steps", 100))
@@ -112,6 +107,14 @@ class ObserveAction:
             result["ended_early_at_step"] = rt.current_step
         if failed:
             return Outcome.fail(f"observation failed: {', '.join(failed)}", **result)
+        if not early and rt.training_ended() and len(window) < memo["steps"]:
+            # Every step the run gave went through the detector and nothing failed, but the window
+            # is shorter than asked: not a passed observation (the fix is unverified).
+            result["passed"] = None
+            return Outcome.skip(
+                f"training ended {len(window)} of {memo['steps']} steps into the observation window",
+                steps=len(window), **result,
+            )  # fmt: skip
         return Outcome.done(**result)
 
 
