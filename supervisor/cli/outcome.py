@@ -9,23 +9,15 @@ from typing import Any
 from rich.console import Console
 
 from supervisor.config.job import JobSpec
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventKind, EventStatus, IncidentStore
 from supervisor.incidents.render import render_report
 from supervisor.incidents.timeline import RELEASE_HINT, exclusion_words
 from supervisor.runtime.time_lost import incident_words, run_words
 
-# Timeline events that are things the supervisor did (in the words of the summary line).
-_DID = {
-    EventKind.ALERT_SENT: "alert",
-    EventKind.FROZE: "froze",
-    EventKind.SNAPSHOT: "snapshot",
-    EventKind.LATEST_BLOCKED: "blocked latest",
-    EventKind.REPLAYED: "replayed",
-    EventKind.ROLLED_BACK: "rolled back",
-    EventKind.FIX_APPLIED: "applied fix",
-    EventKind.OBSERVATION: "observed",
-    EventKind.RESUMED: "resumed",
-    EventKind.ESCALATED: "escalated",
+# Timeline events that are things the supervisor did (in the words of the summary line): the
+# action table's ``did`` of each action, and the two the supervisor does outside a plan.
+_DID = {EventKind(a.event): a.did for a in ACTIONS.values() if a.did} | {
     EventKind.WORKER_RESTARTED: "restarted workers",
     EventKind.DISMISSED: "dismissed",
 }

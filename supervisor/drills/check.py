@@ -15,24 +15,13 @@ from typing import Any
 
 from supervisor.config.job import JobSpec
 from supervisor.core.model import HealthMark
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.drills import series
 from supervisor.drills.scenario import Expect, LoadedScenario
 from supervisor.incidents import Event, EventKind, EventStatus, Incident, IncidentStore
 
 #: The timeline event each policy action leaves (``stop`` leaves a note carrying its action id).
-ACTION_EVENTS: dict[str, EventKind] = {
-    "alert": EventKind.ALERT_SENT,
-    "freeze": EventKind.FROZE,
-    "snapshot": EventKind.SNAPSHOT,
-    "block_latest": EventKind.LATEST_BLOCKED,
-    "replay": EventKind.REPLAYED,
-    "rollback": EventKind.ROLLED_BACK,
-    "apply": EventKind.FIX_APPLIED,
-    "observe": EventKind.OBSERVATION,
-    "resume": EventKind.RESUMED,
-    "escalate": EventKind.ESCALATED,
-    "stop": EventKind.NOTE,
-}
+ACTION_EVENTS: dict[str, EventKind] = {name: EventKind(a.event) for name, a in ACTIONS.items()}
 #: Onsets this many steps before the first fault still count as caused by it.
 ONSET_SLACK = 2
 OBSERVE_SPAN = 50

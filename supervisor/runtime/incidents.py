@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, PlannedAction, Policy, plan
+from supervisor.core.policy.actions import TERMINAL, names_where
 from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
@@ -40,7 +41,7 @@ from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 log = get_logger("supervisor.runtime.incidents")
 
 #: Actions whose effect needs live workers: skipping one because training ended leaves the fault unhandled.
-NEEDS_WORKERS = frozenset({"freeze", "snapshot", "rollback", "apply"})
+NEEDS_WORKERS = names_where("needs_workers")
 
 
 def make_analyzer(job: JobSpec, saved: Any) -> Any:
@@ -658,7 +659,7 @@ class IncidentFlow:
     def _close_plan(self, active: ActivePlan) -> None:
         names = [a.name for a in active.plan.actions]
         step = self.host.current_step
-        if names and names[-1] in ("escalate", "stop"):
+        if names and names[-1] in TERMINAL:
             move(
                 self.store, active.incident_id, IncidentState.ESCALATED, f"plan ended with {names[-1]}", step
             )

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions import check, entry
@@ -20,9 +21,6 @@ from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
-
-#: Actions that cannot be taken back: once one started, a changed diagnosis no longer re-makes the plan.
-IRREVERSIBLE = frozenset({"replay", "rollback", "apply", "escalate", "stop"})
 
 
 def action_id(active: ActivePlan, index: int, name: str) -> str:
@@ -70,9 +68,9 @@ class PlanRunner:
             memo = ex.prepare(self.rt, params, aid)
             payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
             payload |= reg.report(params, memo)
-            self.incidents.begin(active.incident_id, ex.event, actor="supervisor", step=self.rt.current_step,
+            self.incidents.begin(active.incident_id, reg.event, actor="supervisor", step=self.rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
-            active.irreversible |= pa.name in IRREVERSIBLE
+            active.irreversible |= ACTIONS[pa.name].irreversible
             self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             ex.start(self.rt, params, memo)

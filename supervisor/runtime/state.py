@@ -85,8 +85,8 @@ class ActivePlan(BaseModel):
     downtime_from: float = 0.0
     """The job's downtime total when this incident's first plan started (its own share is the rest)."""
     irreversible: bool = False
-    """An action that cannot be taken back (rollback, apply, replay, escalate, stop) has started:
-    from here on a changed diagnosis no longer re-makes the plan."""
+    """An action that cannot be taken back (``irreversible`` in the action table,
+    ``core.policy.actions``) has started: from here on a changed diagnosis no longer re-makes the plan."""
 
 
 class RuntimeState(BaseModel):
@@ -153,7 +153,6 @@ class RuntimeState(BaseModel):
         if not self.phase.is_terminal:
             return None
         return self.exit_code if self.exit_code is not None else self.phase.exit_code
-
 
     def note_incident(self, step: int) -> None:
         """An incident was detected (or came back) at ``step`` of the current timeline."""

@@ -211,27 +211,49 @@ class StopParams(ActionParams):
 
 @dataclass(frozen=True, slots=True)
 class ActionKind:
+    """One row of the action table (docs/architecture.md, "The action table"): what an action
+    means to every part of the supervisor. Nothing else lists action names by meaning."""
+
     name: str
     params: type[ActionParams]
     summary: str
+    event: str
+    """The timeline event its run is recorded as (``supervisor.incidents.EventKind`` value)."""
+    did: str | None
+    """How the run summary says it was done (None: not listed, e.g. stop, recorded as a note)."""
+    enters: str | None = None
+    """The incident state it moves the incident into when it begins (``IncidentState`` value)."""
+    irreversible: bool = False
+    """Once it started, a changed diagnosis no longer re-makes the plan: it changed the state or
+    the data the run trains on, ran the suspect batch again, or handed over / ended the job."""
+    needs_workers: bool = False
+    """Its effect needs live workers: skipped because training ended, it leaves the fault unhandled."""
+    ends_plan: bool = False
+    """Nothing after it in a plan runs."""
+    continues: bool = False
+    """Lets training go on with the current state (what a broken state must never get)."""
+    releases_freeze: bool = False
+    """Lets frozen workers go on: a plan that froze and hands nothing over ends with one."""
+    steer_only: bool = False
+    """Needs the SDK at the step boundary (shared/DESIGN.md, "How deeply a job is supervised")."""
 
 
 ACTIONS: dict[str, ActionKind] = {}
 
-#: Actions after which nothing else in a plan runs.
-TERMINAL = frozenset({"escalate", "stop"})
-#: Actions that let training go on with the current state (what a broken state must never get).
-CONTINUES = frozenset({"apply", "observe", "resume"})
 
-
-def register(name: str, params: type[ActionParams], summary: str) -> None:
-    if name in ACTIONS:
-        raise ValueError(f"action {name!r} registered twice")
-    ACTIONS[name] = ActionKind(name, params, summary)
+def register(kind: ActionKind) -> None:
+    if kind.name in ACTIONS:
+        raise ValueError(f"action {kind.name!r} registered twice")
+    ACTIONS[kind.name] = kind
 
 
 def action_names() -> list[str]:
     return sorted(ACTIONS)
+
+
+def names_where(flag: str) -> frozenset[str]:
+    """The names of the actions whose ``flag`` (an ``ActionKind`` field) is true."""
+    return frozenset(n for n, k in ACTIONS.items() if getattr(k, flag))
 
 
 def get_action(name: str) -> ActionKind:
@@ -242,17 +264,33 @@ def get_action(name: str) -> ActionKind:
         raise PolicyError(f"unknown action {name!r} (valid: {', '.join(action_names())})") from None
 
 
-for _name, _params, _summary in (
-    ("alert", AlertParams, "send the incident summary"),
-    ("freeze", FreezeParams, "pause all workers at the next step boundary"),
-    ("snapshot", SnapshotParams, "save the suspect state as a diagnostic checkpoint"),
-    ("block_latest", BlockLatestParams, "stop `latest` from advancing"),
-    ("replay", ReplayParams, "replay the suspect and a control batch at small scale"),
-    ("rollback", RollbackParams, "restore a verified healthy checkpoint before the onset"),
-    ("apply", ApplyParams, "change LR / warmup / clipping / precision / data"),
-    ("observe", ObserveParams, "watch a window of steps against the baseline"),
-    ("resume", ResumeParams, "let training continue"),
-    ("escalate", EscalateParams, "hand the incident to a person"),
-    ("stop", StopParams, "stop the job"),
-):
-    register(_name, _params, _summary)
+_K = ActionKind
+for _kind in (
+    _K("alert", AlertParams, "send the incident summary", "alert_sent", "alert"),
+    _K("freeze", FreezeParams, "pause all workers at the next step boundary", "froze", "froze",
+       enters="frozen", needs_workers=True, steer_only=True),
+    _K("snapshot", SnapshotParams, "save the suspect state as a diagnostic checkpoint", "snapshot", "snapshot",
+       enters="frozen", needs_workers=True, steer_only=True),
+    _K("block_latest", BlockLatestParams, "stop `latest` from advancing", "latest_blocked", "blocked latest",
+       enters="frozen"),
+    _K("replay", ReplayParams, "replay the suspect and a control batch at small scale", "replayed", "replayed",
+       enters="acting", irreversible=True, steer_only=True),
+    _K("rollback", RollbackParams, "restore a verified healthy checkpoint before the onset", "rolled_back",
+       "rolled back", enters="acting", irreversible=True, needs_workers=True),
+    _K("apply", ApplyParams, "change LR / warmup / clipping / precision / data", "fix_applied", "applied fix",
+       enters="acting", irreversible=True, needs_workers=True, continues=True),
+    _K("observe", ObserveParams, "watch a window of steps against the baseline", "observation", "observed",
+       enters="observing", continues=True, releases_freeze=True),
+    _K("resume", ResumeParams, "let training continue", "resumed", "resumed", continues=True,
+       releases_freeze=True),
+    _K("escalate", EscalateParams, "hand the incident to a person", "escalated", "escalated",
+       irreversible=True, ends_plan=True),
+    _K("stop", StopParams, "stop the job", "note", None, irreversible=True, ends_plan=True),
+):  # fmt: skip
+    register(_kind)
+del _K
+
+#: Actions after which nothing else in a plan runs.
+TERMINAL = names_where("ends_plan")
+#: Actions that let training go on with the current state (what a broken state must never get).
+CONTINUES = names_where("continues")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from supervisor.core.model import Cause, Diagnosis
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.invariants import (
     Step,
@@ -88,10 +89,6 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
         return _escalation(base, f"Deciding to escalate: {exc}", diagnosis, state, notes)
 
 
-#: Actions that need the SDK at the step boundary (DESIGN.md "How deeply a job is supervised").
-STEER_ONLY = ("freeze", "snapshot", "replay")
-
-
 def adapt_to_job(steps: list[Step], state: JobState) -> tuple[list[Step], list[str]]:
     """Drop what this job cannot carry out, saying what happens instead (never a silent no-op)."""
     out, notes = [], []
@@ -102,7 +99,7 @@ def adapt_to_job(steps: list[Step], state: JobState) -> tuple[list[Step], list[s
                 "replay dropped: the job has no replay_hooks; the suspect data is excluded without replay"
             )
             continue
-        if name in STEER_ONLY and state.supervision == "observe":
+        if ACTIONS[name].steer_only and state.supervision == "observe":
             notes.append(
                 f"{name} dropped: an observe-level job has no step-boundary control; "
                 "recovery restarts the group from a verified checkpoint through the framework's resume path"

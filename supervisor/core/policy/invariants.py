@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype
-from supervisor.core.policy.actions import CONTINUES, TERMINAL
+from supervisor.core.policy.actions import ACTIONS, CONTINUES, TERMINAL
 from supervisor.core.policy.evidence import nonfinite_skipped, state_suspect
 from supervisor.core.policy.plan import JobState
 from supervisor.core.policy.schema import ActionSpec
@@ -84,7 +84,7 @@ def fix_after_rollback(steps: list[Step], d: Diagnosis, state: JobState) -> tupl
     if "apply" in names[first:]:
         return steps, []
     go = next((i for i, n in enumerate(names) if i > first and n in CONTINUES), len(names))
-    if go == len(names) and any(n in ("escalate", "stop") for n in names):
+    if go == len(names) and TERMINAL.intersection(names):
         return steps, []  # the rule hands over to a person: no fix to add
     out = list(steps)
     why = "a rollback alone re-runs the same recipe: re-warm the LR through the steps that blew up"
@@ -142,7 +142,7 @@ def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
     if "freeze" not in names or TERMINAL.intersection(names):
         return steps, []
     last = len(names) - 1 - names[::-1].index("freeze")
-    if any(n in ("observe", "resume") for n in names[last:]):
+    if any(ACTIONS[n].releases_freeze for n in names[last:]):
         return steps, []
     why = "the plan froze training and hands nothing over: release it at the end"
     return [*steps, Step(ActionSpec.model_validate("resume"), why)], [f"resume appended: {why}"]

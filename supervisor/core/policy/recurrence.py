@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.model import Diagnosis
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.core.policy.plan import Plan
 from supervisor.core.policy.settings import Recurrence
-
-#: Actions after which re-making the plan would not undo what was done.
-IRREVERSIBLE = frozenset({"replay", "rollback", "apply", "observe", "resume", "escalate", "stop"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +112,9 @@ def occurrence_after(
 
 
 def first_irreversible(plan: Plan) -> int | None:
-    """Index of the plan's first action that cannot be taken back, or None."""
-    return next((i for i, a in enumerate(plan.actions) if a.name in IRREVERSIBLE), None)
+    """Index of the plan's first action that cannot be taken back (the action table's
+    ``irreversible``), or None."""
+    return next((i for i, a in enumerate(plan.actions) if ACTIONS[a.name].irreversible), None)
 
 
 def replan_reason(old: Plan, new: Plan, done: int) -> str | None:

@@ -1,10 +1,11 @@
 """One registry entry per policy action (docs/architecture.md, Registries), checked when the controller starts.
 
-Each entry names, for the policy action of the same name: its executor, the incident state
-it moves the incident into when it begins, and the top-level payload keys of its timeline
-event that the incident reports read (``supervisor.incidents.postmortem``). Its parameters
-are the policy's (``supervisor.core.policy.actions``); ``check`` fails at start, naming the
-valid actions, when the policy language has an action the runtime cannot carry out.
+Each entry names, for the policy action of the same name: its executor and the top-level
+payload keys of its timeline event that the incident reports read
+(``supervisor.incidents.postmortem``). What the action means -- its parameters, its timeline
+event, the incident state it moves into, whether it is irreversible -- is the action table's
+(``supervisor.core.policy.actions``); ``check`` fails at start, naming the valid actions, when
+the policy language has an action the runtime cannot carry out.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.core.policy.actions import ACTIONS
 from supervisor.errors import PolicyError
-from supervisor.incidents import IncidentState
+from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.actions.base import Executor, Outcome, Runtime
 from supervisor.runtime.actions.checkpoints import BlockLatestAction, RollbackAction, SnapshotAction
 from supervisor.runtime.actions.control import EscalateAction, FreezeAction, ResumeAction, StopAction
@@ -62,27 +64,38 @@ def _observe_report(params: dict[str, Any], memo: dict[str, Any]) -> dict[str, A
 
 @dataclass(frozen=True)
 class ActionEntry:
+    name: str
     executor: Executor
-    state: IncidentState | None = None
-    """The incident state the action moves the incident into when it begins (when that move is valid)."""
     report: Report = _no_report
 
+    @property
+    def event(self) -> EventKind:
+        """The timeline event the action's run is recorded as (the action table's ``event``)."""
+        return EventKind(ACTIONS[self.name].event)
 
-S = IncidentState
+    @property
+    def state(self) -> IncidentState | None:
+        """The incident state the action moves the incident into when it begins (when that move is valid)."""
+        enters = ACTIONS[self.name].enters
+        return IncidentState(enters) if enters is not None else None
+
+
 REGISTRY: dict[str, ActionEntry] = {
-    "alert": ActionEntry(AlertAction()),
-    "freeze": ActionEntry(FreezeAction(), S.FROZEN),
-    "snapshot": ActionEntry(SnapshotAction(), S.FROZEN),
-    "block_latest": ActionEntry(BlockLatestAction(), S.FROZEN),
-    "replay": ActionEntry(ReplayAction(), S.ACTING),
-    "rollback": ActionEntry(RollbackAction(), S.ACTING, _rollback_report),
-    "apply": ActionEntry(ApplyAction(), S.ACTING, _apply_report),
-    "observe": ActionEntry(ObserveAction(), S.OBSERVING, _observe_report),
-    "resume": ActionEntry(ResumeAction()),
-    "escalate": ActionEntry(EscalateAction()),
-    "stop": ActionEntry(StopAction()),
+    e.name: e
+    for e in (
+        ActionEntry("alert", AlertAction()),
+        ActionEntry("freeze", FreezeAction()),
+        ActionEntry("snapshot", SnapshotAction()),
+        ActionEntry("block_latest", BlockLatestAction()),
+        ActionEntry("replay", ReplayAction()),
+        ActionEntry("rollback", RollbackAction(), _rollback_report),
+        ActionEntry("apply", ApplyAction(), _apply_report),
+        ActionEntry("observe", ObserveAction(), _observe_report),
+        ActionEntry("resume", ResumeAction()),
+        ActionEntry("escalate", EscalateAction()),
+        ActionEntry("stop", StopAction()),
+    )
 }
-del S
 EXECUTORS: dict[str, Executor] = {name: e.executor for name, e in REGISTRY.items()}
 
 

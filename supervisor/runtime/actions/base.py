@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Diagnosis
-from supervisor.incidents import EventKind
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.observe import StepStats
 from supervisor.runtime.settings import RuntimeSettings
@@ -85,8 +84,6 @@ class Runtime(Protocol):
 
 
 class Executor(Protocol):
-    event: EventKind
-
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]: ...
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None: ...
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None: ...
@@ -115,8 +112,6 @@ def await_acks(rt: Runtime, directive_id: str, started_at: float) -> Outcome | N
 
 class DirectiveAction:
     """An action that is one directive to every rank, done when all ranks acknowledged it."""
-
-    event: EventKind
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         """The directive every rank applies at its next step boundary (or override ``prepare``)."""

@@ -6,15 +6,12 @@ import time
 from typing import Any
 
 from supervisor.config.recovery import rollback_mode
-from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
 
 class SnapshotAction(DirectiveAction):
     """Every rank saves its current (suspect) state, marked diagnostic: evidence, never a target."""
-
-    event = EventKind.SNAPSHOT
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Snapshot(reason=f"incident {rt.incident_id}", id=action_id)
@@ -25,8 +22,6 @@ class SnapshotAction(DirectiveAction):
 
 class BlockLatestAction:
     """`latest` stops advancing until this incident releases it (persisted in storage)."""
-
-    event = EventKind.LATEST_BLOCKED
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         return {"incident": rt.incident_id}
@@ -56,8 +51,6 @@ class RollbackAction(DirectiveAction):
     The target and the mode are chosen in ``prepare`` and written into the pending event, so a
     restarted supervisor finishes the *same* rollback instead of choosing (and loading) again.
     """
-
-    event = EventKind.ROLLED_BACK
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
 from supervisor.sdk.directives import Continue, Directive, Freeze, Snapshot, Stop
 
 
 class FreezeAction(DirectiveAction):
     """Every rank parks at the next step boundary with its state in memory."""
-
-    event = EventKind.FROZE
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Freeze(reason=f"incident {rt.incident_id}", id=action_id)
@@ -24,8 +21,6 @@ class FreezeAction(DirectiveAction):
 
 class ResumeAction(DirectiveAction):
     """Release a freeze (harmless when training already runs) and let `latest` advance again."""
-
-    event = EventKind.RESUMED
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Continue(id=action_id)
@@ -45,8 +40,6 @@ class ResumeAction(DirectiveAction):
 class StopAction(DirectiveAction):
     """End training at the next boundary; the job ends as stopped."""
 
-    event = EventKind.NOTE
-
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Stop(
             reason=params.get("message") or f"incident {rt.incident_id}: policy says stop", id=action_id
@@ -59,8 +52,6 @@ class StopAction(DirectiveAction):
 
 class EscalateAction:
     """Save the state (diagnostic snapshot), stop the job, and leave the incident to a person."""
-
-    event = EventKind.ESCALATED
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         import time

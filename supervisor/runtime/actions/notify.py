@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.incidents import EventKind
 from supervisor.logging import get_logger
 from supervisor.observability import alerts
 from supervisor.runtime.actions.base import Outcome, Runtime
@@ -29,8 +28,6 @@ class AlertAction:
     """Sent exactly once: the idempotency key is made in ``prepare`` and recorded with the pending
     event before anything is sent; a supervisor killed before the endpoint's answer was recorded
     sends it again with the same key (the receiver drops the repeat), and never once it was."""
-
-    event = EventKind.ALERT_SENT
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         # The memo is recorded in the timeline: no payload (it is rebuilt from the diagnosis when

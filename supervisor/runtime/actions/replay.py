@@ -18,15 +18,12 @@ from typing import Any
 
 from supervisor.core.model import Cause
 from supervisor.errors import SupervisorError
-from supervisor.incidents import EventKind
 from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.sdk.directives import Replay
 from supervisor.sdk.replay import result_key
 
 
 class ReplayAction:
-    event = EventKind.REPLAYED
-
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         d = rt.diagnosis
         memo: dict[str, Any] = {"task": f"replay:{action_id}", "suspects": list(d.suspect_samples)}
