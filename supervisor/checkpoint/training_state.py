@@ -32,6 +32,7 @@ from supervisor.checkpoint.manifest import FileEntry, Manifest
 from supervisor.checkpoint.saver import Checkpointer, RankResult, SmallState, capture_small, commit_everywhere
 from supervisor.checkpoint.store import CheckpointStore
 from supervisor.checkpoint.torch_io import check_loadable, load_mmap, one_thread, restore_rng, save_file
+from supervisor.checkpoint.verify import RestoreCheckError
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError, SupervisorError
 
@@ -297,7 +298,7 @@ def _check_shard(
     if saved.get("shard_layout") != live["shard_layout"] or manifest.world_size != dist_world_size():
         return None  # resharded (another world size or module layout): nothing to compare bit for bit
     if saved.get("shard_checksum") != live["shard_checksum"]:
-        raise CheckpointError(
+        raise RestoreCheckError(
             f"rank {rank}: restored model state differs from the saved one "
             f"({live['shard_checksum']} != {saved.get('shard_checksum')})",
             source=store.where(manifest.step),

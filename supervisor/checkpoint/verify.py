@@ -20,7 +20,7 @@ from supervisor.checkpoint.hashing import hash_path, hash_reader, split_checksum
 from supervisor.checkpoint.manifest import Manifest, Verification
 from supervisor.checkpoint.store import MANIFEST, CheckpointStore
 from supervisor.core.model import HealthMark
-from supervisor.errors import SupervisorError
+from supervisor.errors import CheckpointError, SupervisorError
 from supervisor.storage.base import ObjectNotFound
 from supervisor.storage.local import LocalBackend
 
@@ -28,6 +28,13 @@ PER_RANK = ("optimizer", "rng")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 _PICKLED_OBJECTS = "UnpicklingError: Weights only load failed"
 """Files of an adopted checkpoint that the deep check opens with torch."""
+
+
+class RestoreCheckError(CheckpointError):
+    """A checkpoint that passed verification but whose state, once loaded, differs from the state
+    saved (each rank's restored shard checksum against the one recorded at save): its files and
+    their checksums were rewritten to match. The rank that finds it quarantines it
+    (``sdk.steering.Steering.restore``)."""
 
 
 @dataclass(slots=True)

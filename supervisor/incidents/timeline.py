@@ -247,6 +247,11 @@ def _rolled_back(e: Event, ctx: Context) -> str:
     notes = [str(field(e, "checkpoint"))] if field(e, "checkpoint") else []
     if isinstance(src, int) and isinstance(dst, int):
         notes.append(f"{src - dst} steps to train again")
+    for refused in field(e, "passed_over") or []:  # targets the ranks' restore check refused
+        if isinstance(refused, dict):
+            notes.append(
+                f"checkpoint {refused.get('step')} quarantined: {quote(str(refused.get('reason', '')))}"
+            )
     lost = f" ({'; '.join(notes)})" if notes else ""
     # In place, or by a restart of the worker group (the record's mode_why says why).
     how = " by restarting the worker group" if field(e, "mode") == "restart" else ""

@@ -271,6 +271,7 @@ class Steering:
     def restore(self, step: int) -> None:
         """Load every piece of training state from checkpoint ``step`` into the live objects."""
         from supervisor.checkpoint.training_state import load_training_state
+        from supervisor.checkpoint.verify import RestoreCheckError
 
         p = self.probe
         if p.checkpoint is None:
@@ -279,10 +280,17 @@ class Steering:
             )
         p.flush()
         self.finish_saves()  # a save in flight commits first: it is then part of the abandoned timeline
-        loaded = load_training_state(
-            p.checkpoint, step, rank=p.rank, world_size=p.world_size, model=p.model,
-            optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler, expect=_geometry(p.loader),
-        )  # fmt: skip
+        try:
+            loaded = load_training_state(
+                p.checkpoint, step, rank=p.rank, world_size=p.world_size, model=p.model,
+                optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler, expect=_geometry(p.loader),
+            )  # fmt: skip
+        except RestoreCheckError as exc:
+            # It passed verification, so only this check can keep it from being loaded again: a
+            # quarantined checkpoint is never a rollback or restart target, and `latest` leaves it.
+            # The live state is now partly the forged one; the supervisor's next rollback replaces it.
+            p.checkpoint.quarantine(step, f"restore check failed on rank {p.rank}: {exc.one_line()}")
+            raise
         if p.loader is not None and loaded.data_state is not None:
             p.loader.load_state_dict(loaded.data_state)
         self.load_state_dict((loaded.extra or {}).get("probe", {}))

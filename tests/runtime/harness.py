@@ -85,6 +85,9 @@ class FakeRanks:
     """What rank 0 leaves in storage for a ``replay`` directive (None: the ranks refuse it)."""
     replays_at: list[int] = field(default_factory=list)
     """The step each ``replay`` directive ran at."""
+    forged: set[int] = field(default_factory=set)
+    """Checkpoint steps whose state fails the ranks' restore check after loading (files and checksums
+    rewritten to match): a rollback to one is refused and quarantined, as ``Steering.restore`` does."""
     _seq: dict[int, int] = field(default_factory=dict)
     _unacked: dict[int, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
 
@@ -169,6 +172,11 @@ class FakeRanks:
         elif kind == "continue":
             self.frozen = False
         elif kind == "rollback":
+            if int(d["step"]) in self.forged:
+                ctl.checkpoints.quarantine(int(d["step"]), "restore check failed on rank 0: restored model "
+                                           "state differs from the saved one")  # fmt: skip
+                self.control(ctl, [f"directive_failed:{d['id']}:{kind}"])
+                return
             self.step = int(d["step"])
         elif kind in ("stop", "finish") and (kind == "stop" or self.step >= self.max_steps):
             self.ended = True

@@ -6,8 +6,12 @@ import time
 from typing import Any
 
 from supervisor.config.recovery import rollback_mode
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
+from supervisor.core.model import HealthMark
+from supervisor.logging import get_logger
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
+
+log = get_logger("supervisor.runtime.actions")
 
 
 class SnapshotAction(DirectiveAction):
@@ -50,7 +54,12 @@ class RollbackAction(DirectiveAction):
     (a framework checkpoint through the framework's resume path); done once it is running.
     The target and the mode are chosen in ``prepare`` and written into the pending event, so a
     restarted supervisor finishes the *same* rollback instead of choosing (and loading) again.
+    A target the ranks' restore check refuses is quarantined there and passed over for the next
+    one (``_in_force``); the outcome's ``to_step`` is the target used, ``passed_over`` the others.
     """
+
+    def __init__(self) -> None:
+        self._chosen: dict[str, dict[str, Any]] = {}
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}
@@ -82,7 +91,50 @@ class RollbackAction(DirectiveAction):
             if rt.generation_started_at < memo["started_at"]:
                 return None  # the new generation is not running yet (a failed launch ends the job)
             return self.finished(rt, params, memo, Outcome.done())
-        return super().poll(rt, params, memo)
+        now = self._in_force(rt, params, memo)
+        if isinstance(now, Outcome):
+            return now
+        out = await_acks(rt, now["directive"]["id"], now["since"])
+        if out is not None and out.ok:
+            return self.finished(rt, params, memo | now, out)
+        if out is not None and now["passed_over"]:
+            return Outcome.fail(out.reason, passed_over=now["passed_over"], **out.result)
+        return out
+
+    def _in_force(
+        self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]
+    ) -> dict[str, Any] | Outcome:
+        """The rollback directive in force: the planned one, or -- once the ranks' restore check
+        refused its target and quarantined it (a checkpoint whose files and checksums were rewritten
+        to match passes every check before loading) -- a ``RollbackInPlace`` to the next target
+        that qualifies, ``<action id>~<step>``. Derived from the quarantine marks and the refusals
+        in the state file, so a restarted supervisor arrives at (and re-issues) the same one."""
+        planned = memo["directive"]
+        known = self._chosen.get(planned["id"])
+        now = dict(known) if known is not None else {
+            "directive": planned, "to_step": memo["to_step"], "verification": memo["verification"],
+            "since": memo["started_at"], "passed_over": [],
+        }  # fmt: skip
+        while rt.directives.failed_on(now["directive"]["id"]):
+            step = int(now["directive"]["step"])
+            manifest = rt.checkpoints.find(step) if rt.checkpoints is not None else None
+            if manifest is None or manifest.health is not HealthMark.QUARANTINED:
+                break  # refused for another reason: the action fails (await_acks says which rank)
+            why = manifest.history[-1].reason if manifest.history else "quarantined"
+            passed = [*now["passed_over"], {"step": step, "reason": why}]
+            try:
+                target, verification = rt.rollback_target(step - 1, str(params.get("min_mark", "healthy")))
+            except Exception as exc:  # no older target: the policy's on_failure decides
+                return Outcome.fail(f"checkpoint {step} failed the restore check on the ranks and was "
+                                    f"quarantined; no other target: {exc}", passed_over=passed)  # fmt: skip
+            directive = RollbackInPlace(step=target, id=f"{planned['id']}~{target}").to_dict()
+            log.warning("rollback_target_refused", incident=rt.incident_id, refused=step, reason=why[:300],
+                        target=target, directive=directive["id"])  # fmt: skip
+            now = {"directive": directive, "to_step": target, "verification": verification,
+                   "since": time.time(), "passed_over": passed}  # fmt: skip
+            rt.issue(Directive.from_dict(directive))  # the same id again after a restart: issued once
+        self._chosen[planned["id"]] = now
+        return now
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         # Keyed by the directive: a supervisor restarted after this ran does not rewind twice
@@ -91,6 +143,7 @@ class RollbackAction(DirectiveAction):
             rt.rewind(
                 memo["to_step"], f"rewind:{memo['directive']['id']}", f"rollback of incident {rt.incident_id}"
             )
+        passed = {"passed_over": memo["passed_over"]} if memo.get("passed_over") else {}
         return Outcome.done(
             from_step=memo["from_step"],
             to_step=memo["to_step"],
@@ -99,5 +152,6 @@ class RollbackAction(DirectiveAction):
             verification=memo["verification"],
             mode=memo.get("mode", "in_place"),
             mode_why=memo.get("why"),
+            **passed,
             **out.result,
         )
