@@ -54,7 +54,7 @@ EXIT_FOUND = 1
 )
 @click.option(
     "--min-history",
-    type=click.IntRange(1, 10**12),
+    type=click.IntRange(2, 10**12),
     default=None,
     help="Steps of history before an alarm (default 50, lowered automatically for short log excerpts).",
 )

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from supervisor.config.detector import DetectorKnobs
 from supervisor.config.loader import check_model, load_model
 from supervisor.config.observability import ObservabilitySettings
 from supervisor.config.runtime import RuntimeSection
@@ -98,24 +99,10 @@ class CheckpointSection(Section):
     )
 
 
-class Telemetry(Section):
-    """Detector settings; every field overrides the engine's default."""
+class Telemetry(Section, DetectorKnobs):
+    """Detector settings (window, min_history and the thresholds: ``config.detector``, the one
+    definition the detector also uses) and what the ranks send."""
 
-    window: int = Field(
-        1000, ge=8, le=1_000_000, description="Rolling window (steps) of the robust statistics."
-    )
-    min_history: int = Field(
-        50, ge=4, le=1_000_000, description="Steps of history before any alarm can be raised."
-    )
-    z_threshold: float = Field(
-        6.0, gt=0, le=1e6, description="Robust-z (|x - median| / 1.4826 MAD) for a loss alarm."
-    )
-    grad_z_threshold: float = Field(
-        6.0, gt=0, le=1e6, description="Robust-z for grad norm / update ratio to co-move."
-    )
-    rank_z_threshold: float = Field(
-        8.0, gt=0, le=1e6, description="Robust-z of a rank vs the other ranks at one step."
-    )
     hang_timeout_s: float = Field(
         120.0, gt=0, le=7 * 86_400, description="No record from a rank for this long: a hung worker."
     )

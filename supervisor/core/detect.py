@@ -25,8 +25,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from supervisor.config.detector import DetectorKnobs
 from supervisor.core.stats import MAD_TO_SIGMA, LevelTracker, RollingWindow, median, safe_log, sorted_median
 from supervisor.core.summary import StepSummary, summarize
 
@@ -51,24 +52,13 @@ RANK_OWN_MIN_RESID = 8
 RANK_OWN_STATE = 16_384
 
 
-class DetectorSettings(BaseModel):
-    """Detection and diagnosis thresholds. Robust-z means |x - level| / (1.4826 MAD of residuals)."""
+class DetectorSettings(DetectorKnobs):
+    """Detection and diagnosis thresholds. Robust-z means |x - level| / (1.4826 MAD of residuals).
+
+    The knobs a job.yaml sets (window, min_history, the z thresholds) are ``DetectorKnobs``'s, one
+    definition for both; the rest are the engine's own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    window: int = Field(
-        default=1000, ge=8, description="Rolling window (steps) of the residual noise statistics."
-    )
-    min_history: int = Field(
-        default=50, ge=1, description="Steps of history before any alarm except non-finite values."
-    )
-    z_threshold: float = Field(default=6.0, gt=0, description="Robust-z of the loss that opens an incident.")
-    grad_z_threshold: float = Field(
-        default=6.0, gt=0, description="Robust-z of grad norm / update ratio that co-moves."
-    )
-    rank_z_threshold: float = Field(
-        default=8.0, gt=0, description="Robust-z of one rank against the other ranks' median."
-    )
     band_z: float = Field(default=3.0, gt=0, description="A quantity is out of its band above this robust-z.")
     level_window: int = Field(default=16, ge=1, description="Steps whose median is a metric's current level.")
     min_loss_jump: float = Field(
@@ -115,8 +105,11 @@ class DetectorSettings(BaseModel):
     @classmethod
     def from_telemetry(cls, telemetry: Any, **overrides: Any) -> DetectorSettings:
         """Build from a job.yaml ``telemetry`` section (any object with the same attribute names)."""
-        names = ("window", "min_history", "z_threshold", "grad_z_threshold", "rank_z_threshold")
-        kw = {n: getattr(telemetry, n) for n in names if getattr(telemetry, n, None) is not None}
+        kw = {
+            n: getattr(telemetry, n)
+            for n in DetectorKnobs.model_fields
+            if getattr(telemetry, n, None) is not None
+        }
         kw.update(overrides)
         return cls(**kw)
 

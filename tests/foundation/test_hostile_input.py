@@ -165,7 +165,7 @@ def test_incident_report_never_overwrites_the_database(tmp_path: Path) -> None:
         (["logs", "{tmp}", "--job", "x", "-f", "--interval", "-1"], "-1.0 is not in the range 0.05<=x<=3600"),
         (["stop", "x", "--timeout", "nan", "--address", "127.0.0.1:1"], "'nan' is not a finite number"),
         (["policy", "explain", "default", "--trace", "t.jsonl", "--grad-clip", "nan"], "not a finite number"),
-        (["analyze", "t.jsonl", "--min-history", str(10**30)], "not in the range 1<=x<="),
+        (["analyze", "t.jsonl", "--min-history", str(10**30)], "not in the range 2<=x<="),
     ],
 )
 def test_numbers_and_names_on_the_command_line_are_checked_first(
