@@ -20,14 +20,13 @@ and ``bad_source`` (``{source, step}``: that source serves random bytes from ``s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from bench.matrix.data import build as build_data
-from bench.matrix.job import bad_source
+from bench.matrix.job import ReplayHooks, bad_source
 from bench.sampler.models import build_model, token_loss
 from bench.sampler.optim import make_optimizer, schedule
 from examples.tinylm.data import TextDataset, collate
@@ -129,39 +128,9 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
     return {"steps": probe.step_count}
 
 
-@dataclass
-class ReplayHooks:
-    """What the supervisor's `replay` action needs to rebuild this job in one process (fp32)."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    dataset: TextDataset
-    config: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        self._index = {self.dataset.sample_id(i): i for i in range(len(self.dataset))}
-
-    def batch(self, sample_ids: list[str]) -> dict[str, Any]:
-        missing = [s for s in sample_ids if s not in self._index]
-        if missing or not sample_ids:
-            raise KeyError(f"samples not in the dataset: {missing[:3] or 'none given'}")
-        batch = collate([self.dataset[self._index[s]] for s in sample_ids])
-        sources = [self.dataset.source(self._index[s]) for s in sample_ids]
-        return bad_source(self.config, None, {**batch, "sample_ids": list(sample_ids), "sources": sources})
-
-    def control_batch(self, n: int, exclude: set[str]) -> tuple[dict[str, Any], list[str]]:
-        stride = max(1, len(self.dataset) // (4 * max(n, 1)))
-        ids = [self.dataset.sample_id(i) for i in range(0, len(self.dataset), stride)]
-        chosen = [sid for sid in ids if sid not in exclude][:n]
-        return self.batch(chosen), chosen
-
-    @staticmethod
-    def loss(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return token_loss(model, batch).loss
-
-
 def replay_hooks(config: dict[str, Any], job: Any = None) -> Any:
-    """Fresh model, optimizer and dataset built as a single-process run of this job."""
+    """Fresh model, optimizer and dataset built as a single-process run of this job (fp32), in the
+    matrix's ``ReplayHooks`` (the same batch rebuilding, ``bad_source`` and token-weighted loss)."""
     model, optimizer, _scheduler, dataset = build(config, int(config.get("max_steps", 150)))
     hooks = ReplayHooks(model=model, optimizer=optimizer, dataset=dataset, config={**DEFAULTS, **config})
     return replay_view(hooks, job) if job is not None else hooks

@@ -9,9 +9,9 @@
 - ``mlp``: a fixed-window next-byte MLP (the embeddings of the last 8 bytes concatenated).
 
 All map ``input_ids [B, T]`` to logits ``[B, T, V]``; ``token_loss`` gives the SDK's
-token-weighted ``StepLoss`` (padding targets are ``-100``). ``OVERFLOW_MODULE`` names, per
-family, a module every forward runs (as the probe sees it under DDP): where the `nan_rank`
-fault makes one rank's activations overflow.
+token-weighted ``StepLoss`` (padding targets are ``-100``). ``bench.sampler.space.OVERFLOW_MODULE``
+names, per family, a module every forward runs (as the probe sees it under DDP): where the
+`nan_rank` fault makes one rank's activations overflow.
 """
 
 from __future__ import annotations
@@ -221,14 +221,6 @@ class WindowMLP(nn.Module):
 
 
 FAMILIES = ("llama", "gpt2", "moe", "lstm", "cnn", "mlp")
-OVERFLOW_MODULE = {
-    "llama": "module.blocks.0.mlp.down",
-    "gpt2": "module.blocks.0.fc2",
-    "moe": "module.inp",
-    "lstm": "module.head",
-    "cnn": "module.proj",
-    "mlp": "module.fc1",
-}
 
 
 def build_model(family: str, vocab: int, seq_len: int, d: int = 32) -> nn.Module:

@@ -31,6 +31,7 @@ from bench.sampler.space import (
     BAD_SOURCE,
     CHECKPOINT_EVERY,
     MAX_STEPS,
+    OVERFLOW_MODULE,
     WARMUP_STEPS,
     Cell,
     cell_from_id,
@@ -46,16 +47,6 @@ RUNTIME = {"loop_interval_s": 0.2, "poll_interval_s": 0.25}
 MICRO_BATCH = {1: 16, 2: 8, 3: 6, 4: 4}
 """Rows per micro-batch for each accumulation: 16-18 rows per rank per optimizer step."""
 SERIOUS = ("medium", "high", "critical")
-#: The module the `nan_rank` overflow hits, per family (bench.sampler.models.OVERFLOW_MODULE, kept
-#: here too so this module does not import torch).
-OVERFLOW_MODULE = {
-    "llama": "module.blocks.0.mlp.down",
-    "gpt2": "module.blocks.0.fc2",
-    "moe": "module.inp",
-    "lstm": "module.head",
-    "cnn": "module.proj",
-    "mlp": "module.fc1",
-}
 
 
 def job_name(cell: Cell) -> str:

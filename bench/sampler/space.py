@@ -45,6 +45,17 @@ BAD_SOURCE = "web"
 ESCALATES = frozenset({"lr_persistent"})
 """Faults whose expected outcome is an escalation after bounded attempts (only a person can fix them)."""
 
+#: The module the `nan_rank` overflow hits, per family: one that every forward runs (kept here, in
+#: the pure module, so that the runner does not import torch; bench.sampler.models builds them).
+OVERFLOW_MODULE = {
+    "llama": "module.blocks.0.mlp.down",
+    "gpt2": "module.blocks.0.fc2",
+    "moe": "module.inp",
+    "lstm": "module.head",
+    "cnn": "module.proj",
+    "mlp": "module.fc1",
+}
+
 ONE_RANK = frozenset({"garbage_rank", "nan_rank", "recurring_shard"})
 """Faults that hit one rank (``Fault.rank``); the others hit every rank."""
 
