@@ -82,6 +82,6 @@ def print_outcome(
         if noted:
             out.print(f"  time:   {incident_words(noted[-1])}")
         out.print(f"  report: {path}")
-        if inc.state.value == "escalated":
+        if inc.state.value in ("escalated", "stopped"):
             out.print(f"  `latest` stays held; to release: {RELEASE_HINT.format(id=inc.id)}")
     out.print(f"Review: supervisor incidents list --db {store.path}")

@@ -13,14 +13,17 @@ the reason, in the same transaction.
       │        │          │  ▲          │
       │        │          │  └──────────┘  (observation failed, next attempt)
       │        └──────────┴──────────────┴──► escalated
+      │        └──────────┴──────────────┴──► stopped    (`supervisor stop` during the plan)
       └──► dismissed   (metric artifact, benign shift, false alarm)
 
-``resolved``, ``escalated`` and ``dismissed`` are terminal: nothing acts on them. One move
+``resolved``, ``escalated``, ``stopped`` and ``dismissed`` are terminal: nothing acts on them. One move
 leaves a terminal state: a fault that comes back within the policy's
 ``recurrence.reopen_within_steps`` of a *resolved* incident reopens it (``resolved → open``,
 same id, next attempt; ``IncidentStore.reopen`` records the reason and the attempt number).
 The policy's ``recurrence.max_attempts`` bounds the attempts before escalation.
-``escalated`` and ``dismissed`` are final: a person decided, or there was nothing to fix.
+``escalated``, ``stopped`` and ``dismissed`` are final: a person decided, or there was nothing to
+fix. ``stopped`` says a person ended the job while the incident was being handled: its timeline
+notes what was done and what was not (a fix never observed is unverified, never resolved).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class IncidentState(str, Enum):
     """The observation window passed and training continues normally."""
     ESCALATED = "escalated"
     """The supervisor gave up (an action failed, attempts ran out, or policy said so): a person decides."""
+    STOPPED = "stopped"
+    """The job was stopped on request (`supervisor stop`, Ctrl-C) before the incident was handled:
+    a ``note`` event lists the actions done and not done; a person decides."""
     DISMISSED = "dismissed"
     """Not a real training problem: a metric artifact, a benign shift or a false alarm."""
 
@@ -63,17 +69,20 @@ class IncidentState(str, Enum):
         return not TRANSITIONS[self]
 
 
-_TERMINAL = frozenset({IncidentState.RESOLVED, IncidentState.ESCALATED, IncidentState.DISMISSED})
+_TERMINAL = frozenset(
+    {IncidentState.RESOLVED, IncidentState.ESCALATED, IncidentState.STOPPED, IncidentState.DISMISSED}
+)
 
 S = IncidentState
 #: Every valid move. Anything else raises ``IncidentStoreError`` naming the valid choices.
 TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
-    S.OPEN: frozenset({S.FROZEN, S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.DISMISSED}),
-    S.FROZEN: frozenset({S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.DISMISSED}),
-    S.ACTING: frozenset({S.OBSERVING, S.RESOLVED, S.ESCALATED}),
-    S.OBSERVING: frozenset({S.ACTING, S.RESOLVED, S.ESCALATED}),
+    S.OPEN: frozenset({S.FROZEN, S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.STOPPED, S.DISMISSED}),
+    S.FROZEN: frozenset({S.ACTING, S.OBSERVING, S.RESOLVED, S.ESCALATED, S.STOPPED, S.DISMISSED}),
+    S.ACTING: frozenset({S.OBSERVING, S.RESOLVED, S.ESCALATED, S.STOPPED}),
+    S.OBSERVING: frozenset({S.ACTING, S.RESOLVED, S.ESCALATED, S.STOPPED}),
     S.RESOLVED: frozenset({S.OPEN}),  # reopened: only through IncidentStore.reopen
     S.ESCALATED: frozenset(),
+    S.STOPPED: frozenset(),
     S.DISMISSED: frozenset(),
 }
 del S
@@ -88,7 +97,7 @@ def can_transition(old: IncidentState, new: IncidentState) -> bool:
 
 
 class EventKind(str, Enum):
-    """Typed timeline events (shared/DESIGN.md, "Incident record")."""
+    """Typed timeline events (docs/incidents.md)."""
 
     DETECTED = "detected"
     METRIC_CHECK = "metric_check"

@@ -145,7 +145,7 @@ def _state(e: Event, ctx: Context) -> str:
     why = f": {quote(p['reason'])}" if p.get("reason") else ""
     release = (
         f" To release `latest` once fixed: {RELEASE_HINT.format(id=e.incident_id)}."
-        if p.get("to") == "escalated"
+        if p.get("to") in ("escalated", "stopped")
         else ""
     )
     return f"Incident {p.get('from')} → {p.get('to')}{why}.{release}"
@@ -175,6 +175,15 @@ def _note(e: Event, ctx: Context) -> str:
         return f"Not carried out ({quote(p.get('reason', 'training ended'))}): {names}."
     if "unfinished" in p:
         return f"Left unfinished: {quote(p['unfinished'])}."
+    if isinstance(p.get("stopped"), dict):  # a person stopped the job during the plan
+        st = p["stopped"]
+
+        def names(key: str) -> str:
+            got = st.get(key)
+            return ", ".join(str(x) for x in got) if isinstance(got, list) and got else "nothing"
+
+        return (f"Stopped on request ({quote(st.get('reason', 'stop'))}): done {names('done')}; "
+                f"not done {names('not_done')}.")  # fmt: skip
     if p.get("released_latest"):
         at = p.get("latest_at_block")
         held = f" (held at step {at})" if at is not None else ""

@@ -642,7 +642,7 @@ class IncidentFlow:
     def _stopped_mid_plan(self, active: ActivePlan, left: list[str], stop: str, reason: str) -> None:
         """A person stopped the job while the plan ran: the incident is recorded as stopped, with
         what was done and what was not -- never as resolved (an unobserved fix is unverified) --
-        and left to a person (escalated: nothing acts on it again)."""
+        and left to a person (``stopped``: final, nothing acts on it again)."""
         done = []
         for i, a in enumerate(active.plan.actions[: active.index]):
             ev = self.store.event_for_action(active.incident_id, action_id(active, i, a.name))
@@ -651,7 +651,7 @@ class IncidentFlow:
         unverified = " (the fix is unverified)" if "apply" in done else ""
         why = (f"stopped on request ({stop}) during the plan: done {', '.join(done) or 'nothing'}; "
                f"not done {', '.join(left)}{unverified}")  # fmt: skip
-        move(self.store, active.incident_id, IncidentState.ESCALATED, why, self.host.current_step)
+        move(self.store, active.incident_id, IncidentState.STOPPED, why, self.host.current_step)
         self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
                           payload={"stopped": {"reason": stop, "done": done, "not_done": left, "why": reason}})  # fmt: skip
         log.warning("incident_stopped", incident=active.incident_id, done=done, not_done=left, why=stop)
@@ -689,9 +689,11 @@ class IncidentFlow:
 
     def close_at_end(self, phase: JobPhase, reason: str) -> None:
         """The job ends: no incident stays open or observing without a recorded reason."""
+        # Stopped on request: each incident still open is recorded as stopped, nothing done for it.
+        to = IncidentState.STOPPED if phase is JobPhase.STOPPED else IncidentState.ESCALATED
         for incident in self.store.active(self.host.job.name):
             why = f"job ended ({phase.value}: {reason}) before the incident was handled"
-            if move(self.store, incident.id, IncidentState.ESCALATED, why, self.host.current_step):
+            if move(self.store, incident.id, to, why, self.host.current_step):
                 log.warning("incident_left_for_a_person", incident=incident.id, why=why)
 
     def summary(self) -> dict[str, Any] | None:

@@ -28,10 +28,15 @@ def test_terminal_states_have_one_way_out_reopening_a_resolved_incident() -> Non
     assert {s for s in IncidentState if s.is_terminal} == {
         IncidentState.RESOLVED,
         IncidentState.ESCALATED,
+        IncidentState.STOPPED,
         IncidentState.DISMISSED,
     }
     # A person decided, or there was nothing to fix: final. A resolved fault may come back.
-    assert {s for s in IncidentState if s.is_final} == {IncidentState.ESCALATED, IncidentState.DISMISSED}
+    assert {s for s in IncidentState if s.is_final} == {
+        IncidentState.ESCALATED,
+        IncidentState.STOPPED,
+        IncidentState.DISMISSED,
+    }
     assert TRANSITIONS[IncidentState.RESOLVED] == {IncidentState.OPEN}
 
 

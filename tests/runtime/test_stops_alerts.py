@@ -59,7 +59,8 @@ def test_a_stop_while_frozen_records_the_incident_stopped_with_what_was_done(tmp
     ranks.run(ctl, lambda: ctl.phase.is_terminal)
     assert ctl.phase is JobPhase.STOPPED and ctl.phase.exit_code == 1
     inc = ctl.incidents.get(the_incident(ctl).id)
-    assert inc.state is IncidentState.ESCALATED  # never "resolved" with the fix unverified
+    assert inc.state is IncidentState.STOPPED  # never "resolved" with the fix unverified
+    assert inc.closed_at is not None and inc.state.is_terminal and inc.state.is_final
     note = stopped_note(ctl, inc.id)
     assert note["done"] == ["alert", "freeze", "apply"] and note["not_done"] == ["observe", "resume"]
     assert not [e for e in events(ctl, EventKind.RESUMED) if e.status is EventStatus.DONE]
@@ -84,7 +85,7 @@ def test_a_stop_inside_the_observation_window_is_not_a_passed_observation(tmp_pa
     )
     assert not events(ctl, EventKind.RESUMED)
     inc = the_incident(ctl)
-    assert inc.state is IncidentState.ESCALATED and stopped_note(ctl, inc.id)["not_done"] == [
+    assert inc.state is IncidentState.STOPPED and stopped_note(ctl, inc.id)["not_done"] == [
         "observe",
         "resume",
     ]

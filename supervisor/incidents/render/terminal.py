@@ -13,7 +13,13 @@ from supervisor.incidents.postmortem import Postmortem
 from supervisor.incidents.render.text import detection_lines, impact_lines
 
 _STATUS_STYLE = {"pending": "yellow", "failed": "bold red", "done": ""}
-_STATE_STYLE = {"resolved": "green", "escalated": "bold red", "dismissed": "dim", "open": "yellow"}
+_STATE_STYLE = {
+    "resolved": "green",
+    "escalated": "bold red",
+    "stopped": "bold yellow",
+    "dismissed": "dim",
+    "open": "yellow",
+}
 
 
 def incidents_table(incidents: list[Incident]) -> Table:
