@@ -178,12 +178,12 @@ def _note(e: Event, ctx: Context) -> str:
     if isinstance(p.get("stopped"), dict):  # a person stopped the job during the plan
         st = p["stopped"]
 
-        def names(key: str) -> str:
+        def listed(key: str) -> str:
             got = st.get(key)
             return ", ".join(str(x) for x in got) if isinstance(got, list) and got else "nothing"
 
-        return (f"Stopped on request ({quote(st.get('reason', 'stop'))}): done {names('done')}; "
-                f"not done {names('not_done')}.")  # fmt: skip
+        return (f"Stopped on request ({quote(st.get('reason', 'stop'))}): done {listed('done')}; "
+                f"not done {listed('not_done')}.")  # fmt: skip
     if p.get("released_latest"):
         at = p.get("latest_at_block")
         held = f" (held at step {at})" if at is not None else ""
