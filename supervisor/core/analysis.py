@@ -34,11 +34,14 @@ from supervisor.core.summary import nonfinite_origin
 from supervisor.core.trigger import (
     RESUME_EVENTS,
     RISE_Z,
+    YOUNG_JUMP,
     Trigger,
     decide,
     incomplete_resume,
     locate_first,
     rise_start,
+    source_offsets,
+    young_source_jump,
 )
 from supervisor.logging import get_logger
 
@@ -58,6 +61,12 @@ OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
 #: size in log units (``sqrt``: a x25 fault is back at x5), and never by less than ``LR_BACK_MIN``x,
 #: more than any schedule moves in one step (a linear warm-up doubles the LR once, at its 2nd step).
 LR_BACK_SHARE = 0.5
+#: The AMP scaler halves its scale at each overflow it skips: this many overflowed steps in a row
+#: (the scale down 2**N), or a scale below ``SCALE_FLOOR``, is no longer the scaler finding its
+#: level but a loss scale collapsing -- the fp16 overflow phenotype. Counted once the detector has
+#: its history (at the start of a run the scaler searches down from its initial scale).
+OVERFLOW_RUN = 6
+SCALE_FLOOR = 1.0
 LR_BACK_MIN = 2.5
 
 #: Steps of loss z kept to date where a sustained rise began (``trigger.rise_start``).
@@ -110,6 +119,8 @@ class StreamingAnalyzer:
         #: The LR fault the supervisor is handling (its onset, its size, the LR before it), armed by
         #: its interventions: inside their window the LR coming back is that fault again.
         self.lr_fault: tuple[int, float, float] | None = None
+        #: The first step of the current run of overflowed (scaler-skipped) steps, and its length.
+        self.overflow_run: tuple[int, int] | None = None
         #: Ranks that reported the last complete step (a step with fewer, and fewer than the job's
         #: world size, lost a rank's records).
         self.rank_count = 0
@@ -148,6 +159,7 @@ class StreamingAnalyzer:
             # tokens and cross-rank spread are over fewer ranks. A worker failure is the runtime's
             # incident, never a loss spike: the step is neither evidence nor baseline.
             return updates
+        self._count_overflow(sig)
         self.recent.append(sig)
         self.loss_zs.append((step, sig.loss_z))
         self._note_excursion(sig)
@@ -196,6 +208,8 @@ class StreamingAnalyzer:
         trig = self._vetted(decide(sig, self.recent, self.settings), sig)
         if (trig is None or not trig.immediate) and self._lr_back(sig):
             trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
+        elif (trig is None or not trig.immediate) and self._scale_collapsing(sig):
+            trig = Trigger("overflow", True)
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -233,6 +247,31 @@ class StreamingAnalyzer:
         limit = max(LR_BACK_MIN, size**LR_BACK_SHARE)
         jumped = sig.lr_ratio is not None and sig.lr_ratio >= limit
         return jumped or (sig.step >= onset and before > 0 and sig.lr_norm >= limit * before)
+
+    def _count_overflow(self, sig: Signals) -> None:
+        s = sig.summary
+        if not s.overflow or s.nonfinite:
+            self.overflow_run = None
+        elif (
+            self.overflow_run is None or not self.recent or self.recent[-1].step != self.last_overflow_step()
+        ):
+            self.overflow_run = (s.step, 1)
+        else:
+            self.overflow_run = (self.overflow_run[0], self.overflow_run[1] + 1)
+
+    def last_overflow_step(self) -> int | None:
+        run = self.overflow_run
+        return None if run is None else run[0] + (run[1] - 1) * self.detector_interval()
+
+    def _scale_collapsing(self, sig: Signals) -> bool:
+        """Overflow after overflow: the scaler lowers its scale at each and the gradients still
+        overflow (``OVERFLOW_RUN`` in a row once the run has its history, or the scale under
+        ``SCALE_FLOOR``). One overflow now and then is the scaler working and opens nothing."""
+        run, s = self.overflow_run, sig.summary
+        if run is None:
+            return False
+        floor = s.loss_scale is not None and s.loss_scale < SCALE_FLOOR
+        return floor or (sig.ready and run[1] >= OVERFLOW_RUN)
 
     def _arm_lr_fault(self) -> None:
         """The newest incident is the one the supervisor acts on: when its evidence is an LR that
@@ -328,8 +367,13 @@ class StreamingAnalyzer:
             return sig.loss_z < RISE_Z
         if rule == "source" and inc.facts.source is not None:  # judged on that source while it is there
             name = inc.facts.source[0]
+            off = source_offsets(sig, name) if inc.facts.source_offset is not None else None
+            if off is not None and name not in sig.source_own:  # a young run's: its offset to the others
+                return off[2] - (inc.facts.source_offset or 0.0) < YOUNG_JUMP / 2
             if name in sig.source_own:
                 return not sig.source_z[name] >= band
+        if rule == "overflow":  # open while the scaler keeps overflowing
+            return not s.overflow and not (sig.loss_z >= band)
         if rule == "lr":  # open while the LR stays raised: one incident while the bug is in the schedule
             return not lr_still_raised(inc) and not (sig.loss_z >= band)
         if rule in ("grad", "resume"):  # open while the optimizer signal is still out of band
@@ -344,11 +388,18 @@ class StreamingAnalyzer:
         st = self.settings
         s = sig.summary
         first = locate_first(self.recent, st, trig.rule, self.detector_interval())
+        if trig.rule == "overflow" and self.overflow_run is not None:
+            at = next((r for r in self.recent if r.step == self.overflow_run[0]), sig)
+            first = FirstAnomaly(step=at.step, metric="loss_scale", value=at.summary.loss_scale)
         if trig.rule == "lr":
             first = FirstAnomaly(
                 step=s.step, metric="lr", value=sig.lr_norm, baseline=(self.lr_fault or (0, 0, None))[2]
             )
-        if trig.source is not None:
+        young = young_source_jump(sig, self.recent) if trig.rule == "source" else None
+        if young is not None and young.name == trig.source:
+            first = FirstAnomaly(step=young.step, metric=f"source_loss:{young.name}", value=young.loss,
+                                 baseline=young.before)  # fmt: skip
+        elif trig.source is not None:
             first = self._source_onset(trig.source, first)
         start = self.detector.trend_start() if trig.rule == "trend" else None
         if start is not None and start < first.step:  # a slow rise: its first step is long before any alarm
@@ -357,6 +408,8 @@ class StreamingAnalyzer:
         facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
         if trig.source is not None:
             facts.source = (trig.source, sig.source_z[trig.source], s.sources[trig.source][1])
+            if young is not None and young.name == trig.source:
+                facts.source_offset = young.offset
         inc = Incident(
             key=len(self.incidents) + 1,
             onset_step=first.step,

@@ -71,6 +71,9 @@ class Facts:
     collapse: tuple[int, int, float, float] | None = None  # (step, rank, tokens, median tokens)
     batch_mean: tuple[int, int, float, float] | None = None  # (step, rank, batch_mean_loss, loss)
     source: tuple[str, float, float] | None = None  # (name, z, loss) when one source carries the spike
+    #: A young run's source fault (``trigger.young_source_jump``): the source's log offset to the
+    #: other sources' median before it jumped (the incident lasts while the offset stays out).
+    source_offset: float | None = None
     resume_step: int | None = None
     #: State components a restore said it did not bring back (``resume_incomplete:<component>``).
     resume_missing: list[str] = field(default_factory=list)
@@ -466,7 +469,7 @@ def _blip(inc: Incident) -> bool:
 def acted_on(inc: Incident) -> str | None:
     """The first specific finding a policy acts on whatever the size of the loss's reaction, or None:
     non-finite values, an LR jump or rise, an update-ratio jump, disagreeing replicas, a rank or a
-    source that deviated on its own, a restore just before the onset. Each names where the fault is
+    source that deviated on its own, a restore just before the onset, a collapsing loss scale. Each names where the fault is
     and what to undo (roll back, exclude the rank's batch or the source), so none is a note."""
     f = inc.facts
     found = (
@@ -477,6 +480,7 @@ def acted_on(inc: Incident) -> str | None:
         ("rank_local", inc.rank_local),
         ("source_local", f.source is not None),
         ("after_resume", inc.after_resume and f.resume_step is not None),
+        ("overflow", f.trigger == "overflow"),  # a loss scale collapsing, not one overflow the scaler handled
     )
     return next((name for name, hit in found if hit), None)
 

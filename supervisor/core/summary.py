@@ -83,9 +83,13 @@ def summarize(step: int, records: list[Record]) -> StepSummary:
     rank_log = {
         r.rank: math.log(v) for r, v in zip(records, own, strict=True) if v > 0.0 and r.rank not in bad
     }
-    grads = [g for g in (r.grad_norm for r in records) if g is not None and g > 0.0]
+    # A step the AMP scaler skipped has no gradient measurement (the scaled gradients overflowed)
+    # and no update (zero by the skip): neither is evidence of the weights' state.
+    grads = [g for r in records if (g := r.grad_norm) is not None and g > 0.0 and not scaler_skipped(r)]
     upds = [
-        r.update_norm / (r.param_norm + 1e-12) for r in records if r.update_norm is not None and r.param_norm
+        r.update_norm / (r.param_norm + 1e-12)
+        for r in records
+        if r.update_norm is not None and r.param_norm and not r.overflow
     ]
     worst_rank, worst_dev, spread, ranks_med = _cross_rank(rank_log)
     lrs = [r.lr for r in records if r.lr is not None]
@@ -118,6 +122,19 @@ def summarize(step: int, records: list[Record]) -> StepSummary:
     )
 
 
+def scaler_skipped(r: Record) -> bool:
+    """The AMP loss scaler found inf/NaN in this rank's scaled gradients, skipped the step and lowered
+    its scale -- the fp16 loop working: the loss is finite, only the (scaled) gradients overflowed,
+    and no weight changed. A loss that went non-finite, or a module the probe localised, is not."""
+    if (
+        not r.overflow
+        or not math.isfinite(r.loss)
+        or (r.loss_sum is not None and not math.isfinite(r.loss_sum))
+    ):
+        return False
+    return not r.nonfinite or r.nonfinite_at in (None, "grad_norm", "unknown")
+
+
 def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str | None]:
     """Ranks with NaN/Inf in loss or grad norm, or flagged by the probe; and where it was seen first.
 
@@ -135,6 +152,8 @@ def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str
             own.append(r)
         elif r.nonfinite and r.nonfinite_at not in (None, "grad_norm", "unknown"):
             own.append(r)  # the probe localised it in this rank's own forward or backward
+        elif scaler_skipped(r):
+            continue  # handled by the scaler (a collapsing scale is the detector's overflow rule)
         elif r.nonfinite or (r.grad_norm is not None and not math.isfinite(r.grad_norm)):
             shared.append(r)
     bad = sorted(own, key=lambda r: r.rank) + sorted(shared, key=lambda r: r.rank)

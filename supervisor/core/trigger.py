@@ -63,6 +63,9 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("resume", True)  # seen where the state was loaded: no optimizer dynamics needed
     if _rank_split(sig, st) or rank_alone(sig, st):
         return Trigger("rank", False)
+    young = young_source_jump(sig, recent)
+    if young is not None:
+        return Trigger("source", False, young.name)
     if not sig.ready:
         return None
     co = _co_moving(sig, recent)
@@ -228,6 +231,78 @@ def source_off(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) ->
             break
         run.append(r.source_z[name])
     return name if len(run) >= SOURCE_PERSIST and max(run) >= st.z_threshold else None
+
+
+#: ``young_source_jump``: appearances before the jump that give a source's offset to the others,
+#: and the least jump (log units) of both its offset and its own loss: beyond what the sources'
+#: different learning speeds move in a few steps (at most ~0.27 over the sampler's clean runs and
+#: the other faults; a source turned to garbage jumped 0.55-0.75).
+YOUNG_BEFORE = 5
+YOUNG_JUMP = math.log(1.4)
+YOUNG_NOISE = 4.0
+YOUNG_NOISE_STEPS = 12
+#: Above this many sources in one step the cross-source look-back is not made (its cost per step
+#: grows with the square of the sources; a mixture that wide is judged on each source's own band).
+YOUNG_MAX_SOURCES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SourceJump:
+    name: str
+    step: int  # the first appearance out
+    loss: float
+    before: float  # the source's own loss level before it (not log)
+    offset: float  # its log offset to the other sources' median before the jump
+
+
+def source_offsets(sig: Signals, name: str) -> tuple[float, float, float] | None:
+    """(log loss of ``name``, log median loss of the other sources, the difference) at one step."""
+    srcs = sig.summary.sources
+    if name not in srcs or len(srcs) < 3 or srcs[name][1] <= 0:
+        return None
+    others = [math.log(v[1]) for n, v in srcs.items() if n != name and v[1] > 0]
+    if len(others) < 2:
+        return None
+    own, med = math.log(srcs[name][1]), median(others)
+    return own, med, own - med
+
+
+def young_source_jump(sig: Signals, recent: Sequence[Signals]) -> SourceJump | None:
+    """A source with no baseline of its own yet (a young run: the detector's history is short)
+    whose loss left the other sources' and its own earlier level at once, at each of its last
+    ``SOURCE_PERSIST`` appearances: its log offset to the median of the other sources (at least
+    two) jumped by ``YOUNG_JUMP`` and by ``YOUNG_NOISE`` robust units of its earlier offsets, its
+    own loss rose as much, and the others did not rise with it. Every source of a step is scored
+    on the same weights, so the model's state moves them together; differences in how fast the
+    sources are learned move their offsets slowly. A source new to the mix has no earlier
+    appearances and is no evidence."""
+    srcs = sig.summary.sources
+    if not 3 <= len(srcs) <= YOUNG_MAX_SOURCES or all(n in sig.source_own for n in srcs):
+        return None
+    seq = [r for r in recent if r is not sig and r.step < sig.step] + [sig]
+    for name in sorted(srcs):
+        if name in sig.source_own:
+            continue  # scored against its own band by ``source_off``
+        rows = [(r, o) for r in seq if (o := source_offsets(r, name)) is not None]
+        if len(rows) < YOUNG_BEFORE + SOURCE_PERSIST:
+            continue
+        earlier, cur = rows[:-SOURCE_PERSIST][-YOUNG_NOISE_STEPS:], rows[-SOURCE_PERSIST:]
+        pre = earlier[-YOUNG_BEFORE:]
+        off0 = median([o[2] for _, o in pre])
+        # The offsets' step-to-step noise: a warm-up drifts them (the sources are learned at
+        # different speeds), which a spread around one median would count as noise.
+        steps = [abs(b[1][2] - a[1][2]) for a, b in zip(earlier, earlier[1:], strict=False)]
+        noise = 1.4826 * median(steps) / math.sqrt(2)
+        own0 = median([o[0] for _, o in pre])
+        others0 = median([o[1] for _, o in pre])
+        need = max(YOUNG_JUMP, YOUNG_NOISE * noise)
+        if all(
+            o[2] - off0 >= need and o[0] - own0 >= YOUNG_JUMP and o[1] - others0 < YOUNG_JUMP / 2
+            for _, o in cur
+        ):
+            first = cur[0][0]
+            return SourceJump(name, first.step, first.summary.sources[name][1], math.exp(own0), off0)
+    return None
 
 
 def _recent_resume(recent: Sequence[Signals], st: DetectorSettings) -> bool:

@@ -315,7 +315,9 @@ class IncidentFlow:
     def notify_rollback(self, to_step: int, reason: str) -> None:
         """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
         try:
-            updates = self.analyzer.notify_rollback(to_step, from_step=self.host.current_step, reason=reason)
+            updates = self.analyzer.notify_rollback(
+                to_step, from_step=self.host.current_step, reason=reason, observe_steps=self._observe_steps()
+            )
         except TypeError:  # an analyzer without the keyword arguments
             updates = self.analyzer.notify_rollback(to_step)
         for u in updates or ():
@@ -356,8 +358,30 @@ class IncidentFlow:
         ):
             return  # already known (the same fix polled again by a restarted supervisor)
         exclude = params.get("exclude") or {}
-        note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
-             grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
+        precision = params.get("precision")
+        kw: dict[str, Any] = {"precision": str(precision)} if precision else {}
+        window = self._observe_steps()
+        if window is not None:
+            kw["observe_steps"] = window
+        try:
+            note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
+                 grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")),
+                 reason=reason, **kw)  # fmt: skip
+        except TypeError:  # an analyzer without the keyword arguments
+            note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
+                 grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
+
+    def _observe_steps(self) -> int | None:
+        """How many steps the active plan's ``observe`` watches (the detector's own window then
+        covers the same steps: inside it, its own fix's effects are expected), or None."""
+        active = self.state.active
+        if active is None:
+            return None
+        for pa in active.plan.actions[active.index :]:
+            if pa.name == "observe":
+                steps = pa.params.get("steps")
+                return int(steps) if isinstance(steps, int | float) and not isinstance(steps, bool) else None
+        return None
 
     def _interventions(self) -> list[Any]:
         return list(getattr(self.analyzer, "interventions", None) or [])

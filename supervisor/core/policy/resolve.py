@@ -60,6 +60,10 @@ def resolve(
 
 
 def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
+    """The newest checkpoint of the mark at least ``margin_steps`` before the onset; when none is
+    that old, the newest one before the onset (the margin is a preference: it buys room for an
+    onset dated late, and an older healthy state is better than none). Only no such checkpoint
+    before the onset at all is no target."""
     assert isinstance(p, RollbackParams)
     limit = d.onset_step - p.margin_steps
     marks = {HealthMark.HEALTHY} if p.min_mark == "healthy" else {HealthMark.HEALTHY, HealthMark.VERIFIED}
@@ -79,16 +83,27 @@ def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
         detail = f"target step chosen at run time, margin {p.margin_steps} steps: newest {p.min_mark} checkpoint {where}"
         return params, f"{detail}; re-verified before loading{complete}"
     eligible = [c for c in known if c.step <= limit and c.mark in marks]
+    short = ""
     if not eligible:
-        listed = ", ".join(f"{c.step} {c.mark.value}" for c in known) or "none"
-        raise NoRollbackTarget(f"no {p.min_mark} checkpoint {where} (known checkpoints: {listed})")
+        before = d.onset_step - 1  # a checkpoint at the onset holds the onset's own update
+        eligible = [c for c in known if c.step <= before and c.mark in marks]
+        if not eligible:
+            listed = ", ".join(f"{c.step} {c.mark.value}" for c in known) or "none"
+            raise NoRollbackTarget(
+                f"no {p.min_mark} checkpoint before the onset {d.onset_step} (known checkpoints: {listed})"
+            )
+        limit = params["max_target_step"] = before
+        short = f"; margin not met: no {p.min_mark} checkpoint {where}, so the newest before the onset"
     target = eligible[-1]
     passed = [f"{c.step} {c.mark.value}" for c in known if target.step < c.step <= limit]
     params["target_step"] = target.step
-    detail = (
-        f"target step {target.step} ({target.mark.value}), margin {p.margin_steps} steps: "
-        f"newest {p.min_mark} checkpoint {where}"
-    )
+    if short:
+        detail = f"target step {target.step} ({target.mark.value}), margin {p.margin_steps} steps{short}"
+    else:
+        detail = (
+            f"target step {target.step} ({target.mark.value}), margin {p.margin_steps} steps: "
+            f"newest {p.min_mark} checkpoint {where}"
+        )
     if passed:
         detail += f"; passing over {', '.join(passed)}"
     return params, detail + f"; re-verified before loading{complete}"
