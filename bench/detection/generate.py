@@ -4,7 +4,7 @@ Each trace is a data-parallel run simulated in one process: ``RANKS`` model repl
 its own micro-batch per step; their gradients are averaged (token-weighted, as an all-reduce of
 ``loss_sum`` gradients would) and every replica applies the average with its own AdamW — so the
 replicas stay bit-identical unless a fault makes one of them differ, exactly as in DDP. Each
-rank writes its own telemetry record (shared/DESIGN.md format) with per-source splits, sample
+rank writes its own telemetry record (the format of docs/sdk.md) with per-source splits, sample
 IDs and a parameter fingerprint.
 
     python -m bench.detection.generate            # all traces (~1-2 min on 2 cores)

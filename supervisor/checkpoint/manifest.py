@@ -1,4 +1,4 @@
-"""MANIFEST.json: the commit marker and the record of one checkpoint (shared/DESIGN.md).
+"""MANIFEST.json: the commit marker and the record of one checkpoint (docs/checkpoints.md).
 
 A checkpoint exists for readers only once its manifest exists. After the commit the
 manifest is the one mutable object of a checkpoint: health changes and verification

@@ -1,6 +1,6 @@
 """CheckpointStore: commit protocol, manifests, health marks, and the blockable `latest` pointer.
 
-Layout under the storage root (shared/DESIGN.md)::
+Layout under the storage root (docs/checkpoints.md)::
 
     <job>/checkpoints/step_00001200/<files>       written first, each atomically
     <job>/checkpoints/step_00001200/MANIFEST.json written last: the commit marker

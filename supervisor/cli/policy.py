@@ -205,7 +205,7 @@ def _print_incident(e: ExplainedIncident, recovery: str = "auto") -> None:
         f"{k} {v:.3g}" if v is not None else f"{k} unknown"
         for k, v in (("lr", s.lr), ("grad clip", s.grad_clip), ("median grad norm", s.grad_norm))
     )
-    mode = _mode(e, recovery)  # recovery mode line: surgical edit by F (issue 15 point 4)
+    mode = _mode(e, recovery)  # in place or a restart, and why (docs/integrations.md, "Recovery")
     shown = mode["mode"] if mode else p.recovery
     click.echo(f"  job runs: {known}; supervision {p.supervision}, recovery {shown.replace('_', '-')}")
     if mode:

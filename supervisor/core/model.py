@@ -1,4 +1,4 @@
-"""The vocabulary of shared/DESIGN.md as types: phenotypes, attributes, causes, incidents.
+"""The vocabulary of docs/detection.md as types: phenotypes, attributes, causes, incidents.
 
 ``Diagnosis.to_json()`` is the stable JSON contract printed by ``supervisor analyze --json``
 and stored with every incident.

@@ -1,4 +1,4 @@
-"""The telemetry record: one per rank per step (shared/DESIGN.md, "Telemetry record").
+"""The telemetry record: one per rank per step (docs/sdk.md: the record each rank sends).
 
 Only ``step`` and ``loss`` are required; every other field is optional and the analysis
 uses what is there. Records travel as plain dicts (JSON objects); this module gives them a

@@ -1,6 +1,6 @@
 """Keep raw sample text out of the incident store.
 
-Records hold sample IDs only (shared/DESIGN.md), but the store is the one place that
+Records hold sample IDs only (docs/sdk.md), but the store is the one place that
 outlives a run and gets shared with people, so it defends itself: telemetry windows keep a
 whitelist of numeric fields, and payloads lose any key that names text content.
 """

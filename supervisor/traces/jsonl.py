@@ -1,4 +1,4 @@
-"""The native trace: one JSON object per rank per step (shared/DESIGN.md, "Telemetry record")."""
+"""The native trace: one JSON object per rank per step (docs/sdk.md: the record each rank sends)."""
 
 from __future__ import annotations
 

@@ -235,7 +235,7 @@ class ActionKind:
     releases_freeze: bool = False
     """Lets frozen workers go on: a plan that froze and hands nothing over ends with one."""
     steer_only: bool = False
-    """Needs the SDK at the step boundary (shared/DESIGN.md, "How deeply a job is supervised")."""
+    """Needs the SDK at the step boundary (docs/integrations.md, "Recovery: in place or a restart, and why")."""
 
 
 ACTIONS: dict[str, ActionKind] = {}

@@ -1,4 +1,4 @@
-"""Safety rules the engine enforces whatever a policy says (shared/DESIGN.md, "Policies").
+"""Safety rules the engine enforces whatever a policy says (docs/policies.md).
 
 1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
 2. A state that may hold non-finite weights or optimizer moments, or that took an LR jump

@@ -22,8 +22,9 @@ from supervisor.core.model import HealthMark
 from supervisor.core.policy.args import Args, parse_args
 
 Supervision = Literal["steer", "observe"]
-"""How deeply the job is supervised (DESIGN.md): `steer` (the SDK owns the step boundary) or
-`observe` (records only; recovery restarts the group through the framework's resume path)."""
+"""How deeply the job is supervised (docs/integrations.md, "Recovery: in place or a restart, and
+why"): `steer` (the SDK owns the step boundary) or `observe` (records only; recovery restarts the
+group through the framework's resume path)."""
 Recovery = Literal["none", "in_place", "restart"]
 
 
