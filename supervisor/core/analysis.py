@@ -278,14 +278,15 @@ class StreamingAnalyzer:
         jumped or rose (upward), its return is watched for inside the intervention's window."""
         self.lr_fault = None
         inc = self.open or (self.incidents[-1] if self.incidents else None)
-        if inc is None or inc.facts.lr_before is None or inc.facts.lr_before[1] <= 0:
+        before = inc.facts.lr_before if inc is not None else None
+        if inc is None or before is None or before[1] <= 0:
             return
         f = inc.facts
         size = max(
             f.lr_jump[1] if f.lr_jump is not None else 0.0, f.lr_rise[1] if f.lr_rise is not None else 0.0
         )
         if size >= LR_RAISED:
-            self.lr_fault = (inc.onset_step, size, f.lr_before[1])
+            self.lr_fault = (inc.onset_step, size, before[1])
 
     def _vetted(self, trig: Trigger | None, sig: Signals) -> Trigger | None:
         """Drop a trigger the supervisor's own intervention explains. An update-ratio jump after a
