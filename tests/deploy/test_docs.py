@@ -259,10 +259,21 @@ def test_the_replay_contract_reads_the_same_in_readme_runtime_md_and_the_code(tm
     runtime = next(
         ln for ln in (ROOT / "docs" / "runtime.md").read_text().splitlines() if ln.startswith("| `replay` |")
     )
-    for text in (readme, runtime):
+    sdk_md = " ".join(
+        (ROOT / "docs" / "sdk.md")
+        .read_text()
+        .split("**Replay on the ranks", 1)[-1]
+        .split("\n\n", 1)[0]
+        .split()
+    )
+    for text in (readme, runtime, sdk_md):
         assert "planned only when the entrypoint module" in text.lower() and "replay_hooks" in text, text
         assert "loss_fn" in text and "SupervisedLoader" in text, text
         assert "command entrypoint" in text, text
+    assert (
+        "`loss_fn` alone plans no replay" in sdk_md
+        and "`supervisor policy explain --no-replay-hooks`" in sdk_md
+    )
     # 1. Planned only with hooks: the supervisor reads the module's source.
     without = tmp_path / "plain_train.py"
     without.write_text("def main(config, ctx):\n    pass\n")
