@@ -33,10 +33,16 @@ class SupervisorActor:
         self.log = get_logger("supervisor.runtime.actor", job=spec.name)
         self.error: str | None = None
         self.node_id = ray.get_runtime_context().get_node_id()  # shown by `status`: where the supervisor runs
-        self.ctl = Controller(spec, runtime_settings, attach=attach or restarted)
+        self.ctl = Controller(spec, runtime_settings, attach=attach or restarted,
+                              workers=self._worker_supervision(spec, runtime_settings))  # fmt: skip
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
         self.thread.start()
+
+    def _worker_supervision(self, spec: JobSpec, settings: RuntimeSettings) -> Any:
+        """Who supervises the worker group: None for the real one (``machinery.WorkerSupervision``).
+        The rank emulator (``supervisor/drills/emulator.py``) answers its own."""
+        return None
 
     def _run(self) -> None:
         try:
@@ -63,6 +69,12 @@ class SupervisorActor:
     ) -> dict[str, Any]:
         """Queue a batch; answers the link's durable mark (and ``resend_from`` when it must resend)."""
         return self.ctl.ingest_batch(rank, batch, seqs, link, held)
+
+    def ingest_many(self, calls: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """Several links' batches in one call (``(rank, batch, seqs, link, held)`` each), answered
+        in order: one Ray call per process and interval instead of one per rank."""
+        ingest = self.ctl.ingest_batch
+        return [ingest(*call) for call in calls]
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Directives after ``after_seq``; a long poll of up to ``wait_s`` when there are none yet."""
