@@ -15,7 +15,7 @@ from typing import Any
 from supervisor.core.causes import calm_grads, rank_causes, typical_step
 from supervisor.core.detect import DetectorSettings, Signals, rank_rose
 from supervisor.core.model import Diagnosis, FirstAnomaly, Phenotype, Severity
-from supervisor.core.trigger import incomplete_resume
+from supervisor.core.trigger import YOUNG_JUMP, incomplete_resume, source_offsets
 
 #: Most sample IDs kept as suspects (a global bad step on 1,024 ranks must not carry them all).
 MAX_SUSPECTS = 32
@@ -118,6 +118,10 @@ class Incident:
         bad_source = self.facts.source[0] if self.facts.trigger == "source" and self.facts.source else None
         if bad_source is not None and bad_source in sig.source_own:  # its curve is that source's loss
             loss_in_band = not s.nonfinite and not sig.source_z[bad_source] >= settings.band_z
+        elif bad_source is not None and self.facts.source_offset is not None:  # a young run's source
+            off = source_offsets(sig, bad_source)
+            if off is not None:
+                loss_in_band = not s.nonfinite and off[2] - self.facts.source_offset < YOUNG_JUMP / 2
         rank_out = (
             self.rank_local
             and self.first_rank is not None
