@@ -9,6 +9,8 @@ shared machine the 10th percentile is the steadier one.
     python bench/probe_overhead.py                         # CPU, the example model
     python bench/probe_overhead.py --device cuda --d-model 1024 --layers 8 --seq 512 --batch 8
     python bench/probe_overhead.py --compare HEAD~3        # + the probe as it was at a git ref
+    python bench/probe_overhead.py --threads 1 --clock cpu # CPU time: steadier on a shared machine
+    python bench/probe_overhead.py --smoke                 # seconds, tiny sizes: the bench runs (tests/bench)
 
 ``--compare REF`` runs the minimal and the default probe of today beside the same two built
 from ``supervisor/sdk/{metrics,step,probe}.py`` as they were at ``REF`` (the rest of the SDK
@@ -117,10 +119,10 @@ class Loop:
                 self.probe = sdk.init(self.model, self.opt, scheduler=self.sched, loader=self.loader, loss_fn=lm_loss,
                                       transport=self.transport, canary_batch=canary, grad_clip=1.0, **settings)  # fmt: skip
 
-    def run(self, steps: int) -> None:
+    def run(self, steps: int, clock: Any = time.perf_counter) -> None:
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(steps):
             batch = to_device(next(self.loader), self.device)
             if self.probe is None:
@@ -134,7 +136,7 @@ class Loop:
                     s.backward(lm_loss(self.model, batch))
                     s.optimizer_step()
         sync()
-        self.times.append((time.perf_counter() - t0) / steps)
+        self.times.append((clock() - t0) / steps)
 
 
 def _p10(xs: list[float]) -> float:
@@ -155,8 +157,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     ap.add_argument("--compare", metavar="REF", default=None, help="also the probe as it was at this git ref")
     ap.add_argument("--fused", action="store_true", help="fused AdamW on CPU too (always on CUDA)")
+    ap.add_argument(
+        "--clock", default="wall", choices=["wall", "cpu"],
+        help="cpu: this process's CPU time (all its threads), not wall time: on a shared CPU machine other "
+        "processes' load then stops counting (CPU only; with --threads 1 it is the step's whole cost)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--smoke", action="store_true", help="a tiny model, 3 blocks of 2 steps (no figures to keep)"
+    )
     args = ap.parse_args()
+    data_bytes = 300_000
+    if args.smoke:
+        args.d_model, args.layers, args.heads, args.seq, args.batch = 16, 1, 2, 16, 2
+        args.blocks, args.block_steps, args.threads, data_bytes = 3, 2, 1, 20_000
     global _BEFORE
+    if args.clock == "cpu" and args.device != "cpu":
+        print("probe_overhead.py: --clock cpu: only with --device cpu (a GPU step's time is not CPU time)",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     variants = VARIANTS
     if args.compare:
         _BEFORE, variants = probe_at(args.compare), COMPARED
@@ -165,18 +184,19 @@ def main() -> None:
     torch.manual_seed(0)
     cfg = TinyLMConfig(seq_len=args.seq, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads)
     base = TinyLM(cfg).to(args.device)
-    dataset = build_dataset(seq_len=args.seq, max_bytes_per_source=300_000)
+    dataset = build_dataset(seq_len=args.seq, max_bytes_per_source=data_bytes)
     loops = [Loop(name, base, dataset, args, s) for name, s in variants.items()]
     for loop in loops:
-        loop.run(args.block_steps)  # warm-up
+        loop.run(args.block_steps, clock)  # warm-up
         loop.times.clear()
     for i in range(args.blocks):
         for loop in loops[i % len(loops) :] + loops[: i % len(loops)]:  # rotate the order every block
-            loop.run(args.block_steps)
+            loop.run(args.block_steps, clock)
     params = sum(p.numel() for p in base.parameters())
     print(f"model: {params / 1e6:.2f}M params, d_model={args.d_model} layers={args.layers} seq={args.seq} "
           f"batch={args.batch}, device={args.device}, threads={torch.get_num_threads()}, "
-          f"{args.blocks} blocks x {args.block_steps} steps, AdamW fused={args.device == 'cuda' or args.fused}"
+          f"{args.blocks} blocks x {args.block_steps} steps, AdamW fused={args.device == 'cuda' or args.fused}, "
+          f"clock={args.clock}"
           + (f", before = {args.compare}" if args.compare else ""))  # fmt: skip
     ref, ref_low = statistics.median(loops[0].times), _p10(loops[0].times)
     print(f"  {'variant':<48} {'median':>8}  {'vs base':>7}   {'p10':>8}  {'vs base':>7}")
