@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -48,6 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--restore-s", type=float, default=0.5, help="seconds a rank takes to restore")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the supervisor into this file (raw)")
+    ap.add_argument("--keep", action="store_true", help="keep the run's storage (its path is printed)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--smoke", action="store_true", help="16 ranks, 90 steps: the path works")
     args = ap.parse_args(argv)
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = _figures(args, job, root, samples, stats, probe, status, started)
     finally:
         ray.shutdown()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
     _print(args, figures)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1))
@@ -136,7 +140,7 @@ def _follow(sup: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], d
         status = ray.get(sup.status.remote(), timeout=120)
         probe = ray.get(sup.probe.remote(), timeout=120)
         samples.append({"t": time.time(), "cpu_s": probe["cpu_s"], "rss": probe["rss"], "step": probe["watermark"],
-                        "frozen": status["frozen"]})  # fmt: skip
+                        "frozen": status["frozen"], "state_bytes": probe["costs"]["state_file"]["bytes"]})  # fmt: skip
         if status["terminal"] or time.monotonic() > deadline:
             return samples, status
         time.sleep(0.5)
@@ -181,11 +185,17 @@ def _figures(args: argparse.Namespace, job: dict[str, Any], root: Path, samples:
         ingest = args.free_steps * ranks / (analysed[args.free_steps] - first)
     # CPU per step in the paced part before the fault (the steady state a real job lives in).
     fault = args.fault_step or args.steps
-    paced = [s for s in samples if args.free_steps + 5 <= s["step"] <= fault - 2 and not s["frozen"]]
+    before = []  # the samples until the fault's step was reached (a rollback then moves the step back)
+    for s in samples:
+        if s["step"] >= fault - 1:
+            break
+        before.append(s)
+    paced = [s for s in before if s["step"] >= args.free_steps + 5]
     cpu_per_step = None
     if len(paced) >= 2 and paced[-1]["step"] > paced[0]["step"]:
         cpu_per_step = (paced[-1]["cpu_s"] - paced[0]["cpu_s"]) / (paced[-1]["step"] - paced[0]["step"])
     inc = _incident_times(root)
+    segments = _segments(samples)
     ev = stats[0]["events"]
     freeze = next((e for e in ev if e[0] == "freeze_acked"), None)
     rollback = next((e for e in ev if e[0] == "rollback_acked"), None)
@@ -201,7 +211,7 @@ def _figures(args: argparse.Namespace, job: dict[str, Any], root: Path, samples:
            for k in ("accept_p50", "accept_p99", "ack_p50", "ack_p99")}  # fmt: skip
     ok = status.get("phase") == "finished" and lost == 0 and not any(s["error"] for s in stats)
     return {
-        "ranks": ranks, "steps": args.steps, "hosts": args.hosts, "step_time_s": args.step_time,
+        "ranks": ranks, "steps": args.steps, "root": str(root), "hosts": args.hosts, "step_time_s": args.step_time,
         "phase": status.get("phase"), "reason": status.get("reason"), "wall_s": round(time.time() - started, 1),
         "ingest_records_per_s": round(ingest), "lag_s": lag,
         "cpu_ms_per_step": None if cpu_per_step is None else round(cpu_per_step * 1000, 2),
@@ -213,8 +223,24 @@ def _figures(args: argparse.Namespace, job: dict[str, Any], root: Path, samples:
         "calls": sum(s["calls"] for s in stats), "state_file_bytes": state_file.stat().st_size if state_file.exists() else None,
         "state_file": costs["state_file"], "state_dump": costs["state_dump"], "incident_store": costs["incident_store"],
         "incident_db_bytes": inc.get("db_bytes"), "incident_events": inc.get("events"),
-        "errors": [s["error"] for s in stats if s["error"]], "ok": ok,
+        "errors": [s["error"] for s in stats if s["error"]], "ok": ok, "segments": segments, "samples": samples,
     }  # fmt: skip
+
+
+def _segments(samples: list[dict[str, Any]], parts: int = 4) -> list[dict[str, Any]]:
+    """The run in ``parts`` spans of steps: CPU per step, RSS and state-file size at each span's end
+    (flat over a long run, or growing: point 4 of the scale issue)."""
+    moving = [s for s in samples if s["step"] > 0]
+    if len(moving) < parts + 1:
+        return []
+    out = []
+    for i in range(parts):
+        a, b = moving[len(moving) * i // parts], moving[min(len(moving) - 1, len(moving) * (i + 1) // parts)]
+        steps = b["step"] - a["step"]
+        out.append({"steps": f"{a['step']}-{b['step']}", "rss_mb": round(b["rss"] / 2**20, 1),
+                    "state_bytes": b["state_bytes"],
+                    "cpu_ms_per_step": round((b["cpu_s"] - a["cpu_s"]) * 1000 / steps, 2) if steps > 0 else None})  # fmt: skip
+    return out
 
 
 def _ms(cost: dict[str, Any]) -> str:
@@ -228,6 +254,8 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 def _print(args: argparse.Namespace, f: dict[str, Any]) -> None:
     lag = f["lag_s"]
+    if args.keep:
+        print(f"storage kept in {f['root']}")
     print(f"ranks {f['ranks']}  steps {f['steps']}  hosts {f['hosts']}  step time {f['step_time_s']} s  "
           f"phase {f['phase']} ({f['reason']})  wall {f['wall_s']} s")  # fmt: skip
     print(
@@ -250,6 +278,9 @@ def _print(args: argparse.Namespace, f: dict[str, Any]) -> None:
     print(f"  records                 produced {f['produced']:,}, durably accepted {f['delivered']:,}, "
           f"dropped {f['dropped']}, lost {f['lost']} (supervisor counts {f['records_lost_supervisor']} lost, "
           f"{f['records_missing']} missing)")  # fmt: skip
+    for seg in f["segments"]:
+        print(f"  steps {seg['steps']:>13}   CPU {_fmt(seg['cpu_ms_per_step'])} ms/step, RSS {seg['rss_mb']} MB, "
+              f"state file {seg['state_bytes']} bytes")  # fmt: skip
     for e in f["errors"]:
         print(f"  emulator error: {e}")
     print(f"scale: ranks {f['ranks']}, ingest {f['ingest_records_per_s']} records/s, supervisor "
