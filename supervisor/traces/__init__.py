@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from supervisor.errors import TraceError
-from supervisor.traces.base import TraceData, read_text
+from supervisor.traces.base import MAX_LINE_CHARS, TraceData, TraceLines
 from supervisor.traces.hf_trainer import looks_like_hf_trainer, parse_hf_trainer
 from supervisor.traces.jsonl import looks_like_jsonl, parse_jsonl
 from supervisor.traces.loggers import looks_like_lightning, looks_like_wandb, parse_lightning, parse_wandb
@@ -53,13 +53,10 @@ _LINE_SNIFFERS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 _TRACE_SUFFIXES = (".jsonl", ".json", ".csv", ".log", ".txt", ".md", ".out")
 
 __all__ = [
-    "ALL_FORMATS", "FORMATS", "FieldMap", "TraceData", "detect_format", "parse_text", "read_run", "read_trace",
+    "ALL_FORMATS", "FORMATS", "MAX_LINE_CHARS", "FieldMap", "TraceData", "detect_format", "parse_file", "parse_text",
+    "read_run", "read_trace",
 ]  # fmt: skip
 
-
-MAX_LINE_CHARS = 1 << 20
-"""A line of a line-based trace or log longer than this (1 MiB) is skipped and counted: a record
-is a few KiB, and regexes and ``json.loads`` over a 1 GB line would take minutes and gigabytes."""
 
 #: Formats whose file is one JSON document (a minified one may be a single long line).
 _DOCUMENT_FORMATS = ("hf_trainer", "wandb")
@@ -145,6 +142,38 @@ def parse_text(
     return data
 
 
+def parse_file(path: str | Path, format: str = "auto", fmap: FieldMap | None = None) -> TraceData:
+    """One trace or log file, streamed (``TraceLines``): its format recognised from its start, a
+    line-based one parsed a line at a time, so memory holds the records, never the whole text and
+    its copies; a format that is one JSON document (``hf_trainer``, ``wandb``) is read whole.
+    Over the input limit it is refused by its size before anything is read."""
+    source = str(path)
+    with TraceLines(path) as lines:
+        head = lines.head
+        if format == "auto":
+            detected = detect_format(head, source)
+            if detected is None:
+                longest = (
+                    ""
+                    if not (lines.head_cut or len(head) > MAX_LINE_CHARS) or _lines(head, 1)
+                    else (f"; lines longer than {MAX_LINE_CHARS:,} characters are skipped")
+                )
+                raise TraceError(f"no parsable line (tried {', '.join(ALL_FORMATS)}){longest}", source=source)
+            format = detected
+        if format in _DOCUMENT_FORMATS or format not in FORMATS:
+            return parse_text(lines.text(), format, source, fmap)
+        data = FORMATS[format](lines, fmap or FieldMap())  # type: ignore[arg-type]
+        if lines.long_lines:
+            data.skipped_lines += lines.long_lines
+            data.notes.append(f"{lines.long_lines} line(s) longer than {MAX_LINE_CHARS:,} characters skipped")
+    if not data.records:
+        why = f"; {data.notes[-1]}" if data.notes else ""
+        raise TraceError(
+            f"no parsable line as {format} ({data.skipped_lines} lines skipped){why}", source=source
+        )
+    return data
+
+
 def read_trace(path: str | Path, format: str = "auto", fmap: FieldMap | None = None) -> TraceData:
     """Read a trace or training log (a file, or a directory of one run); ``format`` is ``auto`` or
     one of ``ALL_FORMATS``."""
@@ -180,12 +209,12 @@ def read_run(paths: list[Path], format: str = "auto", fmap: FieldMap | None = No
         else:
             files.append((p, True))
     if len(files) == 1:
-        return parse_text(read_text(files[0][0]), format, str(files[0][0]), fmap)
+        return parse_file(files[0][0], format, fmap)
     parsed: list[tuple[Path, TraceData]] = []
     notes: list[str] = []
     for f, explicit in files:
         try:
-            parsed.append((f, parse_text(read_text(f), format, str(f), fmap)))
+            parsed.append((f, parse_file(f, format, fmap)))
         except TraceError as exc:
             if explicit:
                 raise

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, json_loads
+from supervisor.traces.base import TraceData, json_loads, lines_of
 
 
-def parse_jsonl(text: str) -> TraceData:
+def parse_jsonl(text: str | Iterable[str]) -> TraceData:
     records: list[Record] = []
     skipped = 0
-    for line in text.splitlines():
+    for line in lines_of(text):
         line = line.strip()
         if not line:
             continue

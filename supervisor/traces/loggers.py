@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from supervisor.traces.base import TraceData, json_loads
@@ -32,7 +32,7 @@ def parse_wandb(text: str, fmap: FieldMap | None = None) -> TraceData:
     return _parse_table(text, fmap or FieldMap(), "wandb")
 
 
-def parse_lightning(text: str, fmap: FieldMap | None = None) -> TraceData:
+def parse_lightning(text: str | Iterable[str], fmap: FieldMap | None = None) -> TraceData:
     return _parse_table(text, fmap or FieldMap(), "lightning")
 
 
@@ -67,8 +67,9 @@ def _parse_wandb_json(text: str, fmap: FieldMap) -> TraceData:
     return _records(rows, fmap, "wandb", skipped)
 
 
-def _parse_table(text: str, fmap: FieldMap, fmt: str) -> TraceData:
-    reader = csv.DictReader(io.StringIO(text))
+def _parse_table(text: str | Iterable[str], fmap: FieldMap, fmt: str) -> TraceData:
+    # A text, or streamed lines given back their ends (a quoted cell may span lines).
+    reader = csv.DictReader(io.StringIO(text) if isinstance(text, str) else (line + "\n" for line in text))
     header = [h for h in (reader.fieldnames or []) if h]
     rename, notes = _wandb_panel_columns(header)
     rows: list[dict[str, Any]] = []

@@ -22,9 +22,10 @@ What the lines mean and how they are read:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, finite_or_none, parse_float
+from supervisor.traces.base import TraceData, finite_or_none, lines_of, parse_float
 
 ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 OVERFLOW = re.compile(r"OVERFLOW!.*Skipping step", re.IGNORECASE)
@@ -40,13 +41,13 @@ def _fields(rest: str) -> dict[str, str]:
     return out
 
 
-def parse_megatron(text: str) -> TraceData:
+def parse_megatron(text: str | Iterable[str]) -> TraceData:
     by_step: dict[int, Record] = {}
     notes: list[str] = []
     skipped = 0
     pending_overflow = False
     prev_grad: str | None = None
-    for line in text.splitlines():
+    for line in lines_of(text):
         if not line.strip():
             continue
         if OVERFLOW.search(line):

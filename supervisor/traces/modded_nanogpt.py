@@ -14,20 +14,21 @@ the trace's loss, and a note says so.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, parse_float
+from supervisor.traces.base import TraceData, lines_of, parse_float
 
 LINE = re.compile(r"^\s*step:(\d+)/(\d+)\s+(.*)$")
 _KV = re.compile(r"(\w+):(\S+)")
 
 
-def parse_modded_nanogpt(text: str) -> TraceData:
+def parse_modded_nanogpt(text: str | Iterable[str]) -> TraceData:
     train: dict[int, Record] = {}
     val: dict[int, float] = {}
     skipped = timing_only = 0
     last_time: tuple[int, float] | None = None
-    for line in text.splitlines():
+    for line in lines_of(text):
         m = LINE.match(line)
         kv = dict(_KV.findall(m.group(3))) if m else {}
         t = _ms(kv.get("train_time"))

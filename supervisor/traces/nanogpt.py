@@ -11,9 +11,10 @@ count as skipped, like any other line that matches none of the forms.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, finite_or_none, parse_float
+from supervisor.traces.base import TraceData, finite_or_none, lines_of, parse_float
 
 _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|NaN|inf|Inf))"
 NANOGPT = re.compile(rf"\biter\s+(\d+)\s*:\s*loss\s+{_NUM}")
@@ -24,10 +25,10 @@ _LR = re.compile(rf"\blr[:\s]\s*{_NUM}")
 _TIME = re.compile(r"\btime\s+([\d.]+)\s*ms")
 
 
-def parse_nanogpt(text: str) -> TraceData:
+def parse_nanogpt(text: str | Iterable[str]) -> TraceData:
     records: list[Record] = []
     skipped = 0
-    for line in text.splitlines():
+    for line in lines_of(text):
         if not line.strip():
             continue
         m = NANOGPT.search(line) or LLMC.search(line) or LLMC_LOG.search(line)

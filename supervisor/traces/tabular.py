@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterable
 from typing import Any
 
 from supervisor.core.records import Record
-from supervisor.traces.base import TraceData, json_loads
+from supervisor.traces.base import TraceData, json_loads, lines_of
 
 _LISTS = ("samples", "events")
 _OBJECTS = ("sources", "attrs")
@@ -28,12 +29,12 @@ def _cell(name: str, value: str) -> Any:
     return value
 
 
-def parse_csv(text: str) -> TraceData:
-    reader = csv.DictReader(io.StringIO(text))
+def parse_csv(text: str | Iterable[str]) -> TraceData:
+    reader = csv.DictReader(_rows(text))
     records: list[Record] = []
     skipped = 0
     if not reader.fieldnames or "step" not in reader.fieldnames or "loss" not in reader.fieldnames:
-        lines = sum(1 for line in text.splitlines() if line.strip())
+        lines = sum(1 for line in lines_of(text) if line.strip())
         return TraceData([], lines, "csv", ["no header with `step` and `loss` columns"])
     for row in reader:
         try:
@@ -42,6 +43,11 @@ def parse_csv(text: str) -> TraceData:
         except (ValueError, TypeError, KeyError, AttributeError):
             skipped += 1
     return TraceData(records, skipped, "csv")
+
+
+def _rows(text: str | Iterable[str]) -> Iterable[str]:
+    """What ``csv`` reads: the text, or the streamed lines with their ends (a quoted cell may span lines)."""
+    return io.StringIO(text) if isinstance(text, str) else (line + "\n" for line in text)
 
 
 def looks_like_csv(line: str) -> bool:
