@@ -87,6 +87,9 @@ class TraceLines:
         except OSError as exc:
             raw.close()
             raise TraceError(f"cannot read: {exc.strerror or exc}", source=self.source) from None
+        except BaseException:  # refused (too big, a bad gzip): the file is closed, not left open
+            raw.close()
+            raise
         if b"\x00" in head[:4096]:
             self.close()
             raise TraceError("binary content, expected a text trace or log", source=self.source)
