@@ -59,7 +59,9 @@ class RollbackAction(DirectiveAction):
     """
 
     def __init__(self) -> None:
-        self._chosen: dict[str, dict[str, Any]] = {}
+        self._chosen: dict[tuple[str, float], dict[str, Any]] = {}
+        """Fallbacks found so far, by (directive id, start time): the one executor serves every
+        controller of the process, whose action ids repeat from job to job (incident 1, plan 1)."""
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}
@@ -110,7 +112,8 @@ class RollbackAction(DirectiveAction):
         that qualifies, ``<action id>~<step>``. Derived from the quarantine marks and the refusals
         in the state file, so a restarted supervisor arrives at (and re-issues) the same one."""
         planned = memo["directive"]
-        known = self._chosen.get(planned["id"])
+        key = (str(planned["id"]), float(memo["started_at"]))
+        known = self._chosen.get(key)
         now = dict(known) if known is not None else {
             "directive": planned, "to_step": memo["to_step"], "verification": memo["verification"],
             "since": memo["started_at"], "passed_over": [],
@@ -133,7 +136,7 @@ class RollbackAction(DirectiveAction):
             now = {"directive": directive, "to_step": target, "verification": verification,
                    "since": time.time(), "passed_over": passed}  # fmt: skip
             rt.issue(Directive.from_dict(directive))  # the same id again after a restart: issued once
-        self._chosen[planned["id"]] = now
+        self._chosen[key] = now
         return now
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:

@@ -1,0 +1,61 @@
+"""The rollback executor keeps nothing of one run for the next: its registry entry is one object
+for the whole process (a drill runner or a test session runs many controllers in it)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from supervisor.core.model import HealthMark
+from supervisor.runtime.actions import executor
+from supervisor.sdk.directives import RollbackInPlace
+
+
+class _Ranks(SimpleNamespace):
+    def failed_on(self, directive_id: str) -> list[int]:
+        return [0] if directive_id in self.refused else []
+
+    def acked_by(self, directive_id: str) -> dict[int, int]:
+        return {}
+
+
+def _rt(refused: set[str], quarantined: set[int]) -> Any:
+    def find(step: int) -> Any:
+        mark = HealthMark.QUARANTINED if step in quarantined else HealthMark.HEALTHY
+        return SimpleNamespace(health=mark, history=[SimpleNamespace(reason="restore check failed")])
+
+    return SimpleNamespace(
+        directives=_Ranks(refused=refused),
+        checkpoints=SimpleNamespace(find=find),
+        rollback_target=lambda bound, mark: (40, {"ok": True}),
+        issue=lambda d: None,
+        incident_id=1,
+        world_size=1,
+        workers_gone=lambda: False,
+        generation_started_at=0.0,
+        settings=SimpleNamespace(directive_timeout_s=1e9),
+    )
+
+
+def _memo(started_at: float) -> dict[str, Any]:
+    directive = RollbackInPlace(step=80, id="i1-p1-a3-rollback").to_dict()
+    return {
+        "from_step": 100,
+        "started_at": started_at,
+        "to_step": 80,
+        "verification": {},
+        "directive": directive,
+    }
+
+
+def test_a_target_passed_over_in_one_run_is_not_the_next_runs_target() -> None:
+    ex = executor("rollback")
+    first = _rt(refused={"i1-p1-a3-rollback"}, quarantined={80})
+    ex.poll(first, {}, _memo(time.time()))  # checkpoint 80 refused on the ranks: the rollback goes to 40
+    # A later job in the same process whose incident 1 plans the same action id, to checkpoint 80.
+    later = _rt(refused=set(), quarantined=set())
+    calls: list[str] = []
+    later.directives.acked_by = lambda did: calls.append(did) or {}
+    assert ex.poll(later, {}, _memo(time.time() + 1)) is None  # waiting for the ranks
+    assert calls == ["i1-p1-a3-rollback"], calls  # its own target, not the first run's 40
