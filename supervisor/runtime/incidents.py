@@ -241,7 +241,7 @@ class IncidentFlow:
             return None
         if not same_fault(self.active_diagnosis, d):
             return None
-        seen = self.store.recurrences(active.incident_id)
+        seen = self._this_timeline(active.incident_id)
         if not any(r["onset_step"] == d.onset_step for r in seen):  # once, even after a restart
             self.store.record(active.incident_id, EventKind.DETECTED, actor="detector", step=step,
                               payload={"diagnosis": d.to_json(), "in_window": True})  # fmt: skip
@@ -254,7 +254,20 @@ class IncidentFlow:
         """Occurrences of the active incident's fault detected inside its window after ``step``."""
         if self.state.active is None:
             return []
-        return [r for r in self.store.recurrences(self.state.active.incident_id) if r["step"] > step]
+        return [r for r in self._this_timeline(self.state.active.incident_id) if r["step"] > step]
+
+    def _this_timeline(self, incident_id: int) -> list[dict[str, Any]]:
+        """The in-window occurrences recorded since the incident's last rollback or restart: one
+        detected on a timeline a later rollback abandoned neither fails the window that follows
+        nor stands for the same fault coming back on the new one."""
+        out: list[dict[str, Any]] = []
+        for e in self.store.timeline(incident_id):
+            if e.kind in (EventKind.ROLLED_BACK, EventKind.WORKER_RESTARTED) and e.status is EventStatus.DONE:
+                out = []
+            elif e.kind is EventKind.DETECTED and e.payload.get("in_window"):
+                d = e.payload.get("diagnosis") or {}
+                out.append({"step": e.step, "onset_step": d.get("onset_step"), "severity": d.get("severity")})
+        return out
 
     def _reopen(self, again: tuple[Resolved, str], d: Diagnosis, key: int, step: int) -> int:
         """The same fault again: the resolved incident is reopened (same id, next attempt), so the
