@@ -24,6 +24,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from supervisor.config.job import JobSpec
+from supervisor.core.analysis import StreamingAnalyzer
+from supervisor.core.detect import DetectorSettings
+from supervisor.core.interventions import Intervention
 from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, PlannedAction, Policy, plan
 from supervisor.core.policy.actions import TERMINAL, names_where
@@ -44,10 +47,7 @@ log = get_logger("supervisor.runtime.incidents")
 NEEDS_WORKERS = names_where("needs_workers")
 
 
-def make_analyzer(job: JobSpec, saved: Any) -> Any:
-    from supervisor.core.analysis import StreamingAnalyzer
-    from supervisor.core.detect import DetectorSettings
-
+def make_analyzer(job: JobSpec, saved: Any) -> StreamingAnalyzer:
     analyzer = StreamingAnalyzer(DetectorSettings.from_telemetry(job.telemetry))
     if saved:
         try:
@@ -202,7 +202,7 @@ class IncidentFlow:
         a recurrence is never folded silently into a closed incident."""
         if d.period is None or d.end_step is not None:
             return None
-        head = next((i for i in getattr(self.analyzer, "incidents", ()) if i.key == key_), None)
+        head = next((i for i in self.analyzer.incidents if i.key == key_), None)
         if head is None or len(head.facts.occurrences) < 2:
             return None
         onset = int(head.facts.occurrences[-1])
@@ -300,7 +300,7 @@ class IncidentFlow:
     def finalize_open(self) -> bool:
         """No more steps will come: an incident the detector still holds open is judged now
         (it would have become ready a few steps later). True when one was."""
-        inc = getattr(self.analyzer, "open", None)
+        inc = self.analyzer.open
         if inc is None:
             return self._judge_end()
         if str(inc.key) in self.state.ready_keys:
@@ -327,13 +327,10 @@ class IncidentFlow:
 
     def notify_rollback(self, to_step: int, reason: str) -> None:
         """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
-        try:
-            updates = self.analyzer.notify_rollback(
-                to_step, from_step=self.host.current_step, reason=reason, observe_steps=self._observe_steps()
-            )
-        except TypeError:  # an analyzer without the keyword arguments
-            updates = self.analyzer.notify_rollback(to_step)
-        for u in updates or ():
+        updates = self.analyzer.notify_rollback(
+            to_step, from_step=self.host.current_step, reason=reason, observe_steps=self._observe_steps()
+        )
+        for u in updates:
             self._on_update(u.kind, u.key, u.diagnosis, to_step)
         self._abandon_after(to_step)
 
@@ -362,27 +359,21 @@ class IncidentFlow:
         (``supervisor.core.analysis.StreamingAnalyzer.note_overrides``; a loader skip or an
         exclusion changes the data of steps that still train: ``data=True``).
         """
-        note = getattr(self.analyzer, "note_overrides", None)
-        if note is None:
-            log.warning("detector_cannot_note_overrides", step=step)
-            return
         if any(
             iv.kind == "override" and iv.step == step and iv.reason == reason for iv in self._interventions()
         ):
             return  # already known (the same fix polled again by a restarted supervisor)
-        exclude = params.get("exclude") or {}
         precision = params.get("precision")
-        kw: dict[str, Any] = {"precision": str(precision)} if precision else {}
-        window = self._observe_steps()
-        if window is not None:
-            kw["observe_steps"] = window
-        try:
-            note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
-                 grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")),
-                 reason=reason, **kw)  # fmt: skip
-        except TypeError:  # an analyzer without the keyword arguments
-            note(step, lr_scale=params.get("lr_scale"), warmup_steps=params.get("warmup_steps"),
-                 grad_clip=params.get("grad_clip"), data=bool(exclude or params.get("skip_batches")), reason=reason)  # fmt: skip
+        self.analyzer.note_overrides(
+            step,
+            lr_scale=params.get("lr_scale"),
+            warmup_steps=params.get("warmup_steps"),
+            grad_clip=params.get("grad_clip"),
+            data=bool(params.get("exclude") or params.get("skip_batches")),
+            precision=str(precision) if precision else None,
+            reason=reason,
+            observe_steps=self._observe_steps(),
+        )
 
     def _observe_steps(self) -> int | None:
         """How many steps the active plan's ``observe`` watches (the detector's own window then
@@ -396,8 +387,8 @@ class IncidentFlow:
                 return int(steps) if isinstance(steps, int | float) and not isinstance(steps, bool) else None
         return None
 
-    def _interventions(self) -> list[Any]:
-        return list(getattr(self.analyzer, "interventions", None) or [])
+    def _interventions(self) -> list[Intervention]:
+        return self.analyzer.interventions
 
     def rebuild_interventions(self) -> list[str]:
         """What this job's supervisor did, rebuilt from its own records before it reads a record.
@@ -546,7 +537,6 @@ class IncidentFlow:
             refs = tuple((m.step, m.health) for m in host.checkpoints.manifests())
         pre = [h for h in host.history if h.step < d.onset_step]
         grads = sorted(h.grad_norm for h in pre[-200:] if h.grad_norm is not None)
-        mult = getattr(self.analyzer, "lr_multiplier", None)
         return JobState(
             step=host.current_step,
             attempts=self.state.attempts,
@@ -556,7 +546,7 @@ class IncidentFlow:
             state_maybe_nonfinite=d.nonfinite,
             lr=next((h.lr for h in reversed(pre) if h.lr is not None), None),
             # the supervisor's own LR override in force (a fix is relative to it)
-            lr_scale=float(mult(host.current_step + 1)) if mult is not None else 1.0,
+            lr_scale=float(self.analyzer.lr_multiplier(host.current_step + 1)),
             grad_clip=self._grad_clip(),
             grad_norm=grads[len(grads) // 2] if grads else None,
             incident_attempt=self.state.attempts_of.get(str(incident_id), 0),
@@ -568,7 +558,7 @@ class IncidentFlow:
         """The clip in force: the supervisor's newest clip override still on this timeline, else the
         clip the job reports (``attrs.grad_clip`` in its records, or ``grad_clip`` in job.yaml's
         ``config:``); None: not known."""
-        for iv in reversed(getattr(self.analyzer, "interventions", None) or []):
+        for iv in reversed(self.analyzer.interventions):
             if iv.kind == "override" and iv.grad_clip is not None and iv.step <= self.host.current_step:
                 return float(iv.grad_clip)
         if self.state.reported_grad_clip is not None:
