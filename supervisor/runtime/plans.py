@@ -97,6 +97,8 @@ class PlanRunner:
         out = ex.poll(self.rt, params, memo)
         if out is None:
             return None
+        for effect in out.effects:  # before the event is marked done: a restart never skips one
+            self.rt.rewind(effect.to_step, effect.key, effect.reason)
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
         if out.skipped:
             result["skipped"] = True

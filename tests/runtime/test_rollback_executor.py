@@ -8,7 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from supervisor.core.model import HealthMark
-from supervisor.runtime.actions import executor
+from supervisor.runtime.actions import entry
+from supervisor.runtime.actions.base import Outcome, Rewind
+from supervisor.runtime.actions.checkpoints import RollbackAction
 from supervisor.sdk.directives import RollbackInPlace
 
 
@@ -50,7 +52,7 @@ def _memo(started_at: float) -> dict[str, Any]:
 
 
 def test_a_target_passed_over_in_one_run_is_not_the_next_runs_target() -> None:
-    ex = executor("rollback")
+    ex = entry("rollback").executor
     first = _rt(refused={"i1-p1-a3-rollback"}, quarantined={80})
     ex.poll(first, {}, _memo(time.time()))  # checkpoint 80 refused on the ranks: the rollback goes to 40
     # A later job in the same process whose incident 1 plans the same action id, to checkpoint 80.
@@ -59,3 +61,12 @@ def test_a_target_passed_over_in_one_run_is_not_the_next_runs_target() -> None:
     later.directives.acked_by = lambda did: calls.append(did) or {}
     assert ex.poll(later, {}, _memo(time.time() + 1)) is None  # waiting for the ranks
     assert calls == ["i1-p1-a3-rollback"], calls  # its own target, not the first run's 40
+
+
+def test_an_in_place_rollback_asks_for_its_rewind_and_does_not_do_it() -> None:
+    # The executor returns the effect; the plan runner carries it out before the action is done.
+    rt = _rt(refused=set(), quarantined=set())  # no ``rewind``: calling back would raise
+    rt.diagnosis = SimpleNamespace(onset_step=90)
+    out = RollbackAction().finished(rt, {"margin_steps": 10}, _memo(time.time()), Outcome.done())
+    assert out.ok and out.result["to_step"] == 80 and out.result["onset_step"] == 90
+    assert out.effects == (Rewind(80, "rewind:i1-p1-a3-rollback", "rollback of incident 1"),)

@@ -217,25 +217,17 @@ class ActionKind:
     name: str
     params: type[ActionParams]
     summary: str
-    event: str
-    """The timeline event its run is recorded as (``supervisor.incidents.EventKind`` value)."""
-    did: str | None
-    """How the run summary says it was done (None: not listed, e.g. stop, recorded as a note)."""
-    enters: str | None = None
-    """The incident state it moves the incident into when it begins (``IncidentState`` value)."""
+    event: str  # the timeline event its run is recorded as (an ``incidents.EventKind`` value)
+    did: str | None  # how the run summary says it was done (None: not listed; stop is a note)
+    enters: str | None = None  # the incident state it moves into when it begins (``IncidentState``)
     irreversible: bool = False
-    """Once it started, a changed diagnosis no longer re-makes the plan: it changed the state or
-    the data the run trains on, ran the suspect batch again, or handed over / ended the job."""
-    needs_workers: bool = False
-    """Its effect needs live workers: skipped because training ended, it leaves the fault unhandled."""
-    ends_plan: bool = False
-    """Nothing after it in a plan runs."""
-    continues: bool = False
-    """Lets training go on with the current state (what a broken state must never get)."""
-    releases_freeze: bool = False
-    """Lets frozen workers go on: a plan that froze and hands nothing over ends with one."""
-    steer_only: bool = False
-    """Needs the SDK at the step boundary (docs/integrations.md, "Recovery: in place or a restart, and why")."""
+    """Once started, a changed diagnosis no longer re-makes the plan: it changed the state or the
+    data the run trains on, ran the suspect batch again, or handed over / ended the job."""
+    needs_workers: bool = False  # skipped because training ended, it leaves the fault unhandled
+    ends_plan: bool = False  # nothing after it in a plan runs
+    continues: bool = False  # lets training go on with the current state (never a broken one)
+    releases_freeze: bool = False  # lets frozen workers go on (a plan that froze ends with one)
+    steer_only: bool = False  # needs the SDK at the step boundary (docs/integrations.md, "Recovery")
 
 
 ACTIONS: dict[str, ActionKind] = {}
@@ -290,7 +282,5 @@ for _kind in (
     register(_kind)
 del _K
 
-#: Actions after which nothing else in a plan runs.
 TERMINAL = names_where("ends_plan")
-#: Actions that let training go on with the current state (what a broken state must never get).
 CONTINUES = names_where("continues")

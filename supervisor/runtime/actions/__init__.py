@@ -69,34 +69,23 @@ class ActionEntry:
     report: Report = _no_report
 
     @property
-    def event(self) -> EventKind:
-        """The timeline event the action's run is recorded as (the action table's ``event``)."""
+    def event(self) -> EventKind:  # the action table's, as the incident store's type
         return EventKind(ACTIONS[self.name].event)
 
     @property
-    def state(self) -> IncidentState | None:
-        """The incident state the action moves the incident into when it begins (when that move is valid)."""
+    def state(self) -> IncidentState | None:  # entered when the action begins (when that move is valid)
         enters = ACTIONS[self.name].enters
         return IncidentState(enters) if enters is not None else None
 
 
-REGISTRY: dict[str, ActionEntry] = {
-    e.name: e
-    for e in (
-        ActionEntry("alert", AlertAction()),
-        ActionEntry("freeze", FreezeAction()),
-        ActionEntry("snapshot", SnapshotAction()),
-        ActionEntry("block_latest", BlockLatestAction()),
-        ActionEntry("replay", ReplayAction()),
-        ActionEntry("rollback", RollbackAction(), _rollback_report),
-        ActionEntry("apply", ApplyAction(), _apply_report),
-        ActionEntry("observe", ObserveAction(), _observe_report),
-        ActionEntry("resume", ResumeAction()),
-        ActionEntry("escalate", EscalateAction()),
-        ActionEntry("stop", StopAction()),
-    )
-}
-EXECUTORS: dict[str, Executor] = {name: e.executor for name, e in REGISTRY.items()}
+_E = ActionEntry
+REGISTRY: dict[str, ActionEntry] = {e.name: e for e in (
+    _E("alert", AlertAction()), _E("freeze", FreezeAction()), _E("snapshot", SnapshotAction()),
+    _E("block_latest", BlockLatestAction()), _E("replay", ReplayAction()),
+    _E("rollback", RollbackAction(), _rollback_report), _E("apply", ApplyAction(), _apply_report),
+    _E("observe", ObserveAction(), _observe_report), _E("resume", ResumeAction()),
+    _E("escalate", EscalateAction()), _E("stop", StopAction()),
+)}  # fmt: skip
 
 
 def entry(name: str) -> ActionEntry:
@@ -109,24 +98,10 @@ def entry(name: str) -> ActionEntry:
         ) from None
 
 
-def executor(name: str) -> Executor:
-    return entry(name).executor
-
-
 def check(names: Iterable[str]) -> None:
     """Every action the policy language has is registered here (run when the controller starts)."""
     for name in names:
         entry(name)
 
 
-__all__ = [
-    "EXECUTORS",
-    "REGISTRY",
-    "ActionEntry",
-    "Executor",
-    "Outcome",
-    "Runtime",
-    "check",
-    "entry",
-    "executor",
-]
+__all__ = ["REGISTRY", "ActionEntry", "Executor", "Outcome", "Runtime", "check", "entry"]

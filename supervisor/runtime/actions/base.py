@@ -7,7 +7,9 @@ An executor is a small state machine driven by the controller loop:
 2. ``start`` then does it (a directive, a Ray task, a store call). It must be idempotent:
    a restarted supervisor that finds the event still pending calls it again with the same
    memo (a directive with the same id is not issued twice);
-3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``.
+3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``; what the outcome
+   asks of the job (``Outcome.effects``, e.g. ``Rewind``) the plan runner carries out before the
+   action is marked done -- the executor itself does not call back into the controller for it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,23 @@ from supervisor.sdk.directives import Directive
 
 
 @dataclass(frozen=True)
+class Rewind:
+    """The job continues from checkpoint ``to_step``; keyed: carried out once (``Controller.rewind``)."""
+
+    to_step: int
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Outcome:
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     skipped: bool = False
     """It did not happen because training ended: recorded as skipped, never as done."""
+    effects: tuple[Rewind, ...] = ()
+    """What the job must do for this outcome to hold, carried out (in order) before it is recorded."""
 
     @classmethod
     def done(cls, **result: Any) -> Outcome:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from supervisor.config.recovery import rollback_mode
 from supervisor.core.model import HealthMark
 from supervisor.logging import get_logger
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Rewind, Runtime, await_acks
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
 log = get_logger("supervisor.runtime.actions")
@@ -142,12 +143,12 @@ class RollbackAction(DirectiveAction):
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         # Keyed by the directive: a supervisor restarted after this ran does not rewind twice
         # (a restart rewound when it took the group down, keyed by restart_key).
+        effects: tuple[Rewind, ...] = ()
         if "directive" in memo:
-            rt.rewind(
-                memo["to_step"], f"rewind:{memo['directive']['id']}", f"rollback of incident {rt.incident_id}"
-            )
+            reason = f"rollback of incident {rt.incident_id}"
+            effects = (Rewind(memo["to_step"], f"rewind:{memo['directive']['id']}", reason),)
         passed = {"passed_over": memo["passed_over"]} if memo.get("passed_over") else {}
-        return Outcome.done(
+        done = Outcome.done(
             from_step=memo["from_step"],
             to_step=memo["to_step"],
             margin_steps=params.get("margin_steps"),
@@ -158,3 +159,4 @@ class RollbackAction(DirectiveAction):
             **passed,
             **out.result,
         )
+        return replace(done, effects=effects)
