@@ -29,7 +29,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from supervisor.config.job import JobSpec
-from supervisor.core.model import Cause, CauseScore, Diagnosis, Phenotype, Severity
+from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype, Severity
 from supervisor.core.policy import action_names, load_policy
 from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorError
 from supervisor.incidents import EventKind, EventStatus, IncidentState
@@ -418,6 +418,10 @@ class Controller:
         at = max(self.current_step, reached + 1 if reached is not None else self.current_step)
         resumed = self.state.restart_resumed_at
         no_step = resumed is not None and at <= resumed + 1  # the restarted group trained no step
+        if no_step and resumed is not None and self._quarantined(resumed):
+            # The ranks' restore check refused the checkpoint it resumed from (and quarantined it):
+            # the next start resumes from another one, so this is no start-up error that repeats.
+            no_step = False
         self.state.restarts_without_progress = self.state.restarts_without_progress + 1 if no_step else 0
         decision = decide(event, self.state.restart_steps, at, self.restart_settings,
                           without_progress=self.state.restarts_without_progress)  # fmt: skip
@@ -499,6 +503,16 @@ class Controller:
             move(self.incidents, incident_id, IncidentState.RESOLVED, f"worker group restarted from step {resume}",
                  self.current_step)  # fmt: skip
         self._group_started()
+
+    def _quarantined(self, step: int) -> bool:
+        """Checkpoint ``step`` exists and is quarantined (a failed check after it was chosen)."""
+        if step < 0 or self.checkpoints is None:
+            return False
+        try:
+            manifest = self.checkpoints.find(step)
+        except CheckpointError:
+            return False
+        return manifest is not None and manifest.health is HealthMark.QUARANTINED
 
     def _restart_target(self) -> int | None:
         """The newest verified checkpoint; during an incident, the newest at or before its rollback

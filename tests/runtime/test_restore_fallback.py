@@ -62,3 +62,35 @@ def test_a_target_refused_by_the_restore_check_is_quarantined_and_the_rollback_f
     assert (
         "to healthy checkpoint 75" in said and "checkpoint 100 quarantined: restore check failed" in said
     ), said
+
+
+@pytest.mark.slow
+def test_a_restart_whose_checkpoint_the_restore_check_refused_goes_on_from_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """A new generation that fails at its start because the ranks' restore check refused (and
+    quarantined) the checkpoint it resumed from did not repeat a start-up error: it is restarted
+    from the next checkpoint, not failed by restarts.max_without_progress."""
+    from supervisor.runtime.restarts import GroupEvent
+    from tests.runtime.test_crash_consistency import HOLD
+
+    job = make_job(tmp_path, "forged_restart", max_steps=200, policy=HOLD, resources={"num_workers": 1})
+    ranks = FakeRanks(1, 200)
+    workers = FakeWorkers(ranks)
+    ctl = Controller(job, FAST, workers=workers)
+    ranks.on_checkpoint = saver(ctl)
+    ctl.boot()
+    ranks.run(ctl, lambda: ranks.step >= 90, checkpoint_every=25)
+    workers.events.append(GroupEvent("lost", (0,), "node lost"))
+    ctl.iterate()
+    ctl.iterate()
+    assert ctl.phase is JobPhase.RUNNING and workers.launches[-1][1] == 75
+    # The new generation loads 75; the restore check refuses it, the rank quarantines it and fails.
+    ctl.checkpoints.quarantine(75, "restore check failed on rank 0: restored model state differs")
+    workers.events.append(GroupEvent("failed", (0,), "CheckpointError: restore check failed"))
+    ctl.iterate()
+    assert ctl.phase is JobPhase.RESTARTING, ctl.status()
+    ctl.iterate()
+    assert ctl.phase is JobPhase.RUNNING and workers.launches[-1][1] == 50
+    ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
+    assert ctl.phase is JobPhase.FINISHED, ctl.status()
