@@ -17,7 +17,7 @@ from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions import check, entry
-from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime.actions.base import Outcome, Rewind, Runtime
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
@@ -97,8 +97,11 @@ class PlanRunner:
         out = ex.poll(self.rt, params, memo)
         if out is None:
             return None
-        for effect in out.effects:  # before the event is marked done: a restart never skips one
-            self.rt.rewind(effect.to_step, effect.key, effect.reason)
+        for e in out.effects:  # before the event is marked done: a restart never skips one
+            if isinstance(e, Rewind):
+                self.rt.rewind(e.to_step, e.key, e.reason)
+            else:
+                self.rt.note_overrides(e.step, e.params, e.reason)
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
         if out.skipped:
             result["skipped"] = True

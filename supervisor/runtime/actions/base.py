@@ -8,7 +8,7 @@ An executor is a small state machine driven by the controller loop:
    a restarted supervisor that finds the event still pending calls it again with the same
    memo (a directive with the same id is not issued twice);
 3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``; what the outcome
-   asks of the job (``Outcome.effects``, e.g. ``Rewind``) the plan runner carries out before the
+   asks of the job (``Outcome.effects``: ``Rewind``, ``NoteOverrides``) the plan runner carries out before the
    action is marked done -- the executor itself does not call back into the controller for it.
 """
 
@@ -36,13 +36,22 @@ class Rewind:
 
 
 @dataclass(frozen=True)
+class NoteOverrides:
+    """The detector learns of a fix the ranks applied after ``step`` (``Controller.note_overrides``)."""
+
+    step: int
+    params: dict[str, Any]
+    reason: str
+
+
+@dataclass(frozen=True)
 class Outcome:
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     skipped: bool = False
     """It did not happen because training ended: recorded as skipped, never as done."""
-    effects: tuple[Rewind, ...] = ()
+    effects: tuple[Rewind | NoteOverrides, ...] = ()
     """What the job must do for this outcome to hold, carried out (in order) before it is recorded."""
 
     @classmethod

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
+from supervisor.runtime.actions.base import DirectiveAction, NoteOverrides, Outcome, Runtime
 from supervisor.runtime.observe import Baseline, Check, evaluate
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
 
@@ -42,9 +43,10 @@ class ApplyAction(DirectiveAction):
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         unsupported = ["precision"] if params.get("precision") else []
         # The detector must take the fix's own effects (an LR ramp, a new clip) as expected.
-        rt.note_overrides(int(out.result.get("acked_at_step", rt.current_step)), params,
-                          f"fix of incident {rt.incident_id}")  # fmt: skip
-        return Outcome.done(overrides=memo["directive"], unsupported=unsupported, **out.result)
+        note = NoteOverrides(int(out.result.get("acked_at_step", rt.current_step)), params,
+                             f"fix of incident {rt.incident_id}")  # fmt: skip
+        done = Outcome.done(overrides=memo["directive"], unsupported=unsupported, **out.result)
+        return replace(done, effects=(note,))
 
 
 class ObserveAction:
