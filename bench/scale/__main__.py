@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import ray
 
-    from supervisor.drills.emulator import EmulatorConfig, RemoteHost, ScaleSupervisor, host_name
+    from supervisor.drills.emulator import EmulatorConfig, ScaleSupervisor, start_host
     from supervisor.runtime.names import NAMESPACE, supervisor_name
     from supervisor.runtime.settings import RuntimeSettings
 
@@ -92,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(HERE.parents[1])}})  # fmt: skip
     try:
-        hosts = [RemoteHost.options(name=host_name(job["name"], i), namespace=NAMESPACE).remote(job, cfg.__dict__, i)
-                 for i in range(args.hosts)]  # fmt: skip
+        hosts = [start_host(job, cfg, i) for i in range(args.hosts)]
         ray.get([h.ready.remote() for h in hosts], timeout=300)
         started = time.time()
         sup = (

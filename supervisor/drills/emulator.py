@@ -442,6 +442,8 @@ class EmulatorHost:
                 continue
             took = time.monotonic() - last_call
             self._on_replies(batches, replies)
+            if any(r.get("busy") for r in replies):  # the supervisor's queue is full: keep them, ask later
+                took -= 0.2
             with self._lock:
                 self.calls += 1
                 self.call_s += took
@@ -508,7 +510,13 @@ class EmulatorHost:
             log.warning("emulator_checkpoint_failed", step=step, error=str(exc))
 
 
-RemoteHost = ray.remote(num_cpus=0, max_concurrency=8)(EmulatorHost)
+RemoteHost = ray.remote(EmulatorHost)
+
+
+def start_host(job: dict[str, Any], config: EmulatorConfig, index: int) -> Any:
+    """Emulator host ``index`` as a named Ray actor (no CPU reserved: it is the bench's load)."""
+    return RemoteHost.options(name=host_name(job["name"], index), namespace=NAMESPACE, num_cpus=0,
+                              max_concurrency=8).remote(job, asdict(config), index)  # fmt: skip
 
 
 class EmulatedWorkers:
@@ -653,7 +661,7 @@ def _instrument() -> dict[str, _Cost]:
 
         return wrapper
 
-    controller.write_state = timed(state.write_state, costs["state_file"], lambda a: len(a[1]))  # type: ignore[attr-defined]
+    controller.write_state = timed(state.write_state, costs["state_file"], lambda a: len(a[1]))
     state.RuntimeState.dump = timed(state.RuntimeState.dump, costs["state_dump"])  # type: ignore[method-assign]
     for name in ("open_incident", "transition", "reopen", "update_diagnosis", "begin", "finish", "record",
                  "attach_series", "add_artifact"):  # fmt: skip
