@@ -43,8 +43,7 @@ from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 log = get_logger("supervisor.runtime.incidents")
 
-#: Actions whose effect needs live workers: skipping one because training ended leaves the fault unhandled.
-NEEDS_WORKERS = names_where("needs_workers")
+NEEDS_WORKERS = names_where("needs_workers")  # skipped at the end of training: the fault is unhandled
 
 
 def make_analyzer(job: JobSpec, saved: Any) -> StreamingAnalyzer:

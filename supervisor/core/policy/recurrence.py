@@ -112,8 +112,7 @@ def occurrence_after(
 
 
 def first_irreversible(plan: Plan) -> int | None:
-    """Index of the plan's first action that cannot be taken back (the action table's
-    ``irreversible``), or None."""
+    """Index of the plan's first action the action table marks ``irreversible``, or None."""
     return next((i for i, a in enumerate(plan.actions) if ACTIONS[a.name].irreversible), None)
 
 
