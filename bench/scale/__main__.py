@@ -1,7 +1,7 @@
 """The real supervisor actor driven by emulated ranks: what its costs do as the job grows.
 
     python -m bench.scale --ranks 1024 [--steps 300] [--hosts 1] [--step-time 0.5]
-    python -m bench.scale --smoke            # 16 ranks, ~80 steps, seconds (tests/bench/test_scale_smoke.py)
+    python -m bench.scale --smoke            # 16 ranks, 100 steps, seconds (tests/bench/test_scale_smoke.py)
 
 The supervisor is the real ``SupervisorActor`` (controller, detector, policy engine, incident store,
 checkpoint store, state file) on a local Ray; its worker group is the rank emulator
@@ -51,10 +51,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the supervisor into this file (raw)")
     ap.add_argument("--keep", action="store_true", help="keep the run's storage (its path is printed)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    ap.add_argument("--smoke", action="store_true", help="16 ranks, 90 steps: the path works")
+    ap.add_argument("--smoke", action="store_true", help="16 ranks, 100 steps: the path works")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.ranks, args.steps, args.free_steps, args.step_time = 16, 90, 40, 0.05
+        args.ranks, args.steps, args.free_steps, args.step_time = 16, 100, 30, 0.08
     if args.fault_step is None and not args.no_fault:
         args.fault_step = max(args.free_steps + 10, args.steps * 2 // 3)
     return args
@@ -142,7 +142,7 @@ def _follow(sup: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], d
                         "frozen": status["frozen"], "state_bytes": probe["costs"]["state_file"]["bytes"]})  # fmt: skip
         if status["terminal"] or time.monotonic() > deadline:
             return samples, status
-        time.sleep(0.5)
+        time.sleep(0.25 if args.smoke else 0.5)
 
 
 def _incident_times(root: Path) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def test_scale_smoke_walks_the_plan_and_loses_no_record(tmp_path: Path) -> None:
                rf"\(\d+ steps\), acked in {num} s, lost 0")  # fmt: skip
     assert re.fullmatch(pattern, last), last
     f = json.loads(out_json.read_text())
-    assert f["phase"] == "finished" and f["lost"] == 0 and f["produced"] == f["delivered"] > 16 * 90
+    assert f["phase"] == "finished" and f["lost"] == 0 and f["produced"] == f["delivered"] > 16 * 100
     assert (
         f["detected_step"] is not None and f["frozen_steps"] >= 0 and f["acked_s"] >= 0.5
     )  # restore takes 0.5 s
