@@ -41,9 +41,6 @@ LONG_POLL_S = 5.0
 ACK_POLL_S = 2.0
 #: The same while ``flush`` waits for the supervisor to accept everything (closing a rank).
 FLUSH_ACK_POLL_S = 0.5
-#: A supervisor whose queue is full answers ``busy`` (and ``resend_from``): the link keeps its
-#: records and asks again after this long, instead of at once.
-BUSY_BACKOFF_S = 0.2
 
 
 class SupervisorLink:
@@ -69,7 +66,6 @@ class SupervisorLink:
         self._backlog: deque[tuple[int, dict[str, Any]]] = deque()  # not sent yet
         self._unacked: deque[tuple[int, dict[str, Any]]] = deque()  # sent, not durably accepted
         self._last_call = 0.0
-        self._busy_until = 0.0
         self._in_flight: tuple[Any, list[tuple[int, dict[str, Any]]]] | None = None
         self._handle: Any = None
         self._next_lookup = 0.0
@@ -198,7 +194,7 @@ class SupervisorLink:
                     self._unacked.extend(batch)
                     self._on_reply(reply)
             handle = self._supervisor()
-            if handle is None or time.monotonic() < self._busy_until:
+            if handle is None:
                 return
             idle = time.monotonic() - self._last_call < ack_poll_s
             if not self._backlog and (not self._unacked or idle):
@@ -221,12 +217,9 @@ class SupervisorLink:
         while self._unacked and self._unacked[0][0] <= self.acked:
             self._unacked.popleft()
         resend = reply.get("resend_from")
-        if reply.get("busy"):
-            self._busy_until = time.monotonic() + BUSY_BACKOFF_S
         if resend is not None:
             again = [x for x in self._unacked if x[0] >= int(resend)]
-            if not reply.get("busy"):
-                log.info("resending_records", rank=self.rank, records=len(again), from_seq=resend)
+            log.info("resending_records", rank=self.rank, records=len(again), from_seq=resend)
             self._unacked = deque(x for x in self._unacked if x[0] < int(resend))
             self._backlog.extendleft(reversed(again))
 

@@ -20,7 +20,6 @@ everything else runs on the loop thread.
 from __future__ import annotations
 
 import queue
-import threading
 import time
 import uuid
 from collections import deque
@@ -65,10 +64,6 @@ RESTART_MARGIN_STEPS = 10
 HISTORY_KEPT = 1000
 #: The state is written at most this often while records flow (each write acknowledges them).
 PERSIST_INTERVAL_S = 0.5
-#: Records queued for the loop at most: past it a batch is refused (``resend_from``, ``busy``) and
-#: waits in its link's bounded buffer, so a supervisor slower than its ranks keeps a bounded memory
-#: whatever the number of ranks (tests/scale/test_backpressure.py).
-MAX_QUEUED_RECORDS = 100_000
 START_TIMEOUT_S = 120.0
 """Time a worker generation has to be placed and to answer; doubled on each retry (``_launch``)."""
 _END = "end_reached:"
@@ -109,8 +104,6 @@ class Controller:
         self.inbox: queue.SimpleQueue[tuple[int, list[dict[str, Any]], list[int] | None, str | None]] = (
             queue.SimpleQueue()
         )
-        self.queued = 0  # records in the inbox (actor threads add, the loop takes)
-        self._queued_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
@@ -285,8 +278,6 @@ class Controller:
                 rank, batch, seqs, link = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            with self._queued_lock:
-                self.queued -= len(batch)
             took = True
             fresh = []
             for i, rec in enumerate(batch):
@@ -807,15 +798,11 @@ class Controller:
             "acked": self.receipts.ack_for(link) if link else 0,
             "incarnation": self.incarnation,
         }
-        if batch and link is not None and seqs and self.queued >= MAX_QUEUED_RECORDS:
-            return reply | {"resend_from": seqs[0], "busy": True}  # the link keeps it and sends it later
         if link is not None and seqs is not None:
             resend = self.receipts.offer(link, seqs, tuple(held) if held else None)  # type: ignore[arg-type]
             if resend is not None:
                 return reply | {"resend_from": resend}
         if batch:
-            with self._queued_lock:
-                self.queued += len(batch)
             self.inbox.put((rank, batch, seqs, link))
         return reply
 
