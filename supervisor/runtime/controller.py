@@ -1,7 +1,7 @@
 """The supervisor's control loop: records in, decisions out, actions carried out.
 
     while not phase.is_terminal:
-        ingest()           # records -> receipts -> steps -> detector -> incident updates
+        ingest()           # records -> receipts -> steps -> detector -> incident updates (each step's tend())
         flow.advance()     # the active plan: one action transition at a time
         on_group_event()   # worker supervision's event -> restart policy's decision -> act
         tend()             # checkpoints seen -> verified -> healthy; `latest`; retention
@@ -289,9 +289,18 @@ class Controller:
                 self.assembler.add(rank, rec, tag)
             if self._trace is not None and fresh:
                 self._trace.write(fresh)
-        for step, records in self.assembler.ready(final=self.ended):
-            self._analyse(step, records)
+        self._analyse_ready(final=self.ended)
         return took
+
+    def _analyse_ready(self, *, final: bool) -> None:
+        """Analyse every step whose records are all in, in order, each followed by the checkpoint
+        marks it settles (``tend``): a supervisor that fell behind a fast run takes the healthy window
+        of a checkpoint and the fault after it in one batch, and the plan made after this batch
+        chooses its rollback target among the marks the steps before the fault earned -- the same
+        marks as when it takes one step per iteration."""
+        for step, records in self.assembler.ready(final=final):
+            self._analyse(step, records)
+            self.tend()
 
     def _analyse(self, step: int, records: list[Any]) -> None:
         self.history.append(aggregate(step, records))
@@ -347,8 +356,7 @@ class Controller:
         still gets its plan (its worker actions are then recorded as skipped, never as done)."""
         self.ended = True
         self.workers.shutdown()
-        for step, records in self.assembler.ready(final=True):
-            self._analyse(step, records)
+        self._analyse_ready(final=True)
         self.flow.finalize_open()
         self.log.info("workers_finished", step=self.current_step, pending_incident=not self.flow.idle)
 

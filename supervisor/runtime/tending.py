@@ -43,9 +43,12 @@ class CheckpointTending:
         if final:
             self._discover(state, current_step)
         self._verify(state)
-        healthy = []
+        healthy: list[int] = []
+        if not quiet:
+            return healthy
+        settled = set(state.checkpoints_healthy)  # a set: this runs after every analysed step
         for step in list(state.checkpoints_verified):
-            if step in state.checkpoints_healthy or not quiet or near_incident(step):
+            if step in settled or near_incident(step):
                 continue
             if current_step < step + self.window and not (final and current_step >= step):
                 continue
@@ -86,8 +89,9 @@ class CheckpointTending:
     def _verify(self, state: RuntimeState) -> None:
         from supervisor.checkpoint import verify
 
+        done = set(state.checkpoints_verified)
         for step in list(state.checkpoints_seen):
-            if step in state.checkpoints_verified:
+            if step in done:
                 continue
             try:
                 result = verify(self.store, step, expected_world_size=self.world_size, by="supervisor")
