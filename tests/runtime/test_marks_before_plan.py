@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from supervisor.core.model import HealthMark
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.runtime.controller import Controller
@@ -53,8 +51,8 @@ def first_plan(tmp_path: Path, name: str, *, behind: bool) -> tuple[Controller, 
     return ctl, inc.id
 
 
-def rolled_back_to(ctl: Controller, incident_id: int, ranks_until: int = 400) -> int | None:
-    for _ in range(ranks_until):
+def rolled_back_to(ctl: Controller, incident_id: int, limit: int = 400) -> int | None:
+    for _ in range(limit):
         done = [e for e in ctl.incidents.timeline(incident_id)
                 if e.kind is EventKind.ROLLED_BACK and e.status is EventStatus.DONE]  # fmt: skip
         if done:
@@ -67,7 +65,6 @@ def rolled_back_to(ctl: Controller, incident_id: int, ranks_until: int = 400) ->
     raise AssertionError(f"no rollback; status {ctl.status()}")
 
 
-@pytest.mark.slow
 def test_checkpoint_marks_the_batch_justifies_are_settled_before_the_plan_chooses_a_target(
     tmp_path: Path,
 ) -> None:
