@@ -46,6 +46,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--free-steps", type=int, default=100, help="first steps as fast as the supervisor takes")
     ap.add_argument("--fault-step", type=int, default=None, help="non-finite step (default: 2/3 of --steps)")
     ap.add_argument("--no-fault", action="store_true", help="a clean run (the long-run figures)")
+    ap.add_argument(
+        "--ahead", type=int, default=1000, help="running free: records a rank may have unacknowledged"
+    )
     ap.add_argument("--restore-s", type=float, default=0.5, help="seconds a rank takes to restore")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the supervisor into this file (raw)")
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     job = _job(args, root)
     cfg = EmulatorConfig(ranks=args.ranks, hosts=args.hosts, step_time_s=args.step_time,
                          free_steps=args.free_steps, fault_step=None if args.no_fault else args.fault_step,
-                         restore_s=args.restore_s, checkpoint_every=25)  # fmt: skip
+                         restore_s=args.restore_s, checkpoint_every=25, ahead=args.ahead)  # fmt: skip
     settings = RuntimeSettings.model_validate({"healthy_after_steps": 5, "step_deadline_s": 30.0,
                                                "directive_timeout_s": 300.0, "startup_timeout_s": 300.0,
                                                "log_level": "warning"})  # fmt: skip

@@ -74,6 +74,8 @@ class EmulatorConfig:
     """None: every rank's step ``fault_step`` is non-finite; else only this rank's."""
     restore_s: float = 0.5
     checkpoint_every: int = 50
+    ahead: int = 1000
+    """Running free, a rank waits while this many of its records are not durably accepted yet."""
     flush_s: float = 0.05
     buffer_records: int = 10_000
     """Per rank (``RuntimeSettings.buffer_records``)."""
@@ -291,8 +293,10 @@ class EmulatorHost:
     def _pace(self, since: float, from_step: int) -> None:
         free = self.step < self.cfg.free_steps
         if free or self.cfg.step_time_s <= 0:
-            # As fast as the supervisor takes them: never more than half the buffer unacknowledged.
-            while not self._stop.is_set() and self._behind() > self.cfg.buffer_records // 2:
+            # As fast as the supervisor takes them, never more than ``ahead`` records unacknowledged.
+            while not self._stop.is_set() and self._behind() > min(
+                self.cfg.ahead, self.cfg.buffer_records // 2
+            ):
                 time.sleep(0.002)
             return
         due = since + (self.step - from_step + 1) * self.cfg.step_time_s
