@@ -131,7 +131,14 @@ class GPT2LM(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routed expert MLPs; each token's output is the gate-weighted sum of its k experts."""
+    """Top-k routed expert MLPs; each token's output is the gate-weighted sum of its k experts.
+
+    Every expert runs on every step, also on an empty token set when the router sent it none:
+    its parameters then get a zero gradient instead of none. Under DDP a parameter without a
+    gradient leaves its bucket's all-reduce unlaunched on that rank alone, so the ranks part in
+    different collectives (the peer blocks in backward, this rank in the next collective: a hang),
+    and the rank's local gradient is applied unreduced.
+    """
 
     def __init__(self, d: int, experts: int = 4, k: int = 2, hidden: int = 64) -> None:
         super().__init__()
@@ -148,9 +155,8 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat, dtype=torch.float32)
         for e, expert in enumerate(self.experts):
             token, slot = (chosen == e).nonzero(as_tuple=True)
-            if token.numel():
-                y = expert(flat[token]).float() * weights[token, slot, None]
-                out = out.index_add(0, token, y)
+            y = expert(flat[token]).float() * weights[token, slot, None]  # no tokens: zero rows
+            out = out.index_add(0, token, y)
         return out.to(x.dtype).view_as(x)
 
 
