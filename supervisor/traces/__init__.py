@@ -130,7 +130,11 @@ def parse_text(
     long_lines = 0
     if format not in _DOCUMENT_FORMATS:
         text, long_lines = _drop_long_lines(text)
-    data = parser(text, fmap or FieldMap())
+    return _checked(parser(text, fmap or FieldMap()), format, source, long_lines)
+
+
+def _checked(data: TraceData, format: str, source: str, long_lines: int) -> TraceData:
+    """``data`` with its skipped long lines counted and noted; no record at all is a TraceError."""
     if long_lines:
         data.skipped_lines += long_lines
         data.notes.append(f"{long_lines} line(s) longer than {MAX_LINE_CHARS:,} characters skipped")
@@ -163,15 +167,8 @@ def parse_file(path: str | Path, format: str = "auto", fmap: FieldMap | None = N
         if format in _DOCUMENT_FORMATS or format not in FORMATS:
             return parse_text(lines.text(), format, source, fmap)
         data = FORMATS[format](lines, fmap or FieldMap())  # type: ignore[arg-type]
-        if lines.long_lines:
-            data.skipped_lines += lines.long_lines
-            data.notes.append(f"{lines.long_lines} line(s) longer than {MAX_LINE_CHARS:,} characters skipped")
-    if not data.records:
-        why = f"; {data.notes[-1]}" if data.notes else ""
-        raise TraceError(
-            f"no parsable line as {format} ({data.skipped_lines} lines skipped){why}", source=source
-        )
-    return data
+        long_lines = lines.long_lines
+    return _checked(data, format, source, long_lines)
 
 
 def read_trace(path: str | Path, format: str = "auto", fmap: FieldMap | None = None) -> TraceData:
