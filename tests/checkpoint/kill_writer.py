@@ -19,8 +19,15 @@ from tests.s3support import fast_s3_settings
 SIZE = 12 << 20  # above the test multipart threshold: an S3 upload goes up in parts
 
 
+def _signal(ready: Path, text: str) -> None:
+    """Write ``ready`` whole or not at all: the test polls for the file and reads it at once."""
+    part = ready.with_name(ready.name + ".part")
+    part.write_text(text)
+    os.replace(part, ready)
+
+
 def _stop(ready: Path) -> None:
-    ready.write_text(str(os.getpid()))
+    _signal(ready, str(os.getpid()))
     threading.Event().wait()  # until SIGKILL
 
 
@@ -76,7 +83,7 @@ def main(storage: str, endpoint: str, stop_at: str, ready: Path) -> None:
         )
     )
     store.commit(200, world_size=1, files=files)
-    ready.write_text("finished without stopping")
+    _signal(ready, "finished without stopping")
 
 
 if __name__ == "__main__":
