@@ -8,7 +8,8 @@
     4. enforce the invariants on the rule's actions (a suspect state is rolled back and
        fixed, whatever the phenotype), adapt them to what the job can do (no replay hooks,
        an observe-level job), then resolve each one's parameters against the job's current
-       values (escalating when no checkpoint qualifies as a rollback target; dropping a fix
+       values (escalating when no checkpoint qualifies as a rollback target, unless the incident
+       is a transient that can go on without one under an observation window; dropping a fix
        that would change nothing).
 
 Every choice carries a sentence naming the rule and the setting behind it.
@@ -20,7 +21,7 @@ from dataclasses import replace
 
 from supervisor.core.model import Cause, Diagnosis
 from supervisor.core.policy.actions import ACTIONS
-from supervisor.core.policy.evidence import findings
+from supervisor.core.policy.evidence import data_recurrence, findings
 from supervisor.core.policy.invariants import (
     Step,
     block_before_rollback,
@@ -28,6 +29,8 @@ from supervisor.core.policy.invariants import (
     metric_artifact_only,
     release_after_freeze,
     rollback_before_continuing,
+    rollback_dispensable,
+    without_rollback,
 )
 from supervisor.core.policy.plan import JobState, Plan, PlannedAction, Recovery
 from supervisor.core.policy.resolve import NoRollbackTarget, resolve
@@ -71,6 +74,11 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
 
     attempts, notes = _attempts_so_far(rule, state, policy)
+    if diagnosis.rank_local and (why_data := data_recurrence(diagnosis)):
+        notes.append(
+            f"not counted towards rank_offenders: {why_data}, so it is no evidence against rank "
+            f"{diagnosis.first_rank}; each occurrence's data is excluded where it recurs"
+        )
     base = replace(base, attempt=attempts + 1)
     if why := _exhausted(rule, attempts, diagnosis, state, policy):
         return _escalation(base, why, diagnosis, state, notes)
@@ -86,7 +94,10 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     try:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
-        return _escalation(base, f"Deciding to escalate: {exc}", diagnosis, state, notes)
+        if (why := rollback_dispensable(diagnosis)) is None:
+            return _escalation(base, f"Deciding to escalate: {exc}", diagnosis, state, notes)
+        steps, more = without_rollback(steps, why, str(exc))
+        return _finish(base, steps, notes + more, name, diagnosis, state, policy)
 
 
 def adapt_to_job(steps: list[Step], state: JobState) -> tuple[list[Step], list[str]]:
@@ -157,8 +168,10 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
 
 
 def repeat_offender(d: Diagnosis, state: JobState, policy: Policy) -> str | None:
-    """Escalation reason when this rank-local incident makes its rank a hardware suspect."""
-    if not d.rank_local or d.first_rank is None:
+    """Escalation reason when this rank-local incident makes its rank a hardware suspect. Only an
+    incident whose evidence points at the rank counts: a recurrence that keeps the data's period,
+    with its samples named, is the data's (``evidence.data_recurrence``)."""
+    if not d.rank_local or d.first_rank is None or data_recurrence(d):
         return None
     lim = policy.rank_offenders
     earlier = [

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from supervisor.core.model import Cause, Diagnosis
+from supervisor.core.model import Cause, Diagnosis, Phenotype
 
 Finding = Literal[
     "lr_jump",
@@ -81,6 +81,24 @@ def findings(d: Diagnosis) -> dict[str, str]:
     return {k: found[k] for k in FINDINGS if k in found}
 
 
+def data_recurrence(d: Diagnosis) -> str | None:
+    """Why the incident's evidence points at its data rather than at the rank it appeared on, or None.
+
+    A fault that comes back at a fixed period with samples named each time is data coming around
+    again (a shard, a bucket): the bad samples move with the data, and the rank's other steps are
+    normal. A faulty device does not keep the data's period, and it shows as non-finite values or
+    disagreeing replicas, which no data evidence explains away."""
+    found = findings(d)
+    if d.phenotype is not Phenotype.PERIODIC or not d.period or d.top_cause is not Cause.DATA:
+        return None
+    if not d.suspect_samples or {"nonfinite", "checksum"} & found.keys():
+        return None
+    return (
+        f"it recurs every {d.period} steps with its data (top cause data, "
+        f"{len(d.suspect_samples)} suspect samples named)"
+    )
+
+
 def state_suspect(d: Diagnosis) -> dict[str, str]:
     """The findings that require a rollback before the onset plus a fix. A non-finite step that was
     skipped changed no weights: it is no such finding (unless the incident went on diverging)."""
@@ -91,7 +109,5 @@ def state_suspect(d: Diagnosis) -> dict[str, str]:
 
 def nonfinite_skipped(d: Diagnosis, found: dict[str, str] | None = None) -> bool:
     """Every non-finite step of a transient incident was skipped: the weights never saw it."""
-    from supervisor.core.model import Phenotype
-
     found = findings(d) if found is None else found
     return "skipped_step" in found and d.phenotype is Phenotype.TRANSIENT

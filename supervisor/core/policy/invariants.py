@@ -8,6 +8,9 @@
    the rule names none): the evidence decides this, not the phenotype read at one instant.
 3. `block_latest` precedes any rollback.
 4. A rollback target is always verified and never `diagnostic` (see resolve._rollback).
+5. No checkpoint to roll back to escalates only when the curve needs one: a transient is back
+   in band, so without a target its rollback is dropped and an observation window judges the
+   state it goes on from (``without_rollback``).
 
 Each function takes the rule's action list and returns the adjusted list plus notes; an
 entry carries ``inserted`` (why the engine added or moved it) or None.
@@ -146,3 +149,30 @@ def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
         return steps, []
     why = "the plan froze training and hands nothing over: release it at the end"
     return [*steps, Step(ActionSpec.model_validate("resume"), why)], [f"resume appended: {why}"]
+
+
+def rollback_dispensable(d: Diagnosis) -> str | None:
+    """Why the incident can go on without the rollback its plan asked for, or None.
+
+    A transient (one step, or a few, high and then back in band) left no trend to undo: when no
+    checkpoint before the onset exists yet (a young run), its batch is kept out and a window is
+    watched instead. A state that did take a broken step (a non-finite update that was not
+    skipped) fails that window at once, and a failed window is planned again and escalates: what
+    a missing checkpoint costs is bounded, never the job stopped at its first steps."""
+    if d.phenotype is not Phenotype.TRANSIENT:
+        return None
+    return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"
+
+
+def without_rollback(steps: list[Step], why: str, cause: str) -> tuple[list[Step], list[str]]:
+    """The plan with its rollbacks dropped (no target: ``cause``) and, when nothing watches the
+    state it goes on from, an observation window before training goes on."""
+    out = [s for s in steps if s.spec.action != "rollback"]
+    notes = [f"rollback dropped: {cause}; {why}"]
+    names = [s.spec.action for s in out]
+    if "observe" not in names and not TERMINAL.intersection(names):
+        at = names.index("resume") if "resume" in names else len(out)
+        reason = "no rollback was possible: watch the state training goes on from"
+        out.insert(at, Step(ActionSpec.model_validate("observe"), reason))
+        notes.append(f"observe inserted: {reason}")
+    return out, notes

@@ -1,0 +1,159 @@
+"""Planning failures the scenario sampler found (bench/sampler/README.md), each as the diagnosis
+and job state the runtime handed the engine, reproduced before the fix.
+
+- a shard that recurs on one rank was escalated as a bad rank by the rank count alone, although
+  every occurrence's evidence was its data (``rank_offenders`` counts only what points at the rank);
+- a one-rank non-finite step in a run too young to have a checkpoint was escalated for the lack of
+  a rollback target, although a transient needs no rollback to go on.
+"""
+
+from __future__ import annotations
+
+from supervisor.core.model import Cause, CauseScore, Diagnosis, FirstAnomaly, Phenotype, Severity
+from supervisor.core.policy import Policy, plan
+
+from .conftest import state
+
+SHARD_SAMPLES = [f"docstrings:shard7.py:{i}" for i in range(16)]
+
+
+def recurring_shard(onset: int = 135, every: int = 40, **kw: object) -> Diagnosis:
+    """The third occurrence of a bad shard on rank 0, as the detector states it (``kw``: fields
+    that differ)."""
+    period = every
+    onsets = [onset - 2 * period, onset - period, onset]
+    fields: dict[str, object] = {
+        "onset_step": onset,
+        "peak_step": onset,
+        "end_step": None,
+        "phenotype": Phenotype.PERIODIC,
+        "period": period,
+        "rank_local": True,
+        "first_rank": 0,
+        "source_local": "docstrings",
+        "causes": [
+            CauseScore(
+                Cause.DATA,
+                0.9,
+                [
+                    f"recurs every {period} steps (onsets {onsets})",
+                    f"rank 0 loss 4.64 vs ranks' median 3.08 at step {onsets[0]}",
+                    "source `docstrings` loss 6.01 (robust z 10.8); other sources in band",
+                ],
+            ),
+            CauseScore(Cause.METRIC_ARTIFACT, 0.35, [f"grad norm 1.68x at the loss peak (step {onset})"]),
+        ],
+        "suspect_samples": SHARD_SAMPLES,
+        "severity": Severity.HIGH,
+        "detected_step": onset,
+    }
+    fields.update(kw)
+    return Diagnosis(**fields)  # type: ignore[arg-type]
+
+
+def shard_state(onset: int = 135, period: int = 40) -> object:
+    """The job as the runtime saw it: two earlier occurrences on rank 0, each planned by rank_local."""
+    return state(
+        step=onset + 2,
+        attempts={"rank_local": 2},
+        incident_attempt=2,
+        rank_incidents=[(onset - 2 * period, 0), (onset - period, 0)],
+        steps_since_last_incident=period,
+        checkpoints=tuple((s, "healthy") for s in range(20, onset, 20)),
+    )
+
+
+def test_a_shard_that_recurs_on_one_rank_is_excluded_where_it_recurs_not_escalated(
+    default_policy: Policy,
+) -> None:
+    """Cell 24667:698633: 'rank 0 deviated first in 3 incidents ... hardware suspect' although the
+    incidents recur at the data's period and their samples were named each time."""
+    d = recurring_shard()
+    p = plan(d, shard_state(), default_policy)  # type: ignore[arg-type]
+    assert not p.escalates, p.escalate_reason
+    applies = [a.params for a in p.actions if a.name == "apply"]
+    assert applies and applies[0]["exclude"]["samples"] == SHARD_SAMPLES  # this occurrence's samples
+    assert any("rank_offenders" in n and "data" in n for n in p.notes), p.notes
+
+
+def test_a_rank_that_goes_non_finite_again_and_again_is_still_a_hardware_suspect(
+    default_policy: Policy,
+) -> None:
+    """What points at the rank itself (non-finite values on it, no data evidence) still counts,
+    periodic or not."""
+    for phenotype, period in ((Phenotype.TRANSIENT, None), (Phenotype.PERIODIC, 40)):
+        d = recurring_shard(
+            phenotype=phenotype,
+            period=period,
+            source_local=None,
+            nonfinite=True,
+            nonfinite_at="forward:blocks.0.fc2",
+            causes=[CauseScore(Cause.NUMERIC, 0.8, ["non-finite values first at step 135 on ranks [0]"])],
+            suspect_samples=[],
+        )
+        p = plan(d, shard_state(), default_policy)  # type: ignore[arg-type]
+        assert p.escalates and "hardware suspect" in (p.escalate_reason or ""), (phenotype, p.escalate_reason)
+
+
+def young_run_nan(**kw: object) -> Diagnosis:
+    """Cell 558570:470549: NaN on rank 0 at step 10, diagnosed at that very step (the next step,
+    which shows the loss finite again, not yet seen), with every rank's step skipped by the SDK."""
+    fields: dict[str, object] = {
+        "onset_step": 10,
+        "peak_step": 10,
+        "end_step": None,
+        "phenotype": Phenotype.TRANSIENT,
+        "nonfinite": True,
+        "nonfinite_at": "forward:inp",
+        "rank_local": True,
+        "first_rank": 0,
+        "causes": [
+            CauseScore(
+                Cause.NUMERIC,
+                0.7,
+                [
+                    "non-finite values first at step 10 in `forward:inp` on ranks [0, 1]",
+                    "nothing was out of band before it",
+                ],
+            ),
+            CauseScore(
+                Cause.DATA,
+                0.6,
+                ["loss 5.35 -> nan at step 10; back in band within 0 steps", "rank 0 deviated first"],
+            ),
+        ],
+        "suspect_samples": [f"web:page{i:03d}:33" for i in range(18)],
+        "severity": Severity.HIGH,
+        "first_anomaly": FirstAnomaly(
+            metric="forward:inp", step=10, rank=0, value=None, baseline=None, z=None
+        ),
+        "detected_step": 10,
+    }
+    fields.update(kw)
+    return Diagnosis(**fields)  # type: ignore[arg-type]
+
+
+def test_a_transient_in_a_run_with_no_checkpoint_yet_is_excluded_and_observed_not_escalated(
+    default_policy: Policy,
+) -> None:
+    """'no healthy checkpoint before the onset 10 (known checkpoints: none)' stopped a run at step
+    10: a transient needs no rollback to go on; its batch is kept out and a window judges the state
+    (a state that did take the non-finite step fails it at once)."""
+    d = young_run_nan()
+    p = plan(d, state(step=10, checkpoints=(), state_maybe_nonfinite=True), default_policy)
+    assert not p.escalates, p.escalate_reason
+    assert "rollback" not in p.action_names
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"]["samples"] == d.suspect_samples
+    assert "warmup_steps" not in apply.params and "lr_scale" not in apply.params
+    names = p.action_names
+    assert "observe" in names and names.index("apply") < names.index("observe")
+    assert names[-1] in ("observe", "resume")
+    assert any("no checkpoint" in n.lower() or "no healthy checkpoint" in n for n in p.notes), p.notes
+
+
+def test_a_divergence_with_no_checkpoint_still_escalates(default_policy: Policy) -> None:
+    """A state that kept going wrong needs the rollback it cannot have: a person decides."""
+    d = young_run_nan(phenotype=Phenotype.DIVERGENCE, rank_local=False, first_rank=None, end_step=None)
+    p = plan(d, state(step=14, checkpoints=(), state_maybe_nonfinite=True), default_policy)
+    assert p.escalates and "no healthy checkpoint before the onset" in (p.escalate_reason or "")
