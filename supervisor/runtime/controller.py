@@ -35,6 +35,7 @@ from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorEr
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
+from supervisor.runtime.actions.checkpoints import in_force as rollback_in_force
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.group import WorkerStartError
@@ -570,6 +571,8 @@ class Controller:
                 continue
             memo = event.payload.get("memo") or {}
             ids = [d["id"] for k in ("directive", "snapshot", "stop") if isinstance(d := memo.get(k), dict)]
+            if pa.name == "rollback":  # the target it fell back to, if the ranks refused the planned one
+                ids = [rollback_in_force(self.directives, did) for did in ids]
             wanted = pending or pa.name == "apply" or (pa.name == "freeze" and self.state.frozen)
             if pa.name == "rollback" and not pending:
                 wanted = False  # the restart itself went back before the onset
@@ -589,7 +592,7 @@ class Controller:
     # -- checkpoints ------------------------------------------------------------------------------
     def tend(self, *, final: bool = False) -> None:
         quiet = self.state.active is None and not self.state.waiting
-        seen = self.state.incident_steps  # this timeline's: a rollback dropped the abandoned ones
+        seen = self.state.incident_steps  # onsets, this timeline's: a rollback dropped the abandoned ones
         window = self.settings.healthy_after_steps
 
         def near(step: int) -> bool:

@@ -94,3 +94,37 @@ def test_a_restart_whose_checkpoint_the_restore_check_refused_goes_on_from_the_o
     assert ctl.phase is JobPhase.RUNNING and workers.launches[-1][1] == 50
     ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
     assert ctl.phase is JobPhase.FINISHED, ctl.status()
+
+
+@pytest.mark.slow
+def test_a_fallback_rollback_in_flight_is_redelivered_with_the_target_it_fell_back_to(tmp_path: Path) -> None:
+    """The group restarts while the rollback that fell back from a refused target is in flight: the
+    new generation gets the fallback (never the quarantined planned target again), the rollback ends
+    on it, and the re-warm after it is computed for it."""
+    from supervisor.runtime.restarts import GroupEvent
+
+    job = make_job(tmp_path, "fallback_restart", max_steps=260, policy=REWARM, resources={"num_workers": 1})
+    ranks = FakeRanks(1, 260, spikes_once(130), grads_follow_loss=True, forged={100})
+    workers = FakeWorkers(ranks)
+    ctl = Controller(job, FAST, workers=workers)
+    ranks.on_checkpoint = saver(ctl)
+    ctl.boot()
+    ranks.run(ctl, lambda: any("~" in d["id"] for d in ctl.directives.entries), checkpoint_every=25)
+    [fallback] = [d for d in ctl.directives.entries if "~" in d["id"]]
+    assert fallback["step"] == 75 and not ctl.directives.acked_by(fallback["id"])  # not yet applied
+    workers.events.append(GroupEvent("lost", (0,), "node lost"))
+    ctl.iterate()
+    ctl.iterate()
+    generation, resume, after_seq = workers.launches[-1]
+    assert generation == 1 and resume == 75
+    resent = [d for d in ctl.directives.after(after_seq) if d["kind"] == "rollback"]
+    assert [(d["id"], d["step"]) for d in resent] == [(f"{fallback['id']}@g1", 75)]
+    ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
+
+    assert ctl.phase is JobPhase.FINISHED, ctl.status()
+    spike = next(i for i in ctl.incidents.list_incidents(job="fallback_restart") if i.onset_step == 130)
+    timeline = ctl.incidents.timeline(spike.id)
+    [rollback] = [e for e in timeline if e.kind is EventKind.ROLLED_BACK]
+    assert rollback.status is EventStatus.DONE and (rollback.result or {})["to_step"] == 75
+    [fix] = [e for e in timeline if e.kind is EventKind.FIX_APPLIED]
+    assert fix.payload["params"]["warmup_steps"] == 130 - 75

@@ -10,6 +10,7 @@ from supervisor.config.recovery import rollback_mode
 from supervisor.core.model import HealthMark
 from supervisor.logging import get_logger
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Rewind, Runtime, await_acks
+from supervisor.runtime.directives import DirectiveLog
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
 log = get_logger("supervisor.runtime.actions")
@@ -44,6 +45,14 @@ class BlockLatestAction:
         return Outcome.done(
             latest_at_block=state.latest_at_block, holders=[h.incident for h in state.holders]
         )
+
+
+def in_force(directives: DirectiveLog, planned_id: str) -> str:
+    """The id of a rollback's directive in force: the newest fallback ``<planned id>~<step>`` issued
+    after the ranks refused a target (``RollbackAction._in_force``), else the planned one. A new
+    worker generation is sent this one: the refused targets are quarantined, never loaded again."""
+    fallbacks = [e["id"] for e in directives.entries if str(e["id"]).startswith(f"{planned_id}~")]
+    return str(fallbacks[-1]) if fallbacks else planned_id
 
 
 class RollbackAction(DirectiveAction):
