@@ -159,6 +159,7 @@ class IncidentFlow:
         elif kind in ("refined", "closed", "ready"):
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
+            self.state.note_onset(d.onset_step)  # a refinement may date the fault further back
         active = self.state.active
         if active is not None and incident_id == active.incident_id:
             self._maybe_replan(active, d)
@@ -191,7 +192,7 @@ class IncidentFlow:
             incident_id = int(self.store.open_incident(self.host.job.name, d, key=key, step=step).id)
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
-        self.state.note_incident(step)
+        self.state.note_incident(step, d.onset_step)
         return incident_id
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
@@ -246,7 +247,7 @@ class IncidentFlow:
                               payload={"diagnosis": d.to_json(), "in_window": True})  # fmt: skip
             log.warning("fault_recurred_in_window", incident=active.incident_id, onset=d.onset_step,
                         severity=d.severity.value)  # fmt: skip
-        self.state.note_incident(step)
+        self.state.note_incident(step, d.onset_step)
         return active.incident_id
 
     def recurrences_since(self, step: int) -> list[dict[str, Any]]:

@@ -108,8 +108,9 @@ class RuntimeState(BaseModel):
     """Incident id -> recovery attempts (plans) of that incident, earlier recurrences included."""
     last_incident_step: int | None = None
     incident_steps: list[int] = Field(default_factory=list)
-    """Steps where an incident was detected on the current timeline, newest last (a rollback or
-    restart drops those after its target: a re-trained step is judged on what it did itself)."""
+    """Onsets of the incidents of the current timeline, newest last: a checkpoint whose healthy window
+    holds one is never marked healthy, however late the fault was detected (a rollback or restart
+    drops those after its target: a re-trained step is judged on what it did itself)."""
     frozen: bool = False
     checkpoints_seen: list[int] = Field(default_factory=list)
     checkpoints_verified: list[int] = Field(default_factory=list)
@@ -154,11 +155,16 @@ class RuntimeState(BaseModel):
             return None
         return self.exit_code if self.exit_code is not None else self.phase.exit_code
 
-    def note_incident(self, step: int) -> None:
-        """An incident was detected (or came back) at ``step`` of the current timeline."""
+    def note_incident(self, step: int, onset: int) -> None:
+        """An incident was detected (or came back) at ``step`` of the current timeline; its fault
+        began at ``onset`` (what keeps a checkpoint near it from being marked healthy)."""
         self.last_incident_step = step
-        if step not in self.incident_steps:
-            self.incident_steps = [*self.incident_steps, step][-INCIDENT_STEPS_KEPT:]
+        self.note_onset(onset)
+
+    def note_onset(self, onset: int) -> None:
+        """An incident of the current timeline began at ``onset`` (also one dated back by a refinement)."""
+        if onset not in self.incident_steps:
+            self.incident_steps = [*self.incident_steps, onset][-INCIDENT_STEPS_KEPT:]
 
     def save(self, path: Path) -> None:
         """Atomic: write a temp file, fsync, rename over the old one."""
