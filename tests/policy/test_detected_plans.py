@@ -3,6 +3,8 @@ docs/policies.md describes (the docs, policies/default.yaml and the behaviour ag
 
 from __future__ import annotations
 
+import pytest
+
 from supervisor.core.analysis import StreamingAnalyzer, group_steps
 from supervisor.core.policy import Policy, plan
 from supervisor.traces.synthetic import set_loss, synthetic_records
@@ -71,3 +73,57 @@ def test_a_nan_that_keeps_coming_is_rolled_back_even_when_each_step_was_skipped(
     d = a.finish().incidents[0]
     p = plan(d, state(step=359, state_maybe_nonfinite=True), default_policy)
     assert "rollback" in p.action_names, (p.rule, p.action_names)
+
+
+def _nan_in_one_ranks_forward(rank: int, ranks: int, onset: int, steps: int):
+    """Rank ``rank``'s forward went non-finite at ``onset``; the all-reduce carried it into every
+    rank's grad norm, and the SDK skipped the step everywhere (as in the sampler's `nan_rank`).
+    Returns the diagnosis the runtime plans from (the first ``ready`` update) and the last one."""
+    a = StreamingAnalyzer()
+    ready = None
+    for step, batch in group_steps(synthetic_records(steps, ranks, seed=5)):
+        if step == onset:
+            for r in batch:
+                r.grad_norm = float("nan")
+                r.nonfinite, r.nonfinite_at = True, "unknown"
+                r.update_norm = 0.0
+                r.events = ["step_skipped_nonfinite"]
+            batch[rank].nonfinite_at = "forward:blocks.0.fc2"
+            set_loss(batch[rank], float("nan"))
+        for u in a.observe_step(step, batch):
+            if u.kind == "ready" and ready is None:
+                ready = u.diagnosis
+    return ready, a.finish().incidents[0]
+
+
+@pytest.mark.parametrize(("rank", "ranks"), [(0, 2), (1, 2), (2, 3)])
+def test_the_rank_named_is_the_one_whose_forward_went_non_finite_first(
+    default_policy: Policy, rank: int, ranks: int
+) -> None:
+    """Issue 24 point 3: every rank is non-finite after the all-reduce; the one named is the rank
+    whose own loss went first, whatever its number, and the batch excluded is that rank's."""
+    ready, last = _nan_in_one_ranks_forward(rank, ranks, onset=300, steps=330)
+    for d in (ready, last):
+        assert d is not None and (d.rank_local, d.first_rank) == (True, rank), d
+        p = plan(d, state(step=d.detected_step or 300, state_maybe_nonfinite=True), default_policy)
+        assert not p.escalates, p.escalate_reason
+        apply = p.action("apply")
+        assert apply is not None
+        excluded = apply.params["exclude"]["samples"]
+        assert excluded and all(s.endswith(tuple(f"r{rank}i{i}" for i in range(2))) for s in excluded)
+    assert p.rule == "skipped_nonfinite" and "rollback" not in p.action_names, p.matched_because
+
+
+def test_a_one_rank_nan_before_the_first_checkpoint_goes_on_without_escalating(
+    default_policy: Policy,
+) -> None:
+    """Sampler cell 558570:470549: NaN on rank 0 at step 10, no checkpoint yet. Planned from what
+    the detector says at once or later, the run is never stopped for the lack of a rollback target."""
+    ready, last = _nan_in_one_ranks_forward(0, 2, onset=10, steps=40)
+    for d in (ready, last):
+        assert d is not None and d.first_rank == 0
+        p = plan(
+            d, state(step=d.detected_step or 10, checkpoints=(), state_maybe_nonfinite=True), default_policy
+        )
+        assert not p.escalates and "rollback" not in p.action_names, (p.rule, p.escalate_reason)
+        assert p.action("apply") is not None and "observe" in p.action_names
