@@ -10,8 +10,8 @@
 
 The controller is the one writer of the job's phase (``set_phase`` logs old -> new and the
 reason). Worker supervision (``machinery.py``) and the restart policy (``restarts.py``)
-return values; the incident flow and the action executors see the controller only through
-narrow protocols (``incidents.FlowHost``, ``actions.base.Runtime``).
+return values; the action executors read the job (``actions.base.Runtime``) and return effects,
+which ``apply`` alone carries out.
 
 Ray actor threads call ``ingest_batch`` / ``directives_after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
@@ -35,6 +35,16 @@ from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorEr
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
+from supervisor.runtime.actions.base import (
+    Effect,
+    EndJob,
+    KillWorkers,
+    NoteOverrides,
+    ReleaseLatest,
+    RestartGroup,
+    Rewind,
+    SetFrozen,
+)
 from supervisor.runtime.actions.checkpoints import in_force as rollback_in_force
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
@@ -111,7 +121,7 @@ class Controller:
         self.workers = workers or WorkerSupervision(job, self.settings)
         self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
                                          job.checkpoint.keep)  # fmt: skip
-        self.flow = IncidentFlow(self, PlanRunner(self, self.incidents))
+        self.flow = IncidentFlow(self, PlanRunner(self.incidents, self.apply))
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
         self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0
@@ -125,6 +135,8 @@ class Controller:
         self._last_persist = 0.0
         self._written: str | None = None  # the state file's content as this controller last wrote it
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
+        self.effects_applied: list[Effect] = []
+        """The effects carried out in the current (or last) iteration, in order."""
 
     # -- the phase: one writer ------------------------------------------------------------------
     @property
@@ -157,6 +169,7 @@ class Controller:
 
     def iterate(self) -> bool:
         """One pass of the loop; True when it changed something (the loop then goes on at once)."""
+        self.effects_applied = []
         busy = self.ingest()
         if self._relaunch is None:  # no plan step while no workers exist to carry it out
             busy |= self.flow.advance()
@@ -399,10 +412,6 @@ class Controller:
         self.close_time_lost()
         self.set_phase(phase, reason)
 
-    def end_job(self, phase: str, reason: str) -> None:
-        """An action decided how the job ends (stop, escalate); it ends once the workers are down."""
-        self.ending = (JobPhase(phase), reason)
-
     def _send_stop_if_asked(self) -> None:
         if self.stop_requested and not self._stop_sent and not self.ended:
             self.issue(Stop(reason=self.stop_requested, id=f"stop-{int(time.time())}"))
@@ -470,7 +479,7 @@ class Controller:
         # 6. Launch after the policy's backoff (the loop keeps serving meanwhile).
         self._relaunch = (time.monotonic() + decision.delay_s, resume, after_seq, began.id, incident.id)
 
-    def restart_group(self, to_step: int, key: str, reason: str) -> None:
+    def _restart_group(self, to_step: int, key: str, reason: str) -> None:
         """A rollback carried out as a restart (``config.recovery``): the group goes down and a
         new generation resumes from ``to_step``. Keyed like ``rewind``: done once per rollback."""
         if key in self.state.effects:
@@ -675,6 +684,32 @@ class Controller:
         since = self.state.stalled_since
         return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
 
+    # -- effects: what the plan's actions do to the job, carried out here alone ----------------
+    def apply(self, effect: Effect) -> None:
+        """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent."""
+        self.effects_applied.append(effect)
+        match effect:
+            case Rewind(to_step, key, reason):
+                self.rewind(to_step, key, reason)
+            case NoteOverrides(step, params, reason):
+                # The state holding the detector's note is on disk before the fix is recorded done:
+                # a supervisor killed at any moment after never reads its own re-warm as a new fault.
+                self.flow.note_overrides(step, params, reason)
+                self.persist(force=True)
+            case SetFrozen(frozen):
+                self.state.frozen = frozen
+                self.assembler.touch()
+            case ReleaseLatest(incident) if self.checkpoints is not None:
+                self.checkpoints.unblock(incident)
+            case RestartGroup(to_step, key, reason):
+                self._restart_group(to_step, key, reason)
+            case EndJob(phase, reason):  # it ends once the workers are down
+                self.ending = (JobPhase(phase), reason)
+            case KillWorkers(reason):  # the job's end is real, not only recorded
+                self.log.warning("workers_killed", reason=reason, step=self.current_step)
+                self.workers.shutdown()
+                self.ended = True
+
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property
     def incident_id(self) -> int:
@@ -709,10 +744,6 @@ class Controller:
             raise CheckpointError(str(found["error"]))
         return int(found["step"]), dict(found["verification"])
 
-    def set_frozen(self, frozen: bool) -> None:
-        self.state.frozen = frozen
-        self.assembler.touch()
-
     def rewind(self, to_step: int, key: str, reason: str) -> None:
         """The job continues from checkpoint ``to_step``: steps after it start over. Keyed: the
         same effect (a rollback's directive, a restart's generation) is carried out once, and
@@ -730,13 +761,6 @@ class Controller:
         self.history = deque((h for h in self.history if h.step <= to_step), maxlen=self.history.maxlen)
         self.tending.abandon_after(self.state, to_step)
         self.state.effects.append(key)
-        self.persist(force=True)
-
-    def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
-        """The detector learns of a fix, and the state holding that is on disk before the fix is
-        recorded done (the plan marks it done after this returns): a supervisor killed at any
-        moment after never reads its own re-warm as a new fault."""
-        self.flow.note_overrides(step, params, reason)
         self.persist(force=True)
 
     def observation_end(self, onset_step: int) -> int:
@@ -785,13 +809,6 @@ class Controller:
 
     def workers_gone(self) -> bool:
         return self.ended
-
-    def kill_workers(self, reason: str) -> None:
-        """A directive that ends training could not reach every rank (one is dead or hung): the
-        group is taken down here, so the job's end is real and not only recorded."""
-        self.log.warning("workers_killed", reason=reason, step=self.current_step)
-        self.workers.shutdown()
-        self.ended = True
 
     # -- called from actor threads ------------------------------------------------------------
     def ingest_batch(

@@ -35,7 +35,7 @@ from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
-from supervisor.runtime.actions.base import Outcome
+from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.runtime.observe import StepStats, baseline
 from supervisor.runtime.plans import PlanRunner, action_id, move
 from supervisor.runtime.replay import has_replay_hooks
@@ -102,8 +102,9 @@ def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
     return a.top_cause is b.top_cause and b.severity.rank >= Severity.MEDIUM.rank
 
 
-class FlowHost(Protocol):
-    """What the incident flow needs from the loop that drives it (and nothing more)."""
+class FlowHost(Runtime, Protocol):
+    """What the incident flow needs from the loop that drives it, beside what its plan's executors
+    read (``Runtime``)."""
 
     job: JobSpec
     policy: Policy
@@ -454,7 +455,7 @@ class IncidentFlow:
             self.host.persist(force=True)
             self._plan_unsaved = False
         before = (active.plan_no, active.index, self.runner.transitions)
-        out = self.runner.advance(active)
+        out = self.runner.advance(active, self.host)
         if out is not None:
             self._on_failure(active, out)
         elif active.index >= len(active.plan.actions):

@@ -10,14 +10,14 @@ name), so after a restart an action whose event is ``done`` is skipped and one t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.runtime.actions import check, entry
-from supervisor.runtime.actions.base import Outcome, Rewind, Runtime
+from supervisor.runtime.actions.base import Effect, Executor, Outcome, Runtime
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
@@ -33,17 +33,19 @@ def check_registry(names: Iterable[str]) -> None:
 
 
 class PlanRunner:
-    """Advances the active plan by at most one action transition per call."""
+    """Advances the active plan by at most one action transition per call. The executors read the
+    job through ``rt`` and return what they do to it as effects; ``carry_out`` (the controller's
+    ``apply``) carries each one out -- an outcome's before its action is marked done."""
 
-    def __init__(self, rt: Runtime, incidents: Any) -> None:
-        self.rt = rt
+    def __init__(self, incidents: Any, carry_out: Callable[[Effect], None]) -> None:
+        self.carry_out = carry_out
         self.incidents = incidents
         self._started: set[str] = set()
         self.transitions = 0
         self.began: dict[str, float] = {}
         """Wall time each action began in this process (``status``: how long the current one runs)."""
 
-    def advance(self, active: ActivePlan) -> Outcome | None:
+    def advance(self, active: ActivePlan, rt: Runtime) -> Outcome | None:
         """None while the current action runs; the failed action's outcome when one failed."""
         actions = active.plan.actions
         if active.index >= len(actions):
@@ -63,18 +65,17 @@ class PlanRunner:
                     active.incident_id,
                     reg.state,
                     f"action {pa.name} begins",
-                    self.rt.current_step,
+                    rt.current_step,
                 )
-            memo = ex.prepare(self.rt, params, aid)
+            memo = ex.prepare(rt, params, aid)
             payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
             payload |= reg.report(params, memo)
-            self.incidents.begin(active.incident_id, reg.event, actor="supervisor", step=self.rt.current_step,
+            self.incidents.begin(active.incident_id, reg.event, actor="supervisor", step=rt.current_step,
                                  payload=payload, action_id=aid)  # fmt: skip
             active.irreversible |= ACTIONS[pa.name].irreversible
             self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
-            ex.start(self.rt, params, memo)
-            self._started.add(aid)
+            self._start(ex, rt, params, memo, aid)
             self.transitions += 1
             return None
         if event.status is EventStatus.DONE:
@@ -91,17 +92,13 @@ class PlanRunner:
                 return Outcome(False, result, reason, skipped=True)
             return Outcome.fail(reason, **result)
         if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
-            ex.start(self.rt, params, memo)
-            self._started.add(aid)
+            self._start(ex, rt, params, memo, aid)
             self.began.setdefault(aid, event.wall_time)
-        out = ex.poll(self.rt, params, memo)
+        out = ex.poll(rt, params, memo)
         if out is None:
             return None
         for e in out.effects:  # before the event is marked done: a restart never skips one
-            if isinstance(e, Rewind):
-                self.rt.rewind(e.to_step, e.key, e.reason)
-            else:
-                self.rt.note_overrides(e.step, e.params, e.reason)
+            self.carry_out(e)
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
         if out.skipped:
             result["skipped"] = True
@@ -119,6 +116,13 @@ class PlanRunner:
             active.index += 1
             return None
         return out
+
+    def _start(
+        self, ex: Executor, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], aid: str
+    ) -> None:
+        for e in ex.start(rt, params, memo):  # keyed or idempotent: a re-start repeats none
+            self.carry_out(e)
+        self._started.add(aid)
 
     def _for_target_used(self, active: ActivePlan, index: int, params: dict[str, Any]) -> dict[str, Any]:
         """A re-warm planned "from the rollback target to the onset" is computed again for the target

@@ -20,7 +20,7 @@ from supervisor.runtime.state import ActivePlan
 
 def runner_at_apply(
     tmp_path: Path, used: int, warmup: int = 20
-) -> tuple[PlanRunner, ActivePlan, Any, list[Any]]:
+) -> tuple[PlanRunner, ActivePlan, Any, list[Any], Any]:
     store = IncidentStore(tmp_path / "incidents.db")
     inc = store.open_incident("job", _machinery_diagnosis(80, None, "spike"))
     rollback = PlannedAction("rollback", {"margin_steps": 10, "max_target_step": 70, "target_step": 60,
@@ -35,12 +35,13 @@ def runner_at_apply(
     store.finish(ev.id, result={"to_step": used, "onset_step": 80, "from_step": 90})
     issued: list[Any] = []
     rt = SimpleNamespace(current_step=90, issue=issued.append, batch_range=lambda a, b: (a, b))
-    return PlanRunner(rt, store), active, store, issued  # type: ignore[arg-type]
+    runner = PlanRunner(store, lambda effect: None)
+    return runner, active, store, issued, rt
 
 
 def test_the_rewarm_is_recomputed_for_the_older_target_the_rollback_used(tmp_path: Path) -> None:
-    runner, active, store, issued = runner_at_apply(tmp_path, used=40)
-    runner.advance(active)
+    runner, active, store, issued, rt = runner_at_apply(tmp_path, used=40)
+    runner.advance(active, rt)
     event = store.event_for_action(active.incident_id, action_id(active, 1, "apply"))
     assert event is not None and event.payload["params"]["warmup_steps"] == 40  # 80 - 40, not 80 - 60
     assert event.payload["params"]["recomputed_for_target"]["planned_target"] == 60
@@ -50,7 +51,7 @@ def test_the_rewarm_is_recomputed_for_the_older_target_the_rollback_used(tmp_pat
 
 def test_a_rollback_to_the_planned_target_or_a_rewarm_of_its_own_length_is_left_alone(tmp_path: Path) -> None:
     for used, warmup, sub in ((60, 20, "same"), (40, 15, "own")):
-        runner, active, store, issued = runner_at_apply(tmp_path / sub, used=used, warmup=warmup)
-        runner.advance(active)
+        runner, active, store, issued, rt = runner_at_apply(tmp_path / sub, used=used, warmup=warmup)
+        runner.advance(active, rt)
         event = store.event_for_action(active.incident_id, action_id(active, 1, "apply"))
         assert event is not None and event.payload["params"] == {"lr_scale": 0.5, "warmup_steps": warmup}

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from supervisor.incidents import EventKind, EventStatus, IncidentState
+from supervisor.runtime.actions.base import EndJob, KillWorkers
 from supervisor.runtime.actions.control import EscalateAction
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.directives import DirectiveLog
@@ -89,11 +89,8 @@ def test_an_escalation_whose_stop_never_arrived_kills_the_workers_and_says_so() 
         log.append(d)
     log.note_events(0, 10, ["directive_applied:a-snapshot:snapshot", "directive_applied:a-stop:stop"])
     log.note_events(1, 10, ["directive_applied:a-snapshot:snapshot"])  # rank 1 stopped before the stop
-    ended: list[Any] = []
-    killed: list[str] = []
     rt = SimpleNamespace(directives=log, world_size=2, generation_started_at=0.0, settings=FAST,
-                         workers_gone=lambda: bool(killed), end_job=lambda *a: ended.append(a),
-                         kill_workers=killed.append)  # fmt: skip
+                         workers_gone=lambda: False)  # fmt: skip
     memo = {
         "snapshot": snap.to_dict(),
         "stop": stop.to_dict(),
@@ -102,4 +99,5 @@ def test_an_escalation_whose_stop_never_arrived_kills_the_workers_and_says_so() 
     }
     out = EscalateAction().poll(rt, {}, memo)  # type: ignore[arg-type]
     assert out is not None and out.result["stopped"] is False
-    assert "did not acknowledge" in out.result["workers_killed"] and killed and ended == [("escalated", "x")]
+    assert "did not acknowledge" in out.result["workers_killed"]
+    assert out.effects == (EndJob("escalated", "x"), KillWorkers(out.result["workers_killed"]))

@@ -7,9 +7,12 @@ An executor is a small state machine driven by the controller loop:
 2. ``start`` then does it (a directive, a Ray task, a store call). It must be idempotent:
    a restarted supervisor that finds the event still pending calls it again with the same
    memo (a directive with the same id is not issued twice);
-3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``; what the outcome
-   asks of the job (``Outcome.effects``: ``Rewind``, ``NoteOverrides``) the plan runner carries out before the
-   action is marked done -- the executor itself does not call back into the controller for it.
+3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``.
+
+What an action does to the job is a value: ``start`` returns its effects, and an outcome carries
+those it needs (``Outcome.effects``), which the controller carries out (``Controller.apply``) --
+those of an outcome before the action is marked done. An executor reads the job through
+``Runtime`` and never changes the controller's state itself (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -45,13 +48,54 @@ class NoteOverrides:
 
 
 @dataclass(frozen=True)
+class SetFrozen:
+    """The ranks park at a boundary (``True``, acknowledged) or go on (``False``)."""
+
+    frozen: bool
+
+
+@dataclass(frozen=True)
+class ReleaseLatest:
+    """`latest` may advance again as far as incident ``incident`` holds it."""
+
+    incident: int
+
+
+@dataclass(frozen=True)
+class RestartGroup:
+    """A rollback carried out as a group restart from ``to_step``; keyed: carried out once."""
+
+    to_step: int
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """The job ends in ``phase`` once the workers are down (a stop, an escalation)."""
+
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KillWorkers:
+    """A directive that ends training could not reach every rank: take the group down."""
+
+    reason: str
+
+
+Effect = Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers
+
+
+@dataclass(frozen=True)
 class Outcome:
     ok: bool
     result: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     skipped: bool = False
     """It did not happen because training ended: recorded as skipped, never as done."""
-    effects: tuple[Rewind | NoteOverrides, ...] = ()
+    effects: tuple[Effect, ...] = ()
     """What the job must do for this outcome to hold, carried out (in order) before it is recorded."""
 
     @classmethod
@@ -85,29 +129,23 @@ class Runtime(Protocol):
 
     def issue(self, directive: Directive) -> None: ...
     def rollback_target(self, max_step: int, min_mark: str = "healthy") -> tuple[int, dict[str, Any]]: ...
-    def set_frozen(self, frozen: bool) -> None: ...
-    def rewind(self, to_step: int, key: str, reason: str) -> None: ...
-    def restart_group(self, to_step: int, key: str, reason: str) -> None: ...
-    def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None: ...
     def observation_end(self, onset_step: int) -> int: ...
     def window_after(self, step: int) -> list[StepStats]: ...
     def baseline(self) -> dict[str, Any] | None: ...
     def submit(self, name: str, fn: Any, *args: Any) -> None: ...
     def submit_replay(self, name: str, step: int, suspects: list[str], numeric: bool) -> None: ...
     def result_of(self, name: str) -> tuple[bool, Any] | None: ...
-    def end_job(self, phase: str, reason: str) -> None: ...
     def incidents_opened_since(self, step: int) -> int: ...
     def recurrences_since(self, step: int) -> list[dict[str, Any]]: ...
     def training_ended(self) -> bool: ...
     def workers_gone(self) -> bool: ...
-    def kill_workers(self, reason: str) -> None: ...
     def stop_reason(self) -> str | None: ...
     def batch_range(self, first_step: int, last_step: int) -> tuple[int, int]: ...
 
 
 class Executor(Protocol):
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]: ...
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None: ...
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]: ...
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None: ...
 
 
@@ -142,8 +180,9 @@ class DirectiveAction:
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         return {"directive": self.directive(rt, params, action_id).to_dict(), "started_at": time.time()}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         rt.issue(Directive.from_dict(memo["directive"]))
+        return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         out = await_acks(rt, memo["directive"]["id"], memo["started_at"])

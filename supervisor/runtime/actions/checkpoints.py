@@ -9,7 +9,15 @@ from typing import Any
 from supervisor.config.recovery import rollback_mode
 from supervisor.core.model import HealthMark
 from supervisor.logging import get_logger
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Rewind, Runtime, await_acks
+from supervisor.runtime.actions.base import (
+    DirectiveAction,
+    Effect,
+    Outcome,
+    RestartGroup,
+    Rewind,
+    Runtime,
+    await_acks,
+)
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
@@ -32,9 +40,10 @@ class BlockLatestAction:
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         return {"incident": rt.incident_id}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         if rt.checkpoints is not None:
             rt.checkpoints.block(f"incident {rt.incident_id} open", incident=rt.incident_id)
+        return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if rt.checkpoints is None:
@@ -89,12 +98,11 @@ class RollbackAction(DirectiveAction):
             return memo | {"restart_key": f"restart:{action_id}"}
         return memo | {"directive": RollbackInPlace(step=target, id=action_id).to_dict()}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         if "restart_key" in memo:
-            rt.restart_group(memo["to_step"], memo["restart_key"],
-                             f"rollback of incident {rt.incident_id}: {memo['why']}")  # fmt: skip
-        elif "directive" in memo:
-            super().start(rt, params, memo)
+            why = f"rollback of incident {rt.incident_id}: {memo['why']}"
+            return (RestartGroup(memo["to_step"], memo["restart_key"], why),)
+        return super().start(rt, params, memo) if "directive" in memo else ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if "error" in memo:
@@ -152,7 +160,7 @@ class RollbackAction(DirectiveAction):
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         # Keyed by the directive: a supervisor restarted after this ran does not rewind twice
         # (a restart rewound when it took the group down, keyed by restart_key).
-        effects: tuple[Rewind, ...] = ()
+        effects: tuple[Effect, ...] = ()
         if "directive" in memo:
             reason = f"rollback of incident {rt.incident_id}"
             effects = (Rewind(memo["to_step"], f"rewind:{memo['directive']['id']}", reason),)

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
+from supervisor.runtime.actions.base import (
+    DirectiveAction,
+    Effect,
+    EndJob,
+    KillWorkers,
+    Outcome,
+    ReleaseLatest,
+    Runtime,
+    SetFrozen,
+    await_acks,
+)
 from supervisor.sdk.directives import Continue, Directive, Freeze, Snapshot, Stop
 
 
@@ -15,8 +26,7 @@ class FreezeAction(DirectiveAction):
         return Freeze(reason=f"incident {rt.incident_id}", id=action_id)
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        rt.set_frozen(True)
-        return Outcome.done(**out.result)
+        return replace(out, effects=(SetFrozen(True),))
 
 
 class ResumeAction(DirectiveAction):
@@ -31,10 +41,8 @@ class ResumeAction(DirectiveAction):
         return super().poll(rt, params, memo)
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        rt.set_frozen(False)
-        if rt.checkpoints is not None:
-            rt.checkpoints.unblock(rt.incident_id)
-        return Outcome.done(latest_unblocked=True, **out.result)
+        done = Outcome.done(latest_unblocked=True, **out.result)
+        return replace(done, effects=(SetFrozen(False), ReleaseLatest(rt.incident_id)))
 
 
 class StopAction(DirectiveAction):
@@ -46,8 +54,7 @@ class StopAction(DirectiveAction):
         )
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        rt.end_job("stopped", memo["directive"]["reason"])
-        return out
+        return replace(out, effects=(EndJob("stopped", memo["directive"]["reason"]),))
 
 
 class EscalateAction:
@@ -61,24 +68,26 @@ class EscalateAction:
         stop = Stop(reason=why, id=f"{action_id}-stop")
         return {"snapshot": snap.to_dict(), "stop": stop.to_dict(), "reason": why, "started_at": time.time()}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         rt.issue(Directive.from_dict(memo["snapshot"]))
         rt.issue(Directive.from_dict(memo["stop"]))
+        return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         snap = await_acks(rt, memo["snapshot"]["id"], memo["started_at"])
         stop = await_acks(rt, memo["stop"]["id"], memo["started_at"])
         if snap is None or stop is None:
             return None
-        rt.end_job("escalated", memo["reason"])
+        effects: tuple[Effect, ...] = (EndJob("escalated", memo["reason"]),)
         saved = snap.result.get("acked_at_step") if snap.ok else None
         killed = None
         if not stop.ok and not rt.workers_gone():
             # The stop never reached every rank (dead or hung): the escalation's effect -- training
-            # ends -- is carried out here, and recorded as what happened, not as a stop.
+            # ends -- is carried out all the same, and recorded as what happened, not as a stop.
             killed = f"workers killed: {stop.reason}"
-            rt.kill_workers(killed)
-        return Outcome.done(
+            effects += (KillWorkers(killed),)
+        done = Outcome.done(
             state_saved_at_step=saved, snapshot_ok=snap.ok, stopped=stop.ok, reason=memo["reason"],
             **({"workers_killed": killed} if killed else {}),
         )  # fmt: skip
+        return replace(done, effects=effects)

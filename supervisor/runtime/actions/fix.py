@@ -6,7 +6,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from supervisor.runtime.actions.base import DirectiveAction, NoteOverrides, Outcome, Runtime
+from supervisor.runtime.actions.base import (
+    DirectiveAction,
+    Effect,
+    NoteOverrides,
+    Outcome,
+    Runtime,
+    SetFrozen,
+)
 from supervisor.runtime.observe import Baseline, Check, evaluate
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
 
@@ -65,9 +72,9 @@ class ObserveAction:
             "started_at": time.time(),
         }
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         rt.issue(Directive.from_dict(memo["release"]))
-        rt.set_frozen(False)
+        return (SetFrozen(False),)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         window = rt.window_after(memo["from_step"])

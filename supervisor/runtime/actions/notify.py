@@ -12,7 +12,7 @@ from typing import Any
 
 from supervisor.logging import get_logger
 from supervisor.observability import alerts
-from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime.actions.base import Effect, Outcome, Runtime
 
 log = get_logger("supervisor.runtime.alert")
 
@@ -41,7 +41,7 @@ class AlertAction:
             "key": alerts.idempotency_key(rt.job.name, action_id),
         }
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         d = rt.diagnosis
         log.warning(
             "ALERT", job=rt.job.name, incident=rt.incident_id, phenotype=d.phenotype.value,
@@ -59,6 +59,7 @@ class AlertAction:
                 "idempotency_key": memo.get("key"),
             }
             rt.submit(memo["task"], send, url, alerts.payload(doc, memo["format"]), memo.get("key"))
+        return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if not memo["webhook"]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from supervisor.core.model import Cause
 from supervisor.errors import SupervisorError
-from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime.actions.base import Effect, Outcome, Runtime
 from supervisor.sdk.directives import Replay
 from supervisor.sdk.replay import result_key
 
@@ -40,13 +40,12 @@ class ReplayAction:
             memo["directive"] = directive.to_dict()
         return memo
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> None:
-        if "error" in memo:
-            return
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
         if "directive" in memo:
             rt.issue(Replay.from_dict(memo["directive"]))
-        else:
+        elif "error" not in memo:
             rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
+        return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if "error" in memo:
