@@ -9,6 +9,8 @@ and job state the runtime handed the engine, reproduced before the fix.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from supervisor.core.model import Cause, CauseScore, Diagnosis, FirstAnomaly, Phenotype, Severity
 from supervisor.core.policy import Policy, plan
 
@@ -157,3 +159,33 @@ def test_a_divergence_with_no_checkpoint_still_escalates(default_policy: Policy)
     d = young_run_nan(phenotype=Phenotype.DIVERGENCE, rank_local=False, first_rank=None, end_step=None)
     p = plan(d, state(step=14, checkpoints=(), state_maybe_nonfinite=True), default_policy)
     assert p.escalates and "no healthy checkpoint before the onset" in (p.escalate_reason or "")
+
+
+def test_each_occurrence_of_a_data_recurrence_is_excluded_where_it_recurs_past_the_recurrence_bound(
+    default_policy: Policy,
+) -> None:
+    """A shard every 40 steps from step 25 recurs 4 times in 150 steps: the 4th occurrence came
+    after 3 fixes that each held (their samples never came back), so recurrence.max_attempts
+    (fixes that do not hold) does not stop it; the rule's own max_attempts still bounds it."""
+    onset, period = 145, 40
+    d = recurring_shard(onset=onset)
+    js = state(
+        step=onset + 2,
+        attempts={"rank_local": 3},
+        incident_attempt=3,
+        rank_incidents=[(onset - k * period, 0) for k in (3, 2, 1)],
+        steps_since_last_incident=period,
+        checkpoints=tuple((s, "healthy") for s in range(20, onset, 20)),
+    )
+    assert default_policy.recurrence.max_attempts == 3
+    p = plan(d, js, default_policy)
+    assert not p.escalates, p.escalate_reason
+    assert any("recurrence.max_attempts" in n for n in p.notes), p.notes
+    assert p.action("apply") is not None
+    rule_max = next(r for r in default_policy.rules if r.name == p.rule).max_attempts
+    assert rule_max is not None
+    worn = plan(d, replace(js, attempts={p.rule: rule_max}), default_policy)
+    assert worn.escalates and "max_attempts" in (worn.escalate_reason or "")
+    # A recurrence that is not the data's (no period kept, no samples) is still bounded.
+    other = plan(recurring_shard(onset=onset, phenotype=Phenotype.TRANSIENT, period=None), js, default_policy)
+    assert other.escalates and "recurrence.max_attempts=3" in (other.escalate_reason or "")

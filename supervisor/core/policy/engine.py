@@ -74,11 +74,8 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
 
     attempts, notes = _attempts_so_far(rule, state, policy)
-    if diagnosis.rank_local and (why_data := data_recurrence(diagnosis)):
-        notes.append(
-            f"not counted towards rank_offenders: {why_data}, so it is no evidence against rank "
-            f"{diagnosis.first_rank}; each occurrence's data is excluded where it recurs"
-        )
+    if why_data := data_recurrence(diagnosis):
+        notes += _data_recurrence_notes(why_data, diagnosis, state, policy)
     base = replace(base, attempt=attempts + 1)
     if why := _exhausted(rule, attempts, diagnosis, state, policy):
         return _escalation(base, why, diagnosis, state, notes)
@@ -152,7 +149,9 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
             f"reaching defaults.max_observation_failures={limit}"
         )
     rec = policy.recurrence
-    if state.incident_attempt >= rec.max_attempts:
+    # A data recurrence's earlier fixes held (their samples are out for good); its next occurrence
+    # is fresh data at the data's period, fixed where it recurs: the rule's own attempts bound it.
+    if state.incident_attempt >= rec.max_attempts and not data_recurrence(d):
         return (
             f"Deciding to escalate: this incident came back after {state.incident_attempt} recovery "
             f"attempt(s), reaching recurrence.max_attempts={rec.max_attempts}"
@@ -165,6 +164,23 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
         )
         return f"Deciding to escalate: attempts {attempts} reached rule {name!r} {setting}={max_attempts}"
     return None
+
+
+def _data_recurrence_notes(why: str, d: Diagnosis, state: JobState, policy: Policy) -> list[str]:
+    """What a recurrence of the data's (``evidence.data_recurrence``) is not held against."""
+    notes = []
+    if d.rank_local:
+        notes.append(
+            f"not counted towards rank_offenders: {why}, so it is no evidence against rank "
+            f"{d.first_rank}; each occurrence's data is excluded where it recurs"
+        )
+    if state.incident_attempt >= policy.recurrence.max_attempts:
+        notes.append(
+            f"recurrence.max_attempts={policy.recurrence.max_attempts} not applied: {why}; the "
+            f"{state.incident_attempt} earlier fixes held (their samples are out), this is a new "
+            "occurrence, bounded by the rule's own max_attempts"
+        )
+    return notes
 
 
 def repeat_offender(d: Diagnosis, state: JobState, policy: Policy) -> str | None:
