@@ -26,6 +26,7 @@ from typing import Any, Literal
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
 from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, Incident, lr_still_raised
 from supervisor.core.interventions import Intervention, Interventions
+from supervisor.core.learning import SourceLearning, Stall
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
@@ -129,6 +130,10 @@ class StreamingAnalyzer:
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
         #: (step, loss z) of recent steps, for dating a slow rise from where it began.
         self.loss_zs: deque[tuple[int, float]] = deque(maxlen=RISE_HISTORY)
+        #: Each source's first and recent losses against the others': a source that does not learn
+        #: while the others do (``learning.SourceLearning``).
+        self.learning = SourceLearning()
+        self._stall: Stall | None = None
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -161,6 +166,7 @@ class StreamingAnalyzer:
             return updates
         self._count_overflow(sig)
         self.recent.append(sig)
+        self.learning.push(sig)
         self.loss_zs.append((step, sig.loss_z))
         self._note_excursion(sig)
         if self.open is not None:
@@ -210,6 +216,14 @@ class StreamingAnalyzer:
             trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
         elif (trig is None or not trig.immediate) and self._scale_collapsing(sig):
             trig = Trigger("overflow", True)
+        self._stall = None
+        if (
+            trig is None
+            and (stall := self.learning.stalled(sig.step)) is not None
+            and stall.name in sig.source_z
+        ):
+            self._stall = stall
+            trig = Trigger("source", False, stall.name)
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -400,6 +414,11 @@ class StreamingAnalyzer:
         if young is not None and young.name == trig.source:
             first = FirstAnomaly(step=young.step, metric=f"source_loss:{young.name}", value=young.loss,
                                  baseline=young.before)  # fmt: skip
+        elif self._stall is not None and self._stall.name == trig.source:
+            st_ = self._stall
+            first = FirstAnomaly(
+                step=st_.step, metric=f"source_loss:{st_.name}", value=st_.loss, baseline=st_.before
+            )
         elif trig.source is not None:
             first = self._source_onset(trig.source, first)
         start = self.detector.trend_start() if trig.rule == "trend" else None
@@ -411,6 +430,9 @@ class StreamingAnalyzer:
             facts.source = (trig.source, sig.source_z[trig.source], s.sources[trig.source][1])
             if young is not None and young.name == trig.source:
                 facts.source_offset = young.offset
+            elif self._stall is not None and self._stall.name == trig.source:
+                facts.source_offset = self._stall.offset
+                facts.source_stall = (self._stall.own_fall, self._stall.others_fall)
         inc = Incident(
             key=len(self.incidents) + 1,
             onset_step=first.step,
@@ -478,7 +500,8 @@ class StreamingAnalyzer:
         elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
             inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
         elif (
-            s.worst_rank is not None
+            f.trigger != "source"  # one source's data: the rank that drew most of it stands out by it
+            and s.worst_rank is not None
             and sig.rank_z is not None
             and sig.rank_z >= st.rank_z_threshold
             and rank_rose(sig, st)  # a rank at its own level is not named because another one fell
@@ -636,6 +659,7 @@ class StreamingAnalyzer:
         if self.open is not None:
             updates += self._close(self.open)
         self.detector.forget_after(to_step)
+        self.learning.forget_after(to_step)
         while self.recent and self.recent[-1].step > to_step:
             self.recent.pop()
         while self.loss_zs and self.loss_zs[-1][0] > to_step:
@@ -669,6 +693,7 @@ class StreamingAnalyzer:
             "ramp_end": self.ramp_end,
             "lr_fault": list(self.lr_fault) if self.lr_fault is not None else None,
             "excursions": [list(e) for e in self.excursions],
+            "learning": self.learning.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -688,6 +713,7 @@ class StreamingAnalyzer:
         self.excursions = deque(
             ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS
         )
+        self.learning.load_state_dict(state.get("learning", {}))
         self.recent.clear()
         self.loss_zs.clear()
         self.watch.cancel()

@@ -161,7 +161,16 @@ def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | Non
             "source_local",
             f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band",
         )
-        if f.trigger == "source":  # measured against the source's own baseline, and persistent
+        if f.trigger == "source" and f.source_stall is not None:  # learned nothing while the others did
+            own, others = f.source_stall
+            b.add(
+                Cause.DATA,
+                "source_persistent",
+                f"source `{name}` has not learned: its loss x{_g(math.exp(-own))} of its first level while the "
+                f"other sources' fell to x{_g(math.exp(-others))}, at {SOURCE_PERSIST} appearances in a row: "
+                "that source's data (no model learns it), not the model",
+            )
+        elif f.trigger == "source":  # measured against the source's own baseline, and persistent
             b.add(
                 Cause.DATA,
                 "source_persistent",

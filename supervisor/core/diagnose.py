@@ -74,6 +74,9 @@ class Facts:
     #: A young run's source fault (``trigger.young_source_jump``): the source's log offset to the
     #: other sources' median before it jumped (the incident lasts while the offset stays out).
     source_offset: float | None = None
+    #: A source that does not learn while the others do (``learning.SourceLearning``): its own
+    #: log-loss fall and the other sources' since its first appearances.
+    source_stall: tuple[float, float] | None = None
     resume_step: int | None = None
     #: State components a restore said it did not bring back (``resume_incomplete:<component>``).
     resume_missing: list[str] = field(default_factory=list)

@@ -18,7 +18,8 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
 5. the reported loss spikes while the recomputed one does not (a metric artifact);
 6. one rank far from the others' median and far out of its own band (``rank_alone``: its own
    evidence, however little it moves the mean over N ranks); or beyond both the usual spread and the usual worst rank,
-   with the gradients out of band too, or two steps in a row (once alone is micro-batch noise),
+   with this step's gradients out of band too (never the update of the step before: it moved every
+   rank alike), or two steps in a row (once alone is micro-batch noise),
    or far enough to lift the step's loss ``min_loss_jump`` above the other ranks' (``_rank_split``:
    within-step evidence that needs no co-moving gradient);
 7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state),
@@ -29,6 +30,8 @@ Rules, in order (robust-z units; see ``DetectorSettings``):
    gradients out of band too;
 10. one data source's own loss out of its own band for ``SOURCE_PERSIST`` appearances in a row,
    far out (``z_threshold``) at one of them, while the other sources stay in theirs (``source``; checked before the trend and rank rules).
+   A young run's source: ``young_source_jump`` here, and a source that does not learn while the
+   others do (``learning.SourceLearning``, asked by the analyzer when no rule here fired).
 """
 
 from __future__ import annotations
@@ -89,8 +92,10 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("metric", True)
     if _rank_far(sig, st):
         # One micro-batch far out once is heavy-tailed noise, unless the gradients moved with it;
-        # the same rank twice in a row is not noise.
-        if sig.rank_unprecedented and _ge(co, st.band_z):
+        # the same rank twice in a row is not noise. Only this step's gradients can move with one
+        # rank's batch: the update of the step before changed every rank's weights alike, so it
+        # lifts every rank's loss, never one rank's alone (``_co_moving`` is for the loss of all).
+        if sig.rank_unprecedented and _ge(sig.co_z, st.band_z):
             return Trigger("rank", False)
         prev = list(recent)[-2] if len(recent) >= 2 else None
         same = prev is not None and prev.summary.worst_rank == s.worst_rank and _contiguous([prev, sig])

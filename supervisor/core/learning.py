@@ -1,0 +1,140 @@
+"""Which data source does not learn while the others do (``SourceLearning``).
+
+A source that serves garbage from the first steps of a run (random bytes, shuffled or
+mis-tokenized text) has no level of its own to jump from: the model starts at chance on every
+source, and this one stays there. The evidence is across sources and over the run so far, and
+needs no baseline of the source's own:
+
+* the other sources learned: the median of their log losses (at the same steps, on the same
+  weights) fell by at least ``OTHERS_FALL`` since the source's first appearances;
+* this source learned nothing: its own log loss fell by at most ``STALL_SHARE`` of what the others'
+  fell (any real data, however hard, gives its unigram statistics away within a few steps: the
+  sampler's clean sources fell by a third of the others' fall at the least, a source of random
+  bytes not at all);
+* both read on robust medians (``FIRST`` first appearances, the last ``RECENT``), at
+  ``PERSIST`` appearances in a row.
+
+A source that joins a mixture late is measured from its own first appearances, when the others
+have little left to learn, so a mixture switch is no evidence; a run observed only from its
+plateau on has no others' fall either. Memory: ``HISTORY`` appearances of each of at most
+``MAX_SOURCES`` sources.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.core.detect import Signals
+from supervisor.core.stats import median
+from supervisor.core.trigger import SOURCE_PERSIST, YOUNG_JUMP, YOUNG_MAX_SOURCES, source_offsets
+
+FIRST = 5
+RECENT = 8
+PERSIST = SOURCE_PERSIST
+#: The least fall of the other sources' median log loss (a run still learning).
+OTHERS_FALL = math.log(1.4)
+#: A source whose own fall is at most this share of the others' learned nothing.
+STALL_SHARE = 0.1
+#: Appearances kept per source after its first ones: the recent medians and the onset's look-back.
+HISTORY = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    name: str
+    step: int  # where its offset to the others last left its first offset (the onset)
+    loss: float  # its loss there
+    before: float  # its own loss level at its first appearances (not log)
+    offset: float  # its log offset to the other sources' median at its first appearances
+    own_fall: float  # log units, since its first appearances
+    others_fall: float
+
+
+class SourceLearning:
+    """Per source: its first appearances and its recent ones, each as (step, own log loss, log
+    median of the other sources at that step)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, list[tuple[int, float, float]]] = {}
+        self.recent: dict[str, deque[tuple[int, float, float]]] = {}
+
+    def push(self, sig: Signals) -> None:
+        srcs = sig.summary.sources
+        if not 3 <= len(srcs) <= YOUNG_MAX_SOURCES:
+            return
+        for name in srcs:
+            off = source_offsets(sig, name)
+            if off is None:
+                continue
+            row = (sig.step, off[0], off[1])
+            first = self.first.get(name)
+            if first is None:
+                if len(self.first) >= YOUNG_MAX_SOURCES:
+                    continue  # a runaway number of source names must not grow memory
+                first = self.first[name] = []
+            if len(first) < FIRST:
+                first.append(row)
+            else:
+                self.recent.setdefault(name, deque(maxlen=HISTORY)).append(row)
+
+    def stalled(self, step: int) -> Stall | None:
+        """The source of step ``step`` that has learned nothing at each of its last ``PERSIST``
+        appearances (this step's the latest) while the others learned (the largest stall when
+        several do)."""
+        found: list[Stall] = []
+        for name, first in self.first.items():
+            rows = list(self.recent.get(name, ()))
+            if len(first) < FIRST or len(rows) < RECENT + PERSIST - 1 or rows[-1][0] != step:
+                continue
+            own0, others0 = median([r[1] for r in first]), median([r[2] for r in first])
+            falls = []
+            for k in range(PERSIST):
+                win = rows[len(rows) - RECENT - k : len(rows) - k]
+                falls.append((own0 - median([r[1] for r in win]), others0 - median([r[2] for r in win])))
+            if all(o >= OTHERS_FALL and s <= STALL_SHARE * o for s, o in falls):
+                off0 = median([r[1] - r[2] for r in first])
+                at = _onset(rows, off0)
+                found.append(Stall(name, at[0], math.exp(at[1]), math.exp(own0), off0, *falls[0]))
+        return max(found, key=lambda x: x.others_fall - x.own_fall) if found else None
+
+    def forget_after(self, step: int) -> None:
+        """Take back the appearances after ``step`` (a rollback: they are re-run)."""
+        for rows in self.recent.values():
+            while rows and rows[-1][0] > step:
+                rows.pop()
+        for name in list(self.first):
+            self.first[name] = [r for r in self.first[name] if r[0] <= step]
+            if not self.first[name] and not self.recent.get(name):
+                del self.first[name]
+                self.recent.pop(name, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "first": {n: [list(r) for r in rows] for n, rows in self.first.items()},
+            "recent": {n: [list(r) for r in rows] for n, rows in self.recent.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first = {
+            n: [(int(a), float(b), float(c)) for a, b, c in rows]
+            for n, rows in state.get("first", {}).items()
+        }
+        self.recent = {
+            n: deque(((int(a), float(b), float(c)) for a, b, c in rows), maxlen=HISTORY)
+            for n, rows in state.get("recent", {}).items()
+        }
+
+
+def _onset(rows: list[tuple[int, float, float]], off0: float) -> tuple[int, float]:
+    """(step, own log loss) of the first appearance of the unbroken run, ending at the latest,
+    whose offset to the others stood ``YOUNG_JUMP / 2`` above the first offset: where the source
+    fell behind (the latest appearance when none did)."""
+    at = rows[-1]
+    for r in reversed(rows):
+        if r[1] - r[2] - off0 < YOUNG_JUMP / 2:
+            break
+        at = r
+    return at[0], at[1]

@@ -1,0 +1,101 @@
+"""A data source bad from the first steps of a run: it never learns while the others do.
+
+Sampler cells with `bad_source` from steps 4-10 (``389812:373641`` and the like): `web` (half the
+samples) serves random bytes from the first steps on. The model starts at chance on every source
+and this one stays there (ln 256), so it never had a level of its own to jump from, and the
+young-source rule (a jump of its offset *and* of its own loss) never fired: no incident, the source
+never excluded. The evidence is across sources and over the run so far: the others' loss fell
+1.4x and more while this one's did not fall at all (``learning.SourceLearning``).
+
+Traces: ``data/sampler_bad_source_from_start.jsonl.gz`` is that cell's trace (mlp, AdamW, 4 ranks,
+steps 1-40, `attrs` dropped); the corpus's clean tinylm runs (three sources learned at different
+speeds) with one source at chance from step 3, or learned at a third of its speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from supervisor.core.analysis import StreamingAnalyzer, analyze_records, group_steps, trace_order
+from supervisor.core.model import Phenotype, Severity
+from supervisor.core.records import Record
+from supervisor.traces import read_trace
+from tests.core.test_source_fault import _clean
+
+DATA = Path(__file__).resolve().parent / "data"
+CHANCE = math.log(256)
+
+
+def _rescaled(name: str, source: str, start: int, value) -> list[Record]:  # type: ignore[no-untyped-def]
+    """``name`` with ``source``'s per-token loss replaced by ``value(step, loss)`` from ``start``."""
+    out = []
+    for rec in _clean(name):
+        r = dataclasses.replace(rec, sources={k: dict(v) for k, v in (rec.sources or {}).items()})
+        part = (r.sources or {}).get(source)
+        if r.step >= start and part and part["tokens"] and r.loss_sum is not None and r.tokens:
+            new = part["tokens"] * value(r.step, part["loss_sum"] / part["tokens"])
+            r.loss_sum += new - part["loss_sum"]
+            part["loss_sum"] = new
+            r.loss = r.loss_sum / r.tokens
+        out.append(r)
+    return out
+
+
+def test_the_sampler_cell_with_a_source_bad_from_the_start_excludes_it() -> None:
+    res = analyze_records(read_trace(DATA / "sampler_bad_source_from_start.jsonl.gz").records)
+    found = [d for d in res.incidents if d.source_local == "web"]
+    assert found, [d.to_json() for d in res.incidents]
+    d = found[0]
+    # What the `source_local` policy rule matches: a persisting source fault, not one rank's.
+    assert d.phenotype in (Phenotype.SLOW_RECOVERY, Phenotype.DIVERGENCE), d.to_json()
+    assert not d.rank_local and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
+    assert d.top_cause is not None and d.top_cause.value == "data", d.to_json()
+    assert any("has not learned" in e for c in d.causes for e in c.evidence), d.to_json()
+    assert d.onset_step <= 20, d.to_json()
+
+
+@pytest.mark.parametrize(
+    ("name", "source"), [("clean_s0", "tests"), ("clean_s1", "docstrings"), ("clean_s2", "code")]
+)
+def test_a_source_at_chance_from_the_first_steps_is_a_source_fault(name: str, source: str) -> None:
+    res = analyze_records(_rescaled(name, source, 3, lambda _s, _l: CHANCE))
+    found = [d for d in res.incidents if d.source_local == source]
+    assert found, [d.to_json() for d in res.incidents]
+    d = found[0]
+    assert d.phenotype is not Phenotype.TRANSIENT and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
+    assert d.detected_step <= 60, d.to_json()
+
+
+@pytest.mark.parametrize(
+    ("name", "source"), [("clean_s0", "tests"), ("clean_s1", "docstrings"), ("clean_s2", "code")]
+)
+def test_a_source_learned_at_a_third_of_its_speed_is_hard_data_not_a_fault(name: str, source: str) -> None:
+    first = {}
+
+    def slow(step: int, loss: float) -> float:
+        l0 = first.setdefault("l0", math.log(loss))  # its loss at the first step
+        return math.exp(l0 + (math.log(loss) - l0) / 3.0)
+
+    res = analyze_records(_rescaled(name, source, 1, slow))
+    assert not [d.to_json() for d in res.incidents if d.source_local == source]
+
+
+def test_the_stall_tracker_survives_a_restart_and_forgets_rolled_back_steps() -> None:
+    recs = read_trace(DATA / "sampler_bad_source_from_start.jsonl.gz").records
+    steps = list(group_steps(trace_order(recs)))
+    a = StreamingAnalyzer()
+    for step, rs in steps[:15]:
+        a.observe_step(step, rs)
+    b = StreamingAnalyzer()
+    b.load_state_dict(a.state_dict())
+    assert b.learning.state_dict() == a.learning.state_dict()
+    b.learning.forget_after(10)
+    assert all(r[0] <= 10 for rows in b.learning.recent.values() for r in rows)
+    opened = []
+    for step, rs in steps[10:]:
+        opened += [u for u in b.observe_step(step, rs) if u.kind == "opened"]
+    assert any(u.diagnosis.source_local == "web" for u in opened), [u.diagnosis.to_json() for u in opened]
