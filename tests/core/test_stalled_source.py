@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ DATA = Path(__file__).resolve().parent / "data"
 CHANCE = math.log(256)
 
 
-def _rescaled(name: str, source: str, start: int, value) -> list[Record]:  # type: ignore[no-untyped-def]
+def _rescaled(name: str, source: str, start: int, value: Callable[[int, float], float]) -> list[Record]:
     """``name`` with ``source``'s per-token loss replaced by ``value(step, loss)`` from ``start``."""
     out = []
     for rec in _clean(name):
@@ -67,14 +68,14 @@ def test_a_source_at_chance_from_the_first_steps_is_a_source_fault(name: str, so
     assert found, [d.to_json() for d in res.incidents]
     d = found[0]
     assert d.phenotype is not Phenotype.TRANSIENT and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
-    assert d.detected_step <= 60, d.to_json()
+    assert d.detected_step is not None and d.detected_step <= 60, d.to_json()
 
 
 @pytest.mark.parametrize(
     ("name", "source"), [("clean_s0", "tests"), ("clean_s1", "docstrings"), ("clean_s2", "code")]
 )
 def test_a_source_learned_at_a_third_of_its_speed_is_hard_data_not_a_fault(name: str, source: str) -> None:
-    first = {}
+    first: dict[str, float] = {}
 
     def slow(step: int, loss: float) -> float:
         l0 = first.setdefault("l0", math.log(loss))  # its loss at the first step
