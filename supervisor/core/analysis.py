@@ -70,6 +70,9 @@ OVERFLOW_RUN = 6
 SCALE_FLOOR = 1.0
 LR_BACK_MIN = 2.5
 
+#: Logged steps before onset whose step-to-step LR ratio gives the schedule's own ramp (``Facts.lr_ramp``).
+LR_RAMP_STEPS = 3
+
 #: Steps of loss z kept to date where a sustained rise began (``trigger.rise_start``).
 RISE_HISTORY = 256
 
@@ -453,6 +456,8 @@ class StreamingAnalyzer:
             facts.loss_scale_drop = (before[-1].summary.loss_scale, before[-1].summary.loss_scale)
         if before and before[-1].lr_norm is not None:
             facts.lr_before = (before[-1].step, before[-1].lr_norm)
+            ramp = [r.lr_ratio for r in before[-LR_RAMP_STEPS:] if r.lr_ratio is not None]
+            facts.lr_ramp = max(ramp) if ramp else None
         if trig.rule == "lr" and self.lr_fault is not None:
             # The fault's own reference: the LR before its first onset (the step before this one
             # may already run at the raised LR, when the bug is in the schedule of every timeline).

@@ -51,6 +51,9 @@ class Facts:
     lr_jump: tuple[int, float] | None = None  # (step, lr / previous lr)
     lr_before: tuple[int, float] | None = None  # (step, lr) just before onset
     lr_rise: tuple[int, float] | None = None  # (step, lr / lr before onset), the largest rise
+    #: The largest step-to-step LR ratio of the steps just before onset (the schedule's own ramp,
+    #: e.g. a warm-up's): a rise after onset counts only at steps that rose faster than it.
+    lr_ramp: float | None = None
     nonfinite_step: int | None = None
     nonfinite_at: str | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
@@ -291,7 +294,10 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         and (f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])))
     ):
         f.lr_jump = (s.step, sig.lr_ratio)
-    if sig.lr_norm is not None and f.lr_before is not None and f.lr_before[1] > 0:
+    # A warm-up rises 1.5x and more over a few steps by design: only a step that rose faster than
+    # the schedule's ramp before onset is evidence of a rise (a decaying or flat LR that turns up).
+    faster = sig.lr_ratio is not None and sig.lr_ratio > max(1.0, f.lr_ramp or 1.0)
+    if faster and sig.lr_norm is not None and f.lr_before is not None and f.lr_before[1] > 0:
         rise = sig.lr_norm / f.lr_before[1]
         if rise >= 1.5 and (f.lr_rise is None or rise > f.lr_rise[1]):
             f.lr_rise = (s.step, rise)

@@ -23,6 +23,9 @@ import pytest
 
 from supervisor.core.analysis import StreamingAnalyzer, analyze_records, group_steps, trace_order
 from supervisor.core.model import Phenotype, Severity
+from supervisor.core.policy import load_policy
+from supervisor.core.policy.engine import select_rule
+from supervisor.core.policy.evidence import findings
 from supervisor.core.records import Record
 from supervisor.traces import read_trace
 from tests.core.test_source_fault import _clean
@@ -57,6 +60,18 @@ def test_the_sampler_cell_with_a_source_bad_from_the_start_excludes_it() -> None
     assert d.top_cause is not None and d.top_cause.value == "data", d.to_json()
     assert any("has not learned" in e for c in d.causes for e in c.evidence), d.to_json()
     assert d.onset_step <= 20, d.to_json()
+
+
+def test_a_warm_up_that_goes_on_after_the_onset_is_no_lr_rise() -> None:
+    """The same cell online escalated: the onset fell inside the warm-up (LR 0.002 at step 10 ->
+    0.003 at step 15, 1.5x), the diagnosis named it as an LR rise, and the `optimizer_state` rule
+    asked for a rollback that a run of 11 steps has no checkpoint for. A rise counts only at steps
+    that rose faster than the schedule did just before the onset."""
+    res = analyze_records(read_trace(DATA / "sampler_bad_source_from_start.jsonl.gz").records)
+    d = next(d for d in res.incidents if d.source_local == "web")
+    assert "lr_jump" not in findings(d), findings(d)
+    rule, why, _ = select_rule(load_policy("default"), d)
+    assert rule is not None and rule.name == "source_local", why
 
 
 @pytest.mark.parametrize(
