@@ -25,7 +25,7 @@ from torch import nn
 
 from supervisor.errors import SupervisorError
 from supervisor.logging import get_logger
-from supervisor.sdk.control import ControlChannel
+from supervisor.sdk.control import control_channel
 from supervisor.sdk.losses import StepLoss
 from supervisor.sdk.metrics import (
     NormSampler,
@@ -78,7 +78,7 @@ class Probe:
         self.log = get_logger("supervisor.sdk", rank=rank)
         self.pending: Pending | None = None
         self.next_events: list[str] = []
-        self.steering = Steering(self, ControlChannel(rank, world_size))
+        self.steering = Steering(self, control_channel(rank, world_size))
         if loader is not None and hasattr(loader, "boundary"):
             loader.boundary = self.boundary
         self.user_step: UserStep | None = None

@@ -1,8 +1,9 @@
 """Directives at step boundaries: freeze, snapshot, rollback in place, overrides, stop.
 
 Every rank runs ``boundary()`` between the same two steps; rank 0's directives reach all
-ranks through the ``ControlChannel`` broadcast, so all ranks act alike and no rank is left
-waiting in a collective. Each directive is acknowledged in the record of the step at whose
+ranks through the control channel (``control.py``), which has every rank apply them at the same
+boundary -- usually the one after rank 0 received them -- so all ranks act alike and no rank is
+left waiting in a collective. Each directive is acknowledged in the record of the step at whose
 boundary it took effect (``directive_applied:<id>:<kind>``); while frozen there is no step,
 so acknowledgements go out as *control messages*: ``{"step", "rank", "world_size", "time",
 "control": true, "events": [...]}`` — no ``loss``, so trace readers skip them.
@@ -10,7 +11,6 @@ so acknowledgements go out as *control messages*: ``{"step", "rank", "world_size
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.core.model import HealthMark
 from supervisor.errors import SupervisorError
 from supervisor.observability import hooks
-from supervisor.sdk.control import ControlChannel
+from supervisor.sdk.control import Channel
 from supervisor.sdk.directives import (
     END_REACHED,
     ApplyOverrides,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class Steering:
-    def __init__(self, probe: Probe, control: ControlChannel) -> None:
+    def __init__(self, probe: Probe, control: Channel) -> None:
         self.probe = probe
         self.control = control
         self.stopped = False
@@ -56,7 +56,6 @@ class Steering:
         self.last_saved: int | None = None
         self.saver: Checkpointer | None = None
         """Created at the first save (every rank saves at the same boundary: it makes a gloo group)."""
-        self._wake = threading.Event()
         self._after_freeze: list[Directive] = []
         self.guard = _guard_for(probe)
         """The ranks' own hold while no supervisor answers (None: off, or no supervisor at the other end)."""
@@ -78,7 +77,11 @@ class Steering:
         p = self.probe
         if self.saver is not None:
             self._report(self.saver.poll())  # an asynchronous save that finished since the last boundary
-        self._handle_batch(self._exchange())
+        self.control.arrive()
+        self._handle_batch(self.control.due())  # agreed for this boundary (a freeze parks here)
+        self._offer()  # rank 0: what came since, for the next boundary
+        while ds := self.control.depart():  # a rank leaves only once nothing more is due here
+            self._handle_batch(ds)
         every = p.settings.checkpoint_every
         due = every and p.checkpoint is not None and p.step_count and p.step_count % every == 0
         if due and self.last_saved != p.step_count:
@@ -94,17 +97,21 @@ class Steering:
             p.flush()
             raise StopIteration
 
-    def _exchange(self, extra: list[Directive] | None = None) -> list[Directive]:
-        """Rank 0's directives on every rank; ``extra``: rank 0's own (the guard's hold or release)."""
-        mine = self.probe.transport.poll()  # every rank drains its queue; rank 0's is what counts
+    def _offer(self, extra: list[Directive] | None = None, *, parked: bool = False) -> None:
+        """Rank 0 proposes what its transport received (and ``extra``: the guard's hold or release)
+        to every rank; the other ranks drain their queues (rank 0's is what counts)."""
+        mine = self.probe.transport.poll()
         if self.control.rank != 0:
-            return self.control.exchange([])
+            return
         mine += extra or []
         if self.guard is not None and not self.frozen:
             why = self.guard.at_boundary(bool(mine))
             if why is not None and not any(isinstance(d, Freeze) for d in mine):
                 mine.append(Freeze(reason=f"guard: {why}", id=f"{GUARD_ID}{self.probe.step_count}"))
-        return self.control.exchange(mine)
+        self.control.propose(mine, parked=parked)
+        for d in self.control.failed():  # the ranks could not agree on a boundary for it
+            self.probe.log.error("directive not agreed by the ranks", directive=d.id, kind=d.kind)
+            self._ack(ack_event(d, ok=False))
 
     def handle(self, d: Directive) -> None:
         log = self.probe.log.bind(directive=d.id, kind=d.kind, step=self.probe.step_count)
@@ -162,13 +169,13 @@ class Steering:
                     ds, queued = queued, []
                 else:
                     release: list[Directive] = []
-                    if self.control.rank == 0:
-                        self._wake.wait(self.probe.settings.freeze_poll_s)
-                        why = self.guard.release_due() if own and self.guard is not None else None
-                        if why is not None:
-                            self.probe.log.warning("guard released", step=self.probe.step_count, why=why)
-                            release = [Continue(id=f"{GUARD_ID}release-{self.probe.step_count}")]
-                    ds = self._exchange(release)  # ranks > 0 wait here for rank 0's next broadcast
+                    rank0_guard = self.guard if own and self.control.rank == 0 else None
+                    why = rank0_guard.release_due() if rank0_guard is not None else None
+                    if why is not None:
+                        self.probe.log.warning("guard released", step=self.probe.step_count, why=why)
+                        release = [Continue(id=f"{GUARD_ID}release-{self.probe.step_count}")]
+                    self._offer(release, parked=True)
+                    ds = self.control.due(self.probe.settings.freeze_poll_s)  # what every rank applies here
                 if own and any(not x.id.startswith(GUARD_ID) for x in ds):
                     own = False  # the supervisor is back and acts: its own Continue releases the ranks
                 for i, x in enumerate(ds):
@@ -192,8 +199,9 @@ class Steering:
         A spike in the last steps must not outlive the workers: the ranks stay here, state in
         memory, and apply what the supervisor sends (snapshot, rollback, overrides) until it sends
         ``Finish`` or ``Stop``. True when a rollback moved training back (the loop continues).
-        Rank 0 alone decides when the hold times out (it broadcasts a ``Finish``), so every rank
-        leaves at the same broadcast and none is left in a collective.
+        Rank 0 alone decides when the hold times out (it proposes a ``Finish``), so every rank
+        leaves at the same boundary and none is left in a collective. The hold is a boundary of
+        its own (``control.arrive``): what is agreed while the ranks hold takes effect there.
         """
         p = self.probe
         p.flush()
@@ -201,22 +209,17 @@ class Steering:
         started, beat, last = time.monotonic(), 0.0, p.step_count
         p.log.info("holding at the last step for the supervisor", step=last, limit_s=limit)
         self.frozen = True  # acknowledgements go out as control messages: there is no step to carry them
+        self.control.arrive()
         try:
             while True:
                 if time.monotonic() - beat >= HOLD_BEAT_S:
                     p.transport.send([self._control_message([f"{END_REACHED}:{last}"])])
                     beat = time.monotonic()
-                mine: list[Directive] = []
-                if self.control.rank == 0:
-                    self._wake.wait(p.settings.freeze_poll_s)
-                    mine = p.transport.poll()
-                    if time.monotonic() - started > limit:
-                        mine.append(
-                            Finish(reason=f"held {limit:g}s at the last step", id=f"hold-timeout-{last}")
-                        )
-                else:
-                    p.transport.poll()
-                ds = self.control.exchange(mine)
+                timeout: list[Directive] = []
+                if self.control.rank == 0 and time.monotonic() - started > limit:
+                    timeout = [Finish(reason=f"held {limit:g}s at the last step", id=f"hold-timeout-{last}")]
+                self._offer(timeout, parked=True)
+                ds = self.control.due(p.settings.freeze_poll_s)
                 for i, d in enumerate(ds):
                     if isinstance(d, Finish | Stop):
                         self._ack(ack_event(d))
@@ -225,7 +228,9 @@ class Steering:
                         self._handle_batch(ds[i:])
                     else:
                         self.handle(d)
-                    if p.step_count != last:  # rolled back: train again
+                    if p.step_count != last:  # rolled back: train again, from this boundary
+                        while more := self.control.depart():
+                            self._handle_batch(more)
                         return True
                     if isinstance(d, Freeze):
                         break
@@ -339,6 +344,7 @@ class Steering:
         self.finish_saves()
         if self.saver is not None:
             self.saver.close()
+        self.control.close()
 
     def _report(self, handle: SaveHandle | None, *, raise_failure: bool = False) -> None:
         """``checkpoint_saved`` / ``snapshot_saved`` in the record of the saved step, or with the step

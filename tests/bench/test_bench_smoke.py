@@ -134,3 +134,14 @@ def test_probe_overhead_smoke_prints_every_variant_against_the_plain_loop() -> N
     for r in rows:
         assert len(re.findall(rf"{NUMBER}%", r)) == 2, r
     assert out.count("update-norm sample:") == 4, out
+
+
+@pytest.mark.slow  # two gloo ranks in their own processes, both control paths: ~15 s
+def test_control_cost_smoke_prints_both_paths_and_every_directive_arrives() -> None:
+    out = smoke("control_cost.py")
+    [row] = [ln for ln in out.splitlines() if ln.startswith("| 2 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 6 and all(re.search(NUMBER, c) for c in cells[1:]), row
+    assert cells[5] == "6 / 6", row  # rank 0 applied every directive on both paths
+    assert re.search(rf"^control_cost: ranks 2, broadcast {NUMBER} us/step, agreed {NUMBER} us/step \({NUMBER}x\)$",
+                     out, re.M), out  # fmt: skip

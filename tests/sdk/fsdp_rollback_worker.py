@@ -34,7 +34,7 @@ def _rollback_body(rank: int, tmp: str) -> None:
     for batch in loader:
         if probe.step_count == 3:  # the boundary before this batch saved step 3 (first pass) or restored it
             shards["saved" if "saved" not in shards else "restored"] = shard_checksum(model)
-        if rank == 0 and probe.step_count == 5 and "asked" not in shards:
+        if rank == 0 and probe.step_count == 4 and "asked" not in shards:  # applied after step 6
             shards["asked"] = ""
             probe.transport.deliver(sdk.RollbackInPlace(step=3, id="rb"))  # type: ignore[attr-defined]
         with probe.step(batch) as s:
@@ -91,7 +91,7 @@ def _replay_body(rank: int, tmp: str) -> None:
     for batch in loader:
         if probe.step_count == 51 and "before" in out:
             out["after"] = shard_checksum(model)  # the boundary after step 51 ran both replays
-        if rank == 0 and probe.step_count == 50 and "asked" not in out:
+        if rank == 0 and probe.step_count == 49 and "asked" not in out:  # applied after step 51
             out["asked"] = ""
             probe.transport.deliver(  # type: ignore[attr-defined]
                 Replay(step=50, suspects=junk_ids, id="junk"),
