@@ -35,16 +35,7 @@ from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorEr
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
-from supervisor.runtime.actions.base import (
-    Effect,
-    EndJob,
-    KillWorkers,
-    NoteOverrides,
-    ReleaseLatest,
-    RestartGroup,
-    Rewind,
-    SetFrozen,
-)
+from supervisor.runtime import actions, effects
 from supervisor.runtime.actions.checkpoints import in_force as rollback_in_force
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
@@ -52,9 +43,9 @@ from supervisor.runtime.group import WorkerStartError
 from supervisor.runtime.incidents import IncidentFlow
 from supervisor.runtime.machinery import WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
-from supervisor.runtime.plans import PlanRunner, action_id, check_registry, move
+from supervisor.runtime.plans import PlanRunner, action_id, move
 from supervisor.runtime.receipts import Receipts
-from supervisor.runtime.restarts import GroupEvent, RestartSettings, decide
+from supervisor.runtime.restarts import GroupEvent, Restarting, RestartSettings, decide
 from supervisor.runtime.settings import RuntimeSettings, open_traces
 from supervisor.runtime.state import JobPhase, RuntimeState, write_state
 from supervisor.runtime.stores import (
@@ -94,7 +85,7 @@ class Controller:
         self.world_size = job.resources.num_workers
         self.log = get_logger("supervisor.runtime", job=job.name)
         self.policy = load_policy(job.policy)
-        check_registry(action_names())  # one executor per action the policy language has
+        actions.check(action_names())  # one executor per action the policy language has
         self.restart_settings = RestartSettings.of(self.policy)
         self.incidents = open_incident_store(job, self.settings.export_interval_s)
         self.checkpoints = open_checkpoint_store(job)
@@ -131,11 +122,12 @@ class Controller:
         self.ending: tuple[JobPhase, str] | None = None
         self._stop_sent = 0.0
         self._finish_sent: str | None = None
-        self._relaunch: tuple[float, int | None, int, int | None, int | None] | None = None
+        self.restarting: Restarting | None = None
+        """Set from a group's shutdown to its successor's launch: no plan step runs meanwhile."""
         self._last_persist = 0.0
         self._written: str | None = None  # the state file's content as this controller last wrote it
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
-        self.effects_applied: list[Effect] = []
+        self.effects_applied: list[effects.Effect] = []
         """The effects carried out in the current (or last) iteration, in order."""
 
     # -- the phase: one writer ------------------------------------------------------------------
@@ -161,7 +153,8 @@ class Controller:
         self._abandon_pending_events()
         self.persist(force=True)
         summary = self.time_lost.summary(self.state.downtime_s)
-        self.export_incidents(force=True)
+        if self.incidents.exporter is not None:  # incident exports run on their own thread: finish them
+            self.incidents.exporter.close()
         if self._trace is not None:
             self._trace.close()
         self.log.info("job_ended", phase=self.phase.value, reason=self.state.reason, **summary)
@@ -171,11 +164,11 @@ class Controller:
         """One pass of the loop; True when it changed something (the loop then goes on at once)."""
         self.effects_applied = []
         busy = self.ingest()
-        if self._relaunch is None:  # no plan step while no workers exist to carry it out
+        if self.restarting is None:  # no plan step while no workers exist to carry it out
             busy |= self.flow.advance()
         self._send_stop_if_asked()
-        if self._relaunch is not None:
-            self._maybe_relaunch()
+        if self.restarting is not None:
+            self._maybe_relaunch(self.restarting)
         elif not self.ended:
             event = self.workers.watch(self._silent_ranks())
             if event is not None:
@@ -184,7 +177,6 @@ class Controller:
         self.settle_end()
         self._count_downtime()
         self.persist()
-        self.export_incidents()
         return busy
 
     # -- start / re-attach ----------------------------------------------------------------------
@@ -376,7 +368,7 @@ class Controller:
 
     def settle_end(self) -> None:
         """Finish the job once nothing is left to handle; release workers held at their last step."""
-        if self.phase.is_terminal or self._relaunch is not None:
+        if self.phase.is_terminal or self.restarting is not None:
             return
         if self.ended:
             if self.flow.idle and not self.flow.finalize_open():
@@ -455,70 +447,59 @@ class Controller:
             self.ended = True
             self._end(JobPhase.FAILED, decision.reason)
             return
-        # 1. Record the intent before touching anything.
+        # Record the intent before touching anything; then replace the group.
         began = self.incidents.begin(incident.id, EventKind.WORKER_RESTARTED, actor="supervisor",
                                      step=self.current_step,
                                      payload={"reason": event.describe(), "decision": decision.reason, "rank": rank,
                                               "from_generation": self.state.generation})  # fmt: skip
-        self.set_phase(JobPhase.RESTARTING, decision.reason)
-        # 2. Take the old generation down (a hung rank would block the others in collectives).
-        self.workers.shutdown()
-        # 3. Resume point: verified now, and before the onset (minus a margin) of any open incident.
-        resume = self._restart_target()
-        self.state.generation += 1
         self.state.restart_steps.append(at)
-        self.state.restart_resumed_at = -1 if resume is None else resume
-        self.state.held_at.clear()
-        # 4. The analysed timeline continues from the resume point.
-        self.rewind(-1 if resume is None else resume, f"restart:g{self.state.generation}",
-                    f"worker group restarted ({event.kind})")  # fmt: skip
-        # 5. The new generation hears every directive its open incident still needs.
-        after_seq = self.directives.last_seq
-        self._redeliver()
-        self.persist(force=True)
-        # 6. Launch after the policy's backoff (the loop keeps serving meanwhile).
-        self._relaunch = (time.monotonic() + decision.delay_s, resume, after_seq, began.id, incident.id)
+        self._replace_group(None, f"restart:g{self.state.generation + 1}", decision.reason,
+                            f"worker group restarted ({event.kind})", decision.delay_s, (began.id, incident.id))  # fmt: skip
 
-    def _restart_group(self, to_step: int, key: str, reason: str) -> None:
-        """A rollback carried out as a restart (``config.recovery``): the group goes down and a
-        new generation resumes from ``to_step``. Keyed like ``rewind``: done once per rollback."""
-        if key in self.state.effects:
-            return
-        # 1. Take the old generation down; 2. the timeline continues from the target (persisted);
-        # 3. the new generation hears the freeze and the fixes already applied; 4. launch.
-        self.set_phase(JobPhase.RESTARTING, reason)
+    def _replace_group(self, to_step: int | None, key: str, why: str, reason: str, delay_s: float = 0.0,
+                       machinery: tuple[int, int] | None = None) -> None:  # fmt: skip
+        """A new worker generation from ``to_step`` -- for a fault (``machinery``: its event and
+        incident; ``to_step`` None: the restart target, chosen once the old group is down) or for a
+        rollback carried out as a restart (``config.recovery``)."""
+        self.set_phase(JobPhase.RESTARTING, why)
+        # 1. Take the old generation down (a hung rank would block the others in collectives).
         self.workers.shutdown()
+        if machinery is not None:  # 2. verified now, before the onset (less a margin) of any open incident
+            to_step = self._restart_target()
+            self.state.restart_resumed_at = -1 if to_step is None else to_step
         self.state.generation += 1
         self.state.held_at.clear()
-        self.rewind(to_step, key, reason)
+        # 3. The analysed timeline continues from the resume point.
+        self.rewind(-1 if to_step is None else to_step, key, reason)
+        # 4. The new generation hears every directive its open incident still needs.
         after_seq = self.directives.last_seq
         self._redeliver()
         self.persist(force=True)
-        self._relaunch = (time.monotonic(), to_step, after_seq, None, None)
+        # 5. Launch after the policy's backoff (the loop keeps serving meanwhile).
+        self.restarting = Restarting(time.monotonic() + delay_s, to_step, after_seq, machinery)
 
-    def _maybe_relaunch(self) -> None:
-        assert self._relaunch is not None
-        due, resume, after_seq, event_id, incident_id = self._relaunch
-        if time.monotonic() < due:
+    def _maybe_relaunch(self, restarting: Restarting) -> None:
+        if time.monotonic() < restarting.due:
             return
-        self._relaunch = None
+        self.restarting = None
+        resume, after_seq, machinery = restarting.resume_step, restarting.after_seq, restarting.machinery
         try:
             self._launch(resume, after_seq)
         except SupervisorError as exc:
             self.state.exit_code = exc.exit_code
-            if event_id is not None and incident_id is not None:  # a failure's restart is its own incident
-                self.incidents.finish(event_id, result={"error": exc.one_line()}, failed=True)
-                move(self.incidents, incident_id, IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
+            if machinery is not None:  # a failure's restart is its own incident
+                self.incidents.finish(machinery[0], result={"error": exc.one_line()}, failed=True)
+                move(self.incidents, machinery[1], IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
                      self.current_step)  # fmt: skip
             self.workers.shutdown()
             self.ended = True
             self._end(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
             return
-        if event_id is not None and incident_id is not None:
+        if machinery is not None:
             self.incidents.finish(
-                event_id, result={"resume_step": resume, "generation": self.state.generation}
+                machinery[0], result={"resume_step": resume, "generation": self.state.generation}
             )
-            move(self.incidents, incident_id, IncidentState.RESOLVED, f"worker group restarted from step {resume}",
+            move(self.incidents, machinery[1], IncidentState.RESOLVED, f"worker group restarted from step {resume}",
                  self.current_step)  # fmt: skip
         self._group_started()
 
@@ -629,7 +610,7 @@ class Controller:
         st.directives = self.directives.entries
         st.acks, st.failures = self.directives.acks, self.directives.failures
         st.watermark = self.assembler.watermark
-        st.analyzer = self.flow.analyzer_state()
+        st.analyzer = self.flow.analyzer.state_dict()
         st.history = [h.to_json() for h in self.history]
         st.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
         st.receipts = marks
@@ -639,13 +620,6 @@ class Controller:
             self._written = data
         self.receipts.made_durable(marks)
         self._last_persist = time.monotonic()
-
-    def export_incidents(self, force: bool = False) -> None:
-        """Every committed change of an incident is copied to ``<job>/incidents/`` in the job's
-        storage by the store's exporter, on its own thread (``incidents.export.IncidentExporter``),
-        so a write never delays this loop; at the end (``force``) wait for it to finish."""
-        if force and self.incidents.exporter is not None:
-            self.incidents.exporter.close()
 
     def _abandon_pending_events(self) -> None:
         for incident in self.incidents.active(self.job.name):
@@ -685,27 +659,27 @@ class Controller:
         return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
 
     # -- effects: what the plan's actions do to the job, carried out here alone ----------------
-    def apply(self, effect: Effect) -> None:
+    def apply(self, effect: effects.Effect) -> None:
         """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent."""
         self.effects_applied.append(effect)
         match effect:
-            case Rewind(to_step, key, reason):
+            case effects.Rewind(to_step, key, reason):
                 self.rewind(to_step, key, reason)
-            case NoteOverrides(step, params, reason):
+            case effects.NoteOverrides(step, params, reason):
                 # The state holding the detector's note is on disk before the fix is recorded done:
                 # a supervisor killed at any moment after never reads its own re-warm as a new fault.
                 self.flow.note_overrides(step, params, reason)
                 self.persist(force=True)
-            case SetFrozen(frozen):
+            case effects.SetFrozen(frozen):
                 self.state.frozen = frozen
                 self.assembler.touch()
-            case ReleaseLatest(incident) if self.checkpoints is not None:
+            case effects.ReleaseLatest(incident) if self.checkpoints is not None:
                 self.checkpoints.unblock(incident)
-            case RestartGroup(to_step, key, reason):
-                self._restart_group(to_step, key, reason)
-            case EndJob(phase, reason):  # it ends once the workers are down
+            case effects.RestartGroup(to_step, key, reason) if key not in self.state.effects:  # once
+                self._replace_group(to_step, key, reason, reason)
+            case effects.EndJob(phase, reason):  # it ends once the workers are down
                 self.ending = (JobPhase(phase), reason)
-            case KillWorkers(reason):  # the job's end is real, not only recorded
+            case effects.KillWorkers(reason):  # the job's end is real, not only recorded
                 self.log.warning("workers_killed", reason=reason, step=self.current_step)
                 self.workers.shutdown()
                 self.ended = True

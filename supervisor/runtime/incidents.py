@@ -26,7 +26,6 @@ from typing import Any, Protocol
 from supervisor.config.job import JobSpec
 from supervisor.core.analysis import StreamingAnalyzer
 from supervisor.core.detect import DetectorSettings
-from supervisor.core.interventions import Intervention
 from supervisor.core.model import Cause, Diagnosis, Severity
 from supervisor.core.policy import JobState, PlannedAction, Policy, plan
 from supervisor.core.policy.actions import TERMINAL, names_where
@@ -361,7 +360,8 @@ class IncidentFlow:
         exclusion changes the data of steps that still train: ``data=True``).
         """
         if any(
-            iv.kind == "override" and iv.step == step and iv.reason == reason for iv in self._interventions()
+            iv.kind == "override" and iv.step == step and iv.reason == reason
+            for iv in self.analyzer.interventions
         ):
             return  # already known (the same fix polled again by a restarted supervisor)
         precision = params.get("precision")
@@ -388,9 +388,6 @@ class IncidentFlow:
                 return int(steps) if isinstance(steps, int | float) and not isinstance(steps, bool) else None
         return None
 
-    def _interventions(self) -> list[Intervention]:
-        return self.analyzer.interventions
-
     def rebuild_interventions(self) -> list[str]:
         """What this job's supervisor did, rebuilt from its own records before it reads a record.
 
@@ -407,7 +404,7 @@ class IncidentFlow:
             if ev.status is EventStatus.DONE and ev.kind in _EFFECTS
         ]
         done.sort(key=lambda ev: ev.id)  # the order the supervisor began them in
-        known = {(iv.step, iv.reason) for iv in self._interventions() if iv.kind == "override"}
+        known = {(iv.step, iv.reason) for iv in self.analyzer.interventions if iv.kind == "override"}
         noted = []
         for n, ev in enumerate(done):
             step = (ev.result or {}).get("acked_at_step")
@@ -422,9 +419,6 @@ class IncidentFlow:
             log.warning("intervention_rebuilt", incident=ev.incident_id, step=step, params=sorted(params),
                         why="recorded done in the incident store, missing from the saved detector state")  # fmt: skip
         return noted
-
-    def analyzer_state(self) -> Any:
-        return self.analyzer.state_dict()
 
     def opened_since(self, step: int) -> int:
         active = self.state.active.incident_id if self.state.active else None

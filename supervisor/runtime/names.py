@@ -12,10 +12,6 @@ def supervisor_name(job: str) -> str:
     return f"supervisor:{job}"
 
 
-def worker_name(job: str, rank: int) -> str:
-    return f"worker:{job}:{rank}"
-
-
 def placement_group_name(job: str, generation: int) -> str:
     return f"pg:{job}:{generation}"
 

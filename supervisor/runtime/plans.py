@@ -10,14 +10,15 @@ name), so after a restart an action whose event is ``done`` is skipped and one t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventStatus, IncidentState
 from supervisor.logging import get_logger
-from supervisor.runtime.actions import check, entry
-from supervisor.runtime.actions.base import Effect, Executor, Outcome, Runtime
+from supervisor.runtime import effects
+from supervisor.runtime.actions import entry
+from supervisor.runtime.actions.base import Executor, Outcome, Runtime
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
@@ -27,17 +28,12 @@ def action_id(active: ActivePlan, index: int, name: str) -> str:
     return f"i{active.incident_id}-p{active.plan_no}-a{index}-{name}"
 
 
-def check_registry(names: Iterable[str]) -> None:
-    """Every action a policy may plan has a registry entry (run at start: PolicyError naming them)."""
-    check(names)
-
-
 class PlanRunner:
     """Advances the active plan by at most one action transition per call. The executors read the
     job through ``rt`` and return what they do to it as effects; ``carry_out`` (the controller's
     ``apply``) carries each one out -- an outcome's before its action is marked done."""
 
-    def __init__(self, incidents: Any, carry_out: Callable[[Effect], None]) -> None:
+    def __init__(self, incidents: Any, carry_out: Callable[[effects.Effect], None]) -> None:
         self.carry_out = carry_out
         self.incidents = incidents
         self._started: set[str] = set()

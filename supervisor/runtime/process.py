@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from supervisor.config.job import JobSpec
 from supervisor.sdk.context import GENERATION_ENV, JOB_ENV, RESUME_ENV
@@ -205,7 +205,3 @@ def last_error_line(output: str, limit: int = 300) -> str | None:
         if found:
             return found.group(1)[:limit]
     return None
-
-
-def run_info(proc: RankProcess) -> dict[str, Any]:
-    return {"pid": proc.pid, "argv": proc.argv}

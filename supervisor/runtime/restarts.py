@@ -27,16 +27,25 @@ FaultKind = Literal["finished", "failed", "hung", "lost"]
 
 
 @dataclass(frozen=True, slots=True)
+class Restarting:
+    """The job between a group's shutdown and its successor's launch (phase ``restarting``)."""
+
+    due: float
+    """``time.monotonic()`` at which the new generation is launched (the restart policy's backoff)."""
+    resume_step: int | None
+    after_seq: int
+    """The new generation reads the directive log after this number (its re-delivered copies)."""
+    machinery: tuple[int, int] | None = None
+    """(event id, incident id) of a fault's ``worker_restarted`` event, finished at the launch."""
+
+
+@dataclass(frozen=True, slots=True)
 class GroupEvent:
     """Something the worker group did, as worker supervision saw it."""
 
     kind: FaultKind
     ranks: tuple[int, ...] = ()
     reason: str = ""
-
-    @property
-    def is_fault(self) -> bool:
-        return self.kind != "finished"
 
     def describe(self) -> str:
         who = f"rank(s) {list(self.ranks)} " if self.ranks else ""

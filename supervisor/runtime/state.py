@@ -72,8 +72,6 @@ class JobPhase(str, Enum):
 class ActivePlan(BaseModel):
     """The plan being carried out for one incident, and how far it got."""
 
-    model_config = ConfigDict(extra="forbid")
-
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     incident_id: int

@@ -12,8 +12,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from supervisor.runtime.actions.base import EndJob, NoteOverrides, ReleaseLatest, SetFrozen
 from supervisor.runtime.controller import Controller
+from supervisor.runtime.effects import EndJob, NoteOverrides, ReleaseLatest, SetFrozen
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job

@@ -10,9 +10,10 @@ from typing import Any
 
 from supervisor.core.model import HealthMark
 from supervisor.runtime.actions import entry
-from supervisor.runtime.actions.base import NoteOverrides, Outcome, Rewind
+from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.actions.checkpoints import RollbackAction
 from supervisor.runtime.actions.fix import ApplyAction
+from supervisor.runtime.effects import NoteOverrides, Rewind
 from supervisor.sdk.directives import RollbackInPlace
 
 

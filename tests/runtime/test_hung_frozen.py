@@ -14,10 +14,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from supervisor.incidents import EventKind, EventStatus, IncidentState
-from supervisor.runtime.actions.base import EndJob, KillWorkers
 from supervisor.runtime.actions.control import EscalateAction
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.directives import DirectiveLog
+from supervisor.runtime.effects import EndJob, KillWorkers
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.state import JobPhase
 from supervisor.sdk.directives import Snapshot, Stop

@@ -24,68 +24,10 @@ from typing import Any, Protocol
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Diagnosis
 from supervisor.runtime.directives import DirectiveLog
+from supervisor.runtime.effects import Effect
 from supervisor.runtime.observe import StepStats
 from supervisor.runtime.settings import RuntimeSettings
 from supervisor.sdk.directives import Directive
-
-
-@dataclass(frozen=True)
-class Rewind:
-    """The job continues from checkpoint ``to_step``; keyed: carried out once (``Controller.rewind``)."""
-
-    to_step: int
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class NoteOverrides:
-    """The detector learns of a fix the ranks applied after ``step`` (``Controller.note_overrides``)."""
-
-    step: int
-    params: dict[str, Any]
-    reason: str
-
-
-@dataclass(frozen=True)
-class SetFrozen:
-    """The ranks park at a boundary (``True``, acknowledged) or go on (``False``)."""
-
-    frozen: bool
-
-
-@dataclass(frozen=True)
-class ReleaseLatest:
-    """`latest` may advance again as far as incident ``incident`` holds it."""
-
-    incident: int
-
-
-@dataclass(frozen=True)
-class RestartGroup:
-    """A rollback carried out as a group restart from ``to_step``; keyed: carried out once."""
-
-    to_step: int
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class EndJob:
-    """The job ends in ``phase`` once the workers are down (a stop, an escalation)."""
-
-    phase: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class KillWorkers:
-    """A directive that ends training could not reach every rank: take the group down."""
-
-    reason: str
-
-
-Effect = Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,8 @@ from typing import Any
 from supervisor.config.recovery import rollback_mode
 from supervisor.core.model import HealthMark
 from supervisor.logging import get_logger
-from supervisor.runtime.actions.base import (
-    DirectiveAction,
-    Effect,
-    Outcome,
-    RestartGroup,
-    Rewind,
-    Runtime,
-    await_acks,
-)
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
@@ -40,7 +33,7 @@ class BlockLatestAction:
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         return {"incident": rt.incident_id}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         if rt.checkpoints is not None:
             rt.checkpoints.block(f"incident {rt.incident_id} open", incident=rt.incident_id)
         return ()
@@ -98,10 +91,10 @@ class RollbackAction(DirectiveAction):
             return memo | {"restart_key": f"restart:{action_id}"}
         return memo | {"directive": RollbackInPlace(step=target, id=action_id).to_dict()}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         if "restart_key" in memo:
             why = f"rollback of incident {rt.incident_id}: {memo['why']}"
-            return (RestartGroup(memo["to_step"], memo["restart_key"], why),)
+            return (effects.RestartGroup(memo["to_step"], memo["restart_key"], why),)
         return super().start(rt, params, memo) if "directive" in memo else ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
@@ -160,10 +153,10 @@ class RollbackAction(DirectiveAction):
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         # Keyed by the directive: a supervisor restarted after this ran does not rewind twice
         # (a restart rewound when it took the group down, keyed by restart_key).
-        effects: tuple[Effect, ...] = ()
+        then: tuple[effects.Effect, ...] = ()
         if "directive" in memo:
             reason = f"rollback of incident {rt.incident_id}"
-            effects = (Rewind(memo["to_step"], f"rewind:{memo['directive']['id']}", reason),)
+            then = (effects.Rewind(memo["to_step"], f"rewind:{memo['directive']['id']}", reason),)
         passed = {"passed_over": memo["passed_over"]} if memo.get("passed_over") else {}
         done = Outcome.done(
             from_step=memo["from_step"],
@@ -176,4 +169,4 @@ class RollbackAction(DirectiveAction):
             **passed,
             **out.result,
         )
-        return replace(done, effects=effects)
+        return replace(done, effects=then)

@@ -5,17 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from supervisor.runtime.actions.base import (
-    DirectiveAction,
-    Effect,
-    EndJob,
-    KillWorkers,
-    Outcome,
-    ReleaseLatest,
-    Runtime,
-    SetFrozen,
-    await_acks,
-)
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
 from supervisor.sdk.directives import Continue, Directive, Freeze, Snapshot, Stop
 
 
@@ -26,7 +17,7 @@ class FreezeAction(DirectiveAction):
         return Freeze(reason=f"incident {rt.incident_id}", id=action_id)
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        return replace(out, effects=(SetFrozen(True),))
+        return replace(out, effects=(effects.SetFrozen(True),))
 
 
 class ResumeAction(DirectiveAction):
@@ -42,7 +33,7 @@ class ResumeAction(DirectiveAction):
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         done = Outcome.done(latest_unblocked=True, **out.result)
-        return replace(done, effects=(SetFrozen(False), ReleaseLatest(rt.incident_id)))
+        return replace(done, effects=(effects.SetFrozen(False), effects.ReleaseLatest(rt.incident_id)))
 
 
 class StopAction(DirectiveAction):
@@ -54,7 +45,7 @@ class StopAction(DirectiveAction):
         )
 
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
-        return replace(out, effects=(EndJob("stopped", memo["directive"]["reason"]),))
+        return replace(out, effects=(effects.EndJob("stopped", memo["directive"]["reason"]),))
 
 
 class EscalateAction:
@@ -68,7 +59,7 @@ class EscalateAction:
         stop = Stop(reason=why, id=f"{action_id}-stop")
         return {"snapshot": snap.to_dict(), "stop": stop.to_dict(), "reason": why, "started_at": time.time()}
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         rt.issue(Directive.from_dict(memo["snapshot"]))
         rt.issue(Directive.from_dict(memo["stop"]))
         return ()
@@ -78,16 +69,16 @@ class EscalateAction:
         stop = await_acks(rt, memo["stop"]["id"], memo["started_at"])
         if snap is None or stop is None:
             return None
-        effects: tuple[Effect, ...] = (EndJob("escalated", memo["reason"]),)
+        then: tuple[effects.Effect, ...] = (effects.EndJob("escalated", memo["reason"]),)
         saved = snap.result.get("acked_at_step") if snap.ok else None
         killed = None
         if not stop.ok and not rt.workers_gone():
             # The stop never reached every rank (dead or hung): the escalation's effect -- training
             # ends -- is carried out all the same, and recorded as what happened, not as a stop.
             killed = f"workers killed: {stop.reason}"
-            effects += (KillWorkers(killed),)
+            then += (effects.KillWorkers(killed),)
         done = Outcome.done(
             state_saved_at_step=saved, snapshot_ok=snap.ok, stopped=stop.ok, reason=memo["reason"],
             **({"workers_killed": killed} if killed else {}),
         )  # fmt: skip
-        return replace(done, effects=effects)
+        return replace(done, effects=then)

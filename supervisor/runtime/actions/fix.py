@@ -6,14 +6,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from supervisor.runtime.actions.base import (
-    DirectiveAction,
-    Effect,
-    NoteOverrides,
-    Outcome,
-    Runtime,
-    SetFrozen,
-)
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
 from supervisor.runtime.observe import Baseline, Check, evaluate
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
 
@@ -50,7 +44,7 @@ class ApplyAction(DirectiveAction):
     def finished(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], out: Outcome) -> Outcome:
         unsupported = ["precision"] if params.get("precision") else []
         # The detector must take the fix's own effects (an LR ramp, a new clip) as expected.
-        note = NoteOverrides(int(out.result.get("acked_at_step", rt.current_step)), params,
+        note = effects.NoteOverrides(int(out.result.get("acked_at_step", rt.current_step)), params,
                              f"fix of incident {rt.incident_id}")  # fmt: skip
         done = Outcome.done(overrides=memo["directive"], unsupported=unsupported, **out.result)
         return replace(done, effects=(note,))
@@ -72,9 +66,9 @@ class ObserveAction:
             "started_at": time.time(),
         }
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         rt.issue(Directive.from_dict(memo["release"]))
-        return (SetFrozen(False),)
+        return (effects.SetFrozen(False),)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         window = rt.window_after(memo["from_step"])

@@ -12,7 +12,8 @@ from typing import Any
 
 from supervisor.logging import get_logger
 from supervisor.observability import alerts
-from supervisor.runtime.actions.base import Effect, Outcome, Runtime
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import Outcome, Runtime
 
 log = get_logger("supervisor.runtime.alert")
 
@@ -41,7 +42,7 @@ class AlertAction:
             "key": alerts.idempotency_key(rt.job.name, action_id),
         }
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         d = rt.diagnosis
         log.warning(
             "ALERT", job=rt.job.name, incident=rt.incident_id, phenotype=d.phenotype.value,

@@ -18,7 +18,8 @@ from typing import Any
 
 from supervisor.core.model import Cause
 from supervisor.errors import SupervisorError
-from supervisor.runtime.actions.base import Effect, Outcome, Runtime
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import Outcome, Runtime
 from supervisor.sdk.directives import Replay
 from supervisor.sdk.replay import result_key
 
@@ -40,7 +41,7 @@ class ReplayAction:
             memo["directive"] = directive.to_dict()
         return memo
 
-    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
+    def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         if "directive" in memo:
             rt.issue(Replay.from_dict(memo["directive"]))
         elif "error" not in memo:

@@ -1,0 +1,66 @@
+"""What an action does to the job, as values: an executor returns them (``actions.base``) and
+``Controller.apply`` alone carries them out, each keyed or idempotent (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """The job continues from checkpoint ``to_step``; keyed: carried out once."""
+
+    to_step: int
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoteOverrides:
+    """The detector learns of a fix the ranks applied after ``step``."""
+
+    step: int
+    params: dict[str, Any]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetFrozen:
+    """The ranks park at a boundary (``True``, acknowledged) or go on (``False``)."""
+
+    frozen: bool
+
+
+@dataclass(frozen=True)
+class ReleaseLatest:
+    """`latest` may advance again as far as incident ``incident`` holds it."""
+
+    incident: int
+
+
+@dataclass(frozen=True)
+class RestartGroup:
+    """A rollback carried out as a group restart from ``to_step``; keyed: carried out once."""
+
+    to_step: int
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class EndJob:
+    """The job ends in ``phase`` once the workers are down (a stop, an escalation)."""
+
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KillWorkers:
+    """A directive that ends training could not reach every rank: take the group down."""
+
+    reason: str
+
+
+Effect = Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers
