@@ -292,6 +292,8 @@ class Controller:
                     continue  # a resend of a record this supervisor already has
                 fresh.append(rec)
                 self._note(rank, rec)
+                if tag is not None:  # unconsumed until its step is analysed or it is dropped (on_release)
+                    self.receipts.hold(tag)
                 self.assembler.add(rank, rec, tag)
             if self._trace is not None and fresh:
                 self._trace.write(fresh)

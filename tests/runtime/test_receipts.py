@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from supervisor.runtime.receipts import Receipts
 
 
@@ -43,3 +45,31 @@ def test_an_idle_link_gets_its_records_back_and_a_dropped_range_is_not_asked_for
     fresh = Receipts({"M": 10})
     # The link's buffer dropped 11..14: it holds 15.. only; the supervisor takes them (a counted gap).
     assert fresh.offer("M", [15, 16], (15, 16)) is None
+
+
+def test_a_record_waiting_for_its_step_is_not_acknowledged_and_a_successor_gets_it_back(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's record of a step rank 1 has not reported yet waits, unanalysed: the state written
+    meanwhile does not reflect it, so its link keeps it, and a supervisor killed now loses none."""
+    from supervisor.runtime.controller import Controller
+    from tests.runtime.conftest import FAST, make_job
+    from tests.runtime.harness import FakeRanks, FakeWorkers
+
+    job = make_job(tmp_path, "waiting", max_steps=200, resources={"num_workers": 2})
+    ranks = FakeRanks(2, 200)
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ctl.boot()
+    ranks.train(ctl, 10)
+    ranks.step += 1
+    ranks.send(ctl, 0, [ranks.record(ranks.step, 0)])  # rank 1's record of step 11 is still to come
+    ctl.iterate()
+    ctl.persist(force=True)
+    ranks.resend(ctl)  # the link's acknowledgement poll
+    assert ctl.assembler.watermark == 10 and ranks.unacked(0) == 1
+    # Killed here: the successor asks for the record again and analyses step 11 with both ranks.
+    again = Controller(job, FAST, attach=True, workers=FakeWorkers(ranks))
+    ranks.resend(again)
+    ranks.send(again, 1, [ranks.record(ranks.step, 1)])
+    again.iterate()
+    assert again.assembler.watermark == 11 and again.assembler.missing == 0
