@@ -189,3 +189,34 @@ def test_each_occurrence_of_a_data_recurrence_is_excluded_where_it_recurs_past_t
     # A recurrence that is not the data's (no period kept, no samples) is still bounded.
     other = plan(recurring_shard(onset=onset, phenotype=Phenotype.TRANSIENT, period=None), js, default_policy)
     assert other.escalates and "recurrence.max_attempts=3" in (other.escalate_reason or "")
+
+
+def test_a_fix_whose_window_failed_is_not_repeated_unchanged_the_state_is_rolled_back(
+    default_policy: Policy,
+) -> None:
+    """Cell 928894:474540 (an LR bug from the warm-up, read as a data transient at step 73): the
+    exclusion's window failed (grad norm 3.3x its baseline, the spike back), and the second plan
+    was the same exclusion, whose window failed again: escalated at 1.35x the clean loss. The
+    weights trained on through a failed window are no state to go on from: the next attempt
+    restores one from before the onset."""
+    d = Diagnosis(
+        onset_step=73,
+        peak_step=73,
+        end_step=76,
+        phenotype=Phenotype.TRANSIENT,
+        causes=[CauseScore(Cause.DATA, 0.3, ["loss 3.49 -> 13.2 at step 73; back in band within 0 steps"])],
+        suspect_samples=[f"code:x.py:{i}" for i in range(18)],
+        severity=Severity.HIGH,
+        detected_step=73,
+    )
+    checkpoints = tuple((s, "healthy") for s in range(20, 80, 20))
+    first = plan(d, state(step=78, checkpoints=checkpoints), default_policy)
+    assert first.rule == "transient" and "rollback" not in first.action_names
+    again = plan(d, state(step=130, checkpoints=checkpoints, observation_failures=1), default_policy)
+    assert not again.escalates, again.escalate_reason
+    names = again.action_names
+    assert "rollback" in names and names.index("freeze") < names.index("rollback") < names.index("observe")
+    assert again.action("rollback").params["target_step"] < d.onset_step  # type: ignore[union-attr]
+    assert any("observation window failed" in n for n in again.notes), again.notes
+    # the bound stands: a second failed window escalates
+    assert plan(d, state(step=150, checkpoints=checkpoints, observation_failures=2), default_policy).escalates

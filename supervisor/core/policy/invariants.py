@@ -1,8 +1,9 @@
 """Safety rules the engine enforces whatever a policy says (docs/policies.md).
 
 1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
-2. A state that may hold non-finite weights or optimizer moments, or that took an LR jump
-   or an update-ratio jump, is never "fixed" by lowering the LR and continuing: a rollback
+2. A state that may hold non-finite weights or optimizer moments, that took an LR jump
+   or an update-ratio jump, or that trained on through a failed observation window of this
+   incident, is never "fixed" by lowering the LR and continuing: a rollback
    to before the onset precedes the first action that lets training go on (the engine
    escalates when no checkpoint qualifies), and a fix follows the rollback (a re-warm when
    the rule names none): the evidence decides this, not the phenotype read at one instant.
@@ -66,10 +67,17 @@ def state_suspect_reason(d: Diagnosis, state: JobState) -> str | None:
     if why := maybe_nonfinite(d, state):
         return why
     found = state_suspect(d)
-    if not found:
-        return None
-    name, sentence = next(iter(found.items()))
-    return f"{name.replace('_', ' ')} ({sentence})"
+    if found:
+        name, sentence = next(iter(found.items()))
+        return f"{name.replace('_', ' ')} ({sentence})"
+    if state.observation_failures:
+        # The fix did not hold, and the weights trained on through the failed window: whatever
+        # the first reading said, the state is no longer one to go on from.
+        return (
+            f"the observation window failed {state.observation_failures} time(s) after this "
+            "incident's fix: the state trained through it is not vouched for"
+        )
+    return None
 
 
 #: The fix the engine adds after a rollback when the rule names none: re-warm the LR from the
