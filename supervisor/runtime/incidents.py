@@ -105,19 +105,14 @@ class FlowHost(Runtime, Protocol):
     """What the incident flow needs from the loop that drives it, beside what its plan's executors
     read (``Runtime``)."""
 
-    job: JobSpec
     policy: Policy
     incidents: Any  # IncidentStore
-    checkpoints: Any  # CheckpointStore | None
     state: RuntimeState
     history: deque[StepStats]
-    current_step: int
 
     def set_phase(self, phase: JobPhase, reason: str) -> None: ...
-    def training_ended(self) -> bool: ...
     def downtime_now(self) -> float: ...
     def persist(self, force: bool = False) -> None: ...
-    def stop_reason(self) -> str | None: ...
 
 
 class IncidentFlow:
