@@ -8,6 +8,15 @@ reader finds the storage bytes through the zip's own directory, reads the tensor
 from its pickle with an unpickler that admits only a tensor rebuild (no other class or
 call), views the bytes in place and copies the requested slice straight into the target.
 Anything else (bytes items, another layout, a big-endian host) goes through DCP's own path.
+
+The restore's self-check (``dcp_state.fingerprint`` of the restored model state against the one
+saved) is folded into that copy when the load is in place (``ShardHash``): each model tensor is
+copied in chunks of ``FOLD_CHUNK`` bytes and each chunk is hashed from the live tensor while it
+is still in the CPU cache, instead of reading the whole model again after the load. The hash
+sees the live tensors' bytes in the fingerprint's order (names sorted), after every write to
+them, so it equals the fingerprint taken after the load; any item it cannot cover so (another
+layout, a slice, a device tensor, aliased storage) leaves it unset and the check hashes the
+live state after the load, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
+
+from supervisor.checkpoint.hashing import new_hasher
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
@@ -115,45 +126,123 @@ def _view(buf: mmap.mmap, start: int, length: int) -> torch.Tensor | None:
     return flat.as_strided(size, stride, offset)
 
 
+FOLD_CHUNK = 1 << 20
+"""Bytes copied then hashed at a time when the self-check is folded into the copy (fits in L2)."""
+
+
+class ShardHash:
+    """``dcp_state.fingerprint``'s ``shard_checksum`` of the restored model state, taken by the reader
+    as it writes the live tensors (module doc). ``checksum`` is None unless every model tensor was
+    covered whole, in order, in place."""
+
+    def __init__(self, model_state: dict[str, Any], algorithm: str, prefix: str = "model.") -> None:
+        self.algorithm, self.prefix = algorithm, prefix
+        self.live = {n: v for n, v in model_state.items() if isinstance(v, torch.Tensor)}
+        self.order = sorted(self.live)
+        self._hasher = new_hasher(algorithm)
+        self._next = 0
+        # Plain CPU tensors only (a DTensor's bytes are its shard's, a device tensor's are not here),
+        # each with a storage of its own: with tied weights a later write could change a hashed tensor.
+        self.usable = all(t.device.type == "cpu" and not hasattr(t, "to_local") for t in self.live.values())
+        if self.usable:
+            storages = [t.untyped_storage().data_ptr() for t in self.live.values() if t.numel()]
+            self.usable = len(set(storages)) == len(storages)
+
+    def name(self, item: ReadItem) -> str | None:
+        """The model state name an item writes, or None (an optimizer item, another component)."""
+        fqn = item.dest_index.fqn
+        return (
+            fqn[len(self.prefix) :]
+            if fqn.startswith(self.prefix) and fqn[len(self.prefix) :] in self.live
+            else None
+        )
+
+    def copy(self, name: str, item: ReadItem, source: torch.Tensor, target: torch.Tensor) -> bool:
+        """Copy ``source`` into ``target`` hashing it on the way; False (nothing done) when this
+        item cannot be folded: then the caller copies and the fold is given up."""
+        live = self.live[name]
+        whole = target.size() == live.size() and not any(item.dest_offsets) and source.size() == live.size()
+        if not (
+            self.usable and self._next < len(self.order) and self.order[self._next] == name and whole
+            and target.data_ptr() == live.data_ptr() and target.is_contiguous() and source.is_contiguous()
+            and source.dtype == target.dtype
+        ):  # fmt: skip
+            self.usable = False
+            return False
+        dst, src = target.view(-1), source.view(-1)
+        step = max(1, FOLD_CHUNK // max(1, target.element_size()))
+        for at in range(0, dst.numel(), step):
+            chunk = dst[at : at + step]
+            chunk.copy_(src[at : at + step])
+            self._hasher.update(chunk.view(torch.uint8).numpy().data)
+        self._next += 1
+        return True
+
+    @property
+    def checksum(self) -> str | None:
+        if not self.usable or self._next != len(self.order):
+            return None
+        return f"{self.algorithm}:{self._hasher.hexdigest()}"
+
+
 class MmapReader(dcp.FileSystemReader):
-    """``FileSystemReader`` whose tensor reads copy once, from an mmap (module doc)."""
+    """``FileSystemReader`` whose tensor reads copy once, from an mmap (module doc).
+
+    ``shard_hash``: fold the restore's self-check into the copy (``ShardHash``)."""
+
+    def __init__(self, *args: Any, shard_hash: ShardHash | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shard_hash = shard_hash
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         if sys.byteorder != "little":
+            if self.shard_hash is not None:
+                self.shard_hash.usable = False
             return super().read_data(plan, planner)
-        per_file: dict[str, list[ReadItem]] = {}
+        bufs: dict[str, mmap.mmap] = {}
         for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        rest: list[ReadItem] = []
-        for name, items in per_file.items():
-            rest += self._read_file(Path(self.path) / name, items, planner)
+            name = self.storage_data[item.storage_index].relative_path
+            if name not in bufs:
+                with open(Path(self.path) / name, "rb") as f:
+                    # Writable (copy on write, never written) so frombuffer takes it; never closed
+                    # here: the views hold it, and it unmaps when the last of them is gone.
+                    bufs[name] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        rest = [item for item in self._ordered(plan.items) if not self._read_item(bufs, item, planner)]
         if rest:
+            if self.shard_hash is not None and any(self.shard_hash.name(i) for i in rest):
+                self.shard_hash.usable = False
             return super().read_data(LoadPlan(rest, plan.storage_data, plan.planner_data), planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_file(self, path: Path, items: list[ReadItem], planner: LoadPlanner) -> list[ReadItem]:
-        """Copy the tensor items of one file into their targets; returns the items left for DCP."""
-        rest = []
-        with open(path, "rb") as f:
-            # Writable (copy on write, never written) so frombuffer takes it; never closed here:
-            # the views hold it, and it unmaps when the last of them is gone.
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        for item in items:
-            info = self.storage_data[item.storage_index]
-            source = None
-            if item.type != LoadItemType.BYTE_IO and not info.transform_descriptors:
-                source = _view(buf, info.offset, info.length)
-            if source is None:
-                rest.append(item)
-                continue
-            source = narrow_tensor_by_index(source, item.storage_offsets, item.lengths)
-            target = planner.resolve_tensor(item).detach()
-            if target.size() != source.size():
-                raise AssertionError(
-                    f"{item.storage_index}: size {tuple(source.size())} != {tuple(target.size())}"
-                )
+    def _ordered(self, items: list[ReadItem]) -> list[ReadItem]:
+        """Plan order; with a folded self-check, every other item first, then the model's by name
+        (the fingerprint's order), so nothing is written into a model tensor after it was hashed."""
+        sh = self.shard_hash
+        if sh is None:
+            return items
+        named = {id(i): sh.name(i) for i in items}
+        return [i for i in items if named[id(i)] is None] + sorted(
+            (i for i in items if named[id(i)] is not None), key=lambda i: str(named[id(i)])
+        )
+
+    def _read_item(self, bufs: dict[str, mmap.mmap], item: ReadItem, planner: LoadPlanner) -> bool:
+        """Copy one tensor item from its file's mmap into its target; False: left for DCP's path."""
+        info = self.storage_data[item.storage_index]
+        if item.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+            return False
+        source = _view(bufs[info.relative_path], info.offset, info.length)
+        if source is None:
+            return False
+        source = narrow_tensor_by_index(source, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != source.size():
+            raise AssertionError(
+                f"{item.storage_index}: size {tuple(source.size())} != {tuple(target.size())}"
+            )
+        name = self.shard_hash.name(item) if self.shard_hash is not None else None
+        if name is None or not self.shard_hash.copy(name, item, source, target):  # type: ignore[union-attr]
             target.copy_(source)
-            planner.commit_tensor(item, target)
-        return rest
+        planner.commit_tensor(item, target)
+        return True

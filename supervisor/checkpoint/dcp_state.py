@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.futures import Future
 
-from supervisor.checkpoint.dcp_reader import MmapReader
+from supervisor.checkpoint.dcp_reader import MmapReader, ShardHash
 from supervisor.checkpoint.hashing import hash_path, new_hasher
 from supervisor.checkpoint.manifest import FileEntry, Manifest
 from supervisor.checkpoint.store import CheckpointStore
@@ -86,21 +86,35 @@ class HostStager:
 
 def fingerprint(model_state: dict[str, Any], algorithm: str) -> dict[str, str]:
     """This rank's model state, bit for bit: ``shard_layout`` (names, local shapes, dtypes) and
-    ``shard_checksum`` (their bytes). Recorded per rank at save; after a restore on the same
-    layout the live shard must give the same checksum (a rollback provably restored it)."""
-    layout, data = new_hasher(algorithm), new_hasher(algorithm)
-    for name in sorted(model_state):
-        value = model_state[name]
-        if not isinstance(value, torch.Tensor):
-            continue
-        local = value.to_local() if hasattr(value, "to_local") else value
-        layout.update(f"{name}:{tuple(local.shape)}:{local.dtype};".encode())
+    ``shard_checksum`` (their bytes, names sorted). Recorded per rank at save; after a restore on
+    the same layout the live shard must give the same checksum (a rollback provably restored it;
+    ``dcp_reader.ShardHash`` takes the same checksum during the load)."""
+    data = new_hasher(algorithm)
+    for _, local in _locals(model_state):
         flat = local.detach().reshape(-1).contiguous().cpu()
         data.update(flat.view(torch.uint8).numpy().data)
     return {
-        "shard_layout": f"{algorithm}:{layout.hexdigest()}",
+        "shard_layout": shard_layout(model_state, algorithm),
         "shard_checksum": f"{algorithm}:{data.hexdigest()}",
     }
+
+
+def shard_layout(model_state: dict[str, Any], algorithm: str) -> str:
+    """``fingerprint``'s ``shard_layout`` alone (names, local shapes and dtypes: no data read)."""
+    layout = new_hasher(algorithm)
+    for name, local in _locals(model_state):
+        layout.update(f"{name}:{tuple(local.shape)}:{local.dtype};".encode())
+    return f"{algorithm}:{layout.hexdigest()}"
+
+
+def _locals(model_state: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """(name, this rank's local tensor) of the state's tensors, names sorted."""
+    out = []
+    for name in sorted(model_state):
+        value = model_state[name]
+        if isinstance(value, torch.Tensor):
+            out.append((name, value.to_local() if hasattr(value, "to_local") else value))
+    return out
 
 
 def new_dir_name(group: Any, world_size: int) -> str:
@@ -194,18 +208,25 @@ def load(
     optimizer: torch.optim.Optimizer,
     *,
     group: Any = None,
-) -> None:
-    """Load the checkpoint's model and optimizer state into the live objects, resharding as needed."""
+    shard_hash: bool = False,
+) -> str | None:
+    """Load the checkpoint's model and optimizer state into the live objects, resharding as needed.
+
+    ``shard_hash``: also return ``fingerprint``'s ``shard_checksum`` of the restored model state,
+    hashed by the reader as it writes the live tensors (``dcp_reader.ShardHash``); None when the
+    load could not be hashed so (the caller then fingerprints the live state)."""
     state = live_state(model, optimizer)
     dirname = dcp_dir(manifest)
     backend = store.backend
+    folded = ShardHash(state["model"], store.settings.checksum) if shard_hash else None
     try:
         if isinstance(backend, LocalBackend):
-            reader: dcp.StorageReader = MmapReader(backend.path(store.key(manifest.step, dirname)))
+            path = backend.path(store.key(manifest.step, dirname))
+            reader: dcp.StorageReader = MmapReader(path, shard_hash=folded)
             dcp.load(state, storage_reader=reader, process_group=group, no_dist=_single())
         else:
             with tempfile.TemporaryDirectory(prefix="dcp-fetch-") as tmp:
-                reader = FetchingReader(store, manifest.step, dirname, Path(tmp))
+                reader = FetchingReader(store, manifest.step, dirname, Path(tmp), shard_hash=folded)
                 dcp.load(state, storage_reader=reader, process_group=group, no_dist=_single())
     except CheckpointError:
         raise
@@ -214,14 +235,33 @@ def load(
             f"dcp.load failed: {type(exc).__name__}: {_first_line(exc)}", source=store.where(manifest.step)
         ) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if folded is None or not _same_tensors(state["model"], live_state(model, optimizer)["model"]):
+        return None  # set_state_dict put other tensors in place than the ones the reader hashed
+    return folded.checksum
+
+
+def _same_tensors(hashed: dict[str, Any], live: dict[str, Any]) -> bool:
+    """The live model state is the tensors the reader wrote (same names, same storage)."""
+    return hashed.keys() == live.keys() and all(
+        not isinstance(v, torch.Tensor)
+        or (isinstance(live[k], torch.Tensor) and live[k].data_ptr() == v.data_ptr())
+        for k, v in hashed.items()
+    )
 
 
 class FetchingReader(MmapReader):
     """An MmapReader over a local cache that fetches each file from the backend on first use:
     a rank downloads ``.metadata`` and only the files its load plan reads."""
 
-    def __init__(self, store: CheckpointStore, step: int, dirname: str, cache: Path) -> None:
-        super().__init__(cache)
+    def __init__(
+        self,
+        store: CheckpointStore,
+        step: int,
+        dirname: str,
+        cache: Path,
+        shard_hash: ShardHash | None = None,
+    ) -> None:
+        super().__init__(cache, shard_hash=shard_hash)
         self.store, self.step, self.dirname, self.cache = store, step, dirname, cache
 
     def _fetch(self, name: str) -> None:

@@ -257,8 +257,8 @@ def load_training_state(
     report = [] if src == rank else [f"rank {rank} restores rank {src}'s {taken}"]
     shard_checksum = None
     if dcp:
-        dcp_state.load(store, manifest, model, optimizer, group=group)
-        shard_checksum = _check_shard(store, manifest, rank, model, optimizer)
+        folded = dcp_state.load(store, manifest, model, optimizer, group=group, shard_hash=True)
+        shard_checksum = _check_shard(store, manifest, rank, model, optimizer, folded)
     else:
         _load_torch_files(store, manifest, rank, world_size, model, optimizer, map_location)
     with store.local_file(step, _entry(store, manifest, "rng", src).name) as path:
@@ -290,13 +290,21 @@ def _check_shard(
     rank: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
+    folded: str | None = None,
 ) -> str | None:
     """The restored shard's checksum, when this rank's layout is the saving rank's; a difference
-    is a failed restore (raised), never a silent one."""
+    is a failed restore (raised), never a silent one. ``folded``: that checksum as the load's
+    reader hashed the live tensors while writing them (else they are hashed again here)."""
     saved = (manifest.extra.get("rank_summaries") or {}).get(str(rank)) or {}
-    live = dcp_state.fingerprint(dcp_state.live_state(model, optimizer)["model"], store.settings.checksum)
-    if saved.get("shard_layout") != live["shard_layout"] or manifest.world_size != dist_world_size():
+    model_state = dcp_state.live_state(model, optimizer)["model"]
+    layout = dcp_state.shard_layout(model_state, store.settings.checksum)
+    if saved.get("shard_layout") != layout or manifest.world_size != dist_world_size():
         return None  # resharded (another world size or module layout): nothing to compare bit for bit
+    live = (
+        {"shard_checksum": folded}
+        if folded is not None
+        else dcp_state.fingerprint(model_state, store.settings.checksum)
+    )
     if saved.get("shard_checksum") != live["shard_checksum"]:
         raise RestoreCheckError(
             f"rank {rank}: restored model state differs from the saved one "
