@@ -8,8 +8,9 @@ Rows (each measured side by side in this run; ratios, not absolutes, are the fig
 
 - ``probe``: step time of the example LM (>= 100M parameters on CUDA, fp32, fused AdamW) with
   the minimal and the default probe, against the plain loop (clip, step, schedule, zero grad),
-  interleaved in blocks (rotating order; a block ends with a device sync); the median over
-  blocks. Goal: default <= 1 % on a GPU (bench/probe_overhead.py has every variant).
+  paired in rounds (each variant one block of steps per round, the order shuffled; a block ends
+  with a device sync); the median over rounds of the block's time / the plain loop's in the
+  same round. Goal: default <= 1 % on a GPU (bench/probe_overhead.py has every variant).
 - ``ckpt``: a model + AdamW state of 1B parameters (12 GB on the device): synchronous DCP save
   against raw write+fsync of the same bytes; the asynchronous save's blocked time (the call plus
   what the next optimizer step waited for the staging copy) against the synchronous save
@@ -71,7 +72,7 @@ def _verdict(ok: bool | None, judged: bool = True) -> str:
 
 # -- probe overhead ---------------------------------------------------------------------------
 def probe_rows(device: str) -> list[Row]:
-    from probe_overhead import Loop  # type: ignore[import-not-found]
+    from probe_overhead import Loop, measure, paired  # type: ignore[import-not-found]
 
     from examples.tinylm.data import build_dataset
     from examples.tinylm.model import TinyLM, TinyLMConfig
@@ -85,18 +86,13 @@ def probe_rows(device: str) -> list[Row]:
     base = TinyLM(cfg).to(device)
     dataset = build_dataset(seq_len=size["seq"], max_bytes_per_source=size["data_bytes"])
     loops = [Loop(name, base, dataset, args, s) for name, s in PROBE_VARIANTS.items()]
-    for loop in loops:
-        loop.run(size["block_steps"])  # warm-up
-        loop.times.clear()
-    for i in range(size["blocks"]):
-        for loop in loops[i % len(loops) :] + loops[: i % len(loops)]:
-            loop.run(size["block_steps"])
+    measure(loops, size["blocks"], size["block_steps"], time.perf_counter, warmup=1)
     params = sum(p.numel() for p in base.parameters()) / 1e6
     ref = statistics.median(loops[0].times)
     rows: list[Row] = [(f"probe: plain step ({params:,.2f}M params)", f"{ref * 1e3:.2f} ms", "", "-")]
     goal = 1.0 if device == "cuda" else None  # the CPU goal is at 3M params: bench/probe_overhead.py
     for loop in loops[1:]:
-        over = 100 * (statistics.median(loop.times) / ref - 1)
+        over = 100 * paired(loop.times, loops[0].times)[0]
         is_default = loop.name == "default probe"
         rows.append((f"probe: {loop.name}", f"{over:+.2f} % of a step", "<= 1 %" if is_default else "",
                      _verdict(over <= goal if is_default and goal is not None else None)))  # fmt: skip

@@ -126,14 +126,38 @@ def test_incident_export_smoke_prints_one_line_per_rank_count() -> None:
 
 def test_probe_overhead_smoke_prints_every_variant_against_the_plain_loop() -> None:
     out = smoke("probe_overhead.py", timeout_s=120)
-    assert out.startswith("model: ") and "3 blocks x 2 steps" in out, out
+    assert out.startswith("model: ") and "3 rounds x 2 steps" in out, out
     rows = [ln for ln in out.splitlines() if ln.endswith("(ms/step)")]
     assert [r.split("  ")[1] for r in rows] == [
         "baseline (clip, no probe)", "probe: loss+grad norm+nonfinite", "probe: default (+sampled norms, fingerprint/50)",
         "probe: everything every step (fingerprint/1)", "probe: + canary forward every 10 steps"]  # fmt: skip
-    for r in rows:
-        assert len(re.findall(rf"{NUMBER}%", r)) == 2, r
+    for r in rows:  # the paired median and its confidence interval, of the step
+        assert len(re.findall(rf"{NUMBER}%", r)) == 6, r  # and outside forward + backward (CPU)
+    assert "+0.00%   [ +0.00%,  +0.00%]" in rows[0]  # the baseline paired with itself
     assert out.count("update-norm sample:") == 4, out
+
+
+def test_probe_overhead_pairs_rounds_and_brackets_the_median() -> None:
+    """The figure is the median of per-round ratios (a drift that slows a whole round cancels),
+    and its 95% interval holds the median and widens with the spread of the ratios."""
+    sys.path.insert(0, str(BENCH))
+    from probe_overhead import paired
+
+    base = [1.0, 2.0, 4.0, 1.5, 3.0] * 8  # the machine's speed swings 4x between rounds
+    mid, lo, hi = paired([1.02 * b for b in base], base)
+    assert abs(mid - 0.02) < 1e-9 and abs(lo - 0.02) < 1e-9 and abs(hi - 0.02) < 1e-9
+    noisy = [b * (1.02 + (0.05 if i % 2 else -0.05)) for i, b in enumerate(base)]
+    mid, lo, hi = paired(noisy, base)
+    assert lo < mid < hi and lo < 0.0 < hi  # a 2% effect under +-5% noise at 40 rounds: not shown
+
+
+def test_probe_overhead_refuses_an_unknown_variant_in_one_line() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(BENCH / "probe_overhead.py"), "--variants", "default,fast"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "'fast'" in proc.stderr, (
+        proc.stderr
+    )
 
 
 @pytest.mark.slow  # two gloo ranks in their own processes, both control paths: ~15 s
@@ -141,7 +165,7 @@ def test_control_cost_smoke_prints_both_paths_and_every_directive_arrives() -> N
     out = smoke("control_cost.py")
     [row] = [ln for ln in out.splitlines() if ln.startswith("| 2 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 6 and all(re.search(NUMBER, c) for c in cells[1:]), row
-    assert cells[5] == "6 / 6", row  # rank 0 applied every directive on both paths
+    assert len(cells) == 7 and all(re.search(NUMBER, c) for c in cells[1:]), row
+    assert cells[6] == "6 / 6", row  # rank 0 applied every directive on both paths
     assert re.search(rf"^control_cost: ranks 2, broadcast {NUMBER} us/step, agreed {NUMBER} us/step \({NUMBER}x\)$",
                      out, re.M), out  # fmt: skip
