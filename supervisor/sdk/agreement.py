@@ -38,9 +38,11 @@ module imports no torch.
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +55,8 @@ from supervisor.sdk.directives import Continue, Directive, Freeze, Stop
 
 COMMIT = "commit"
 ABORT = "abort"
+CLOSED = json.dumps({"closed": True})
+CLOSED_ABORT = f"{ABORT}:closed"
 #: A watcher's store wait is re-armed this often (a TCPStore logs each expired wait).
 WAIT_CHUNK_S = 3600.0
 
@@ -128,11 +132,13 @@ class Agreement:
         self._due: deque[Proposal] = deque()  # committed, not applied yet
         self._broken: BaseException | None = None
         self._closed = False
+        self._watching = ("p", 1)  # the key the watcher waits for: a proposal's, or its decision's
         self._proposer = _Proposer() if rank == 0 else None
         self.stats: dict[str, float] = {"proposed": 0, "committed": 0, "aborted": 0, "waited_s": 0.0}
         self._log = get_logger("supervisor.sdk.agreement", rank=rank)
         self._watcher = threading.Thread(target=self._watch, name=f"control-{rank}", daemon=True)
         self._watcher.start()
+        _LIVE.add(self)
 
     # -- the training thread, at boundaries ------------------------------------------------------
     def arrive(self) -> None:
@@ -199,7 +205,11 @@ class Agreement:
         with self._cv:
             pr.parked = parked
             known = {d.id for d in pr.queue} | {d.id for p in self._pending() for d in p.directives}
-            pr.queue += [d for d in directives if d.id not in known]
+            fresh = [d for d in directives if d.id not in known]
+            if self._closed:  # training has ended on some rank: nothing can be agreed any more
+                pr.failed += fresh
+                return
+            pr.queue += fresh
             self._propose_next()
 
     def failed(self) -> list[Directive]:
@@ -240,7 +250,12 @@ class Agreement:
         self._open = Proposal(k, at, batch)  # rank 0's own promise, made with the proposal
         body = json.dumps({"at": at, "directives": [d.to_dict() for d in batch]})
         with self._io:
-            self._ops.set(f"p/{k}", body)
+            written = self._ops.compare_set(f"p/{k}", "", body)
+        if written != body.encode():  # a rank closed the channel (training ended there)
+            self._log.warning("control channel closed: directives not proposed", ids=[d.id for d in batch])
+            pr.open, self._open, self._closed = None, None, True
+            pr.failed += batch
+            return
         self.stats["proposed"] += 1
 
     def _on_decision(self, prop: Proposal, decision: str) -> None:
@@ -255,6 +270,9 @@ class Agreement:
                     pr.park_at = prop.at
                 elif isinstance(d, Continue | Stop):
                     pr.park_at = None
+        elif decision == CLOSED_ABORT:  # a rank closed: nothing more will be agreed
+            pr.failed += prop.directives + pr.queue
+            pr.queue = []
         else:
             pr.attempts += 1
             _, _, past = decision.partition(":")
@@ -273,13 +291,13 @@ class Agreement:
     def _watch(self) -> None:
         k = 1
         try:
-            while self._wait(f"p/{k}"):
+            while self._wait("p", k):
                 body = json.loads(self._waits.get(f"p/{k}"))
                 if body.get("closed"):
                     return
                 prop = Proposal(k, int(body["at"]), [Directive.from_dict(d) for d in body["directives"]])
                 self._answer(prop)
-                if not self._wait(f"d/{k}"):
+                if not self._wait("d", k):
                     return
                 self._decided(prop, self._waits.get(f"d/{k}").decode())
                 k += 1
@@ -290,8 +308,11 @@ class Agreement:
                     self._log.warning("control store lost", error=repr(exc))
                 self._cv.notify_all()
 
-    def _wait(self, key: str) -> bool:
-        """Wait for ``key``; False once closed."""
+    def _wait(self, kind: str, k: int) -> bool:
+        """Wait for proposal ``k`` (``kind`` "p") or its decision ("d"); False once closed."""
+        key = f"{kind}/{k}"
+        with self._cv:
+            self._watching = (kind, k)
         while not self._closed:
             started = self._clock()
             try:
@@ -329,6 +350,8 @@ class Agreement:
                 self._open = None
                 if held.since is not None:
                     self.stats["waited_s"] += self._clock() - held.since
+            if decision == CLOSED_ABORT:
+                self._closed = True  # the watcher ends: another rank ended the channel
             if decision == COMMIT:
                 self._due.append(held or prop)
                 self.stats["committed"] += 1
@@ -341,20 +364,39 @@ class Agreement:
             self._cv.notify_all()
 
     # -- closing ----------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop watching. Rank 0 also ends an open proposal (abort) and tells every watcher to stop."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop watching, and wait (bounded) until the watcher thread is out of its store call: a
+        thread inside a C++ store call when the interpreter finalizes aborts the process when the
+        call returns. The watcher is woken by writing what it waits for: an abort of the decision
+        it waits for (always safe: the first decision written wins), else a closed marker as the
+        next proposal -- which also ends the other ranks' watchers (every rank closes at the end
+        of training; rank 0 reports a directive proposed afterwards as failed)."""
         with self._cv:
-            if self._closed:
+            if self._closed and not self._watcher.is_alive():
                 return
             self._closed = True
-            pr = self._proposer
             self._cv.notify_all()
-        if pr is None:
-            return
-        try:
-            if pr.open is not None:
-                self._decide(pr.open, f"{ABORT}:closed")
-            with self._io:
-                self._ops.set(f"p/{pr.next_k}", json.dumps({"closed": True}))
-        except Exception as exc:  # the job is ending; a store already gone changes nothing
-            self._log.debug("control close", error=repr(exc))
+        deadline = self._clock() + timeout_s
+        while self._watcher.is_alive() and self._clock() < deadline:
+            with self._cv:
+                kind, k = self._watching
+            try:
+                if kind == "d":
+                    self._decide(k, CLOSED_ABORT)
+                else:
+                    with self._io:
+                        self._ops.compare_set(f"p/{k}", "", CLOSED)
+            except Exception as exc:  # the store is gone: the watcher's call fails and it ends
+                self._log.debug("control close", error=repr(exc))
+            self._watcher.join(0.2)
+        _LIVE.discard(self)
+
+
+_LIVE: weakref.WeakSet[Agreement] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """A probe never closed: its watcher must still leave its store call before finalization."""
+    for agreement in list(_LIVE):
+        agreement.close(timeout_s=2.0)

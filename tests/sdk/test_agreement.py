@@ -350,3 +350,25 @@ def test_no_rank_waits_in_a_step_while_another_parks(seed):
         assert {d.id for ds in plan.values() for d in ds} <= ids  # every planned directive applied
     finally:
         close(ags)
+
+
+def test_closing_any_rank_takes_every_watcher_out_of_its_store_call():
+    """A watcher inside a store call when the interpreter finalizes aborts the process (SIGABRT at
+    the end of a run): closing wakes it, whether it waits for a proposal or for a decision."""
+    store = FakeStore()
+    ags = ranks(3, store, {2: RankView(store, lose={1})})
+    try:
+        for a in ags:
+            a.arrive()
+        ags[0].propose([Snapshot(id="s1")])  # rank 2's promise is lost: the others wait for a decision
+        until(lambda: store.data.get("y/1") == b"2")
+        ags[1].close()
+        assert not ags[1]._watcher.is_alive()
+        ags[2].close()
+        assert not ags[2]._watcher.is_alive()
+        until(lambda: not ags[0]._watcher.is_alive())  # the closed marker ended rank 0's too
+        ags[0].propose([Snapshot(id="s2")])
+        # the one aborted by the close and the one proposed after it: reported, not lost
+        assert [d.id for d in ags[0].failed()] == ["s1", "s2"]
+    finally:
+        close(ags)
