@@ -245,8 +245,10 @@ def _numeric(inc: Incident, b: _Board) -> None:
             )
         else:
             b.add(Cause.NUMERIC, "nonfinite_sudden", "nothing was out of band before it")
-        last_finite = bool(inc.trajectory) and not inc.trajectory[-1].nonfinite
-        if f.nonfinite_applied == 0 and f.nonfinite_steps and last_finite:
+        # Each non-finite step's own record says whether its update was set aside (the SDK's
+        # ``step_skipped_nonfinite`` event, the AMP scaler's overflow): no later step is needed to
+        # know that no weights changed. A NaN that keeps coming is still a divergence (``classify``).
+        if f.nonfinite_applied == 0 and f.nonfinite_steps:
             b.add(
                 Cause.NUMERIC,
                 "nonfinite_skipped",

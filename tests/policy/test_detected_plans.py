@@ -127,3 +127,17 @@ def test_a_one_rank_nan_before_the_first_checkpoint_goes_on_without_escalating(
         )
         assert not p.escalates and "rollback" not in p.action_names, (p.rule, p.escalate_reason)
         assert p.action("apply") is not None and "observe" in p.action_names
+
+
+@pytest.mark.parametrize(("rank", "ranks"), [(1, 2), (2, 3)])
+def test_the_first_plan_of_a_skipped_one_rank_nan_is_skipped_nonfinite(
+    default_policy: Policy, rank: int, ranks: int
+) -> None:
+    """The record of the non-finite step already says the SDK skipped it (no weights changed): the
+    plan made from the first diagnosis, at the step itself, excludes the batch and goes on. It was
+    `bad_batch_step` (a rollback) until a later finite step arrived and the incident was re-planned."""
+    ready, _ = _nan_in_one_ranks_forward(rank, ranks, onset=300, steps=330)
+    assert ready is not None and ready.detected_step == 300
+    p = plan(ready, state(step=300, state_maybe_nonfinite=True), default_policy)
+    assert p.rule == "skipped_nonfinite", p.matched_because
+    assert "rollback" not in p.action_names and "freeze" not in p.action_names
