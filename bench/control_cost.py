@@ -11,7 +11,11 @@ all-reduce as each step's training collective; a no-op directive every ``--every
     python bench/control_cost.py [--ranks 2,4,8,16] [--steps 200] [--rounds 4] [--every 50]
 
 The figure is rank 0's time inside those calls, per step (median and mean over all steps of a
-path, directive steps included in the mean), and the wall time per step of each block.
+path, directive steps included in the mean), the CPU time of its thread inside them (on a
+machine with fewer cores than ranks, wall time also counts the time the scheduler gave to other
+ranks), beside the CPU time of the same calls on a ``LocalChannel`` (one rank's own list, no
+other rank involved: what any such call costs on that machine at that load), and the wall time
+per step of each block.
 Last line: ``control_cost: ranks R, broadcast X us/step, agreed Y us/step (Zx)`` for the largest R.
 """
 
@@ -42,7 +46,7 @@ def _rank(rank: int, world: int, port: int, steps: int, rounds: int, every: int,
     import torch
     import torch.distributed as dist
 
-    from supervisor.sdk.control import AgreedChannel, BroadcastChannel, rendezvous_store
+    from supervisor.sdk.control import AgreedChannel, BroadcastChannel, LocalChannel, rendezvous_store
     from supervisor.sdk.directives import Continue
 
     torch.set_num_threads(1)
@@ -51,26 +55,29 @@ def _rank(rank: int, world: int, port: int, steps: int, rounds: int, every: int,
     channels: dict[str, Any] = {
         "broadcast": BroadcastChannel(rank, world),
         "agreed": AgreedChannel(rank, world, rendezvous_store()),
+        "local": LocalChannel(),  # the same calls on one rank's own list: what any call costs here
     }
     x = torch.ones(1)
     cost: dict[str, list[float]] = {name: [] for name in channels}
+    cpu: dict[str, list[float]] = {name: [] for name in channels}
     wall: dict[str, list[float]] = {name: [] for name in channels}
     applied: dict[str, int] = dict.fromkeys(channels, 0)
     for rnd in range(rounds):
-        order = list(channels) if rnd % 2 == 0 else list(reversed(channels))
+        order = list(channels) if rnd % 2 == 0 else list(reversed(channels))  # the drift cancels
         for name in order:
             ch = channels[name]
             dist.barrier()
             started = time.perf_counter()
             for i in range(steps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 ch.arrive()
                 got = ch.due()
-                if rank == 0:
+                if rank == 0 or name == "local":
                     ch.propose([Continue(id=f"{name}-{rnd}-{i}")] if i % every == every - 1 else [])
                 while more := ch.depart():
                     got += more
                 cost[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
                 applied[name] += len(got)
                 dist.all_reduce(x)  # the step's own collective
             wall[name].append((time.perf_counter() - started) / steps)
@@ -84,7 +91,7 @@ def _rank(rank: int, world: int, port: int, steps: int, rounds: int, every: int,
     channels["agreed"].close()
     dist.barrier()
     if rank == 0:
-        Path(out).write_text(json.dumps({"cost": cost, "wall": wall, "applied": applied}))
+        Path(out).write_text(json.dumps({"cost": cost, "cpu": cpu, "wall": wall, "applied": applied}))
     dist.destroy_process_group()
 
 
@@ -122,15 +129,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rounds} blocks x {args.steps} steps per path, a directive every {args.every} steps; "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("| ranks | broadcast us/step (median / mean) | agreed us/step (median / mean) | broadcast / agreed "
-          "(median) | step wall broadcast / agreed (ms) | directives applied (each) |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+          "(median) | CPU us/step broadcast / agreed / local (median) | step wall broadcast / agreed (ms) "
+          "| directives applied (each) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     last = ""
     for world in sizes:
         res = measure(world, args.steps, args.rounds, args.every)
         (bm, ba), (am, aa) = _us(res["cost"]["broadcast"]), _us(res["cost"]["agreed"])
         bw, aw = (statistics.median(res["wall"][k]) * 1e3 for k in ("broadcast", "agreed"))
+        bc, ac, lc = (statistics.median(res["cpu"][k]) * 1e6 for k in ("broadcast", "agreed", "local"))
         ratio = bm / am if am > 0 else float("inf")
-        print(f"| {world} | {bm:,.1f} / {ba:,.1f} | {am:,.1f} / {aa:,.1f} | {ratio:,.0f}x | {bw:.2f} / {aw:.2f} | "
+        print(f"| {world} | {bm:,.1f} / {ba:,.1f} | {am:,.1f} / {aa:,.1f} | {ratio:,.0f}x | {bc:,.1f} / {ac:,.1f} / {lc:,.1f} | {bw:.2f} / {aw:.2f} | "
               f"{res['applied']['broadcast']} / {res['applied']['agreed']} |")  # fmt: skip
         last = f"control_cost: ranks {world}, broadcast {bm:,.1f} us/step, agreed {am:,.1f} us/step ({ratio:,.0f}x)"
     print(f"load after {os.getloadavg()[0]:.1f}")
