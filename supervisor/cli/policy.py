@@ -135,6 +135,7 @@ def explain(
         checkpoints,
         trace.records,
         grad_clip=grad_clip,
+        checkpoint_every=checkpoint_every,
         supervision="observe" if supervision == "observe" else "steer",
         can_replay=False if no_replay_hooks else None,
     )

@@ -251,7 +251,10 @@ def _rolled_back(e: Event, ctx: Context) -> str:
             kind = f"{kind}(after rejecting {', '.join(str(r[0] if isinstance(r, list) else r) for r in rejected)}) "
     elif field(e, "verified") is not None:
         kind = "verified " if field(e, "verified") else "UNVERIFIED "
+    start = f"the run's start (no checkpoint before onset {field(e, 'onset_step')})"
     if e.status == EventStatus.PENDING:
+        if field(e, "to_start"):
+            return f"Rolling back from step {src} to {start}."
         return f"Rolling back from step {src} to {kind}checkpoint {dst}."
     notes = [str(field(e, "checkpoint"))] if field(e, "checkpoint") else []
     if isinstance(src, int) and isinstance(dst, int):
@@ -264,6 +267,8 @@ def _rolled_back(e: Event, ctx: Context) -> str:
     lost = f" ({'; '.join(notes)})" if notes else ""
     # In place, or by a restart of the worker group (the record's mode_why says why).
     how = " by restarting the worker group" if field(e, "mode") == "restart" else ""
+    if field(e, "to_start"):
+        return f"Rolled back from step {src} to {start}{how}{lost}."
     return f"Rolled back from step {src} to {kind}checkpoint {dst}{how}{lost}."
 
 

@@ -41,9 +41,10 @@ class ReleaseLatest:
 
 @dataclass(frozen=True)
 class RestartGroup:
-    """A rollback carried out as a group restart from ``to_step``; keyed: carried out once."""
+    """A rollback carried out as a group restart from ``to_step`` (None: from the run's start, no
+    checkpoint resumed); keyed: carried out once."""
 
-    to_step: int
+    to_step: int | None
     key: str
     reason: str
 

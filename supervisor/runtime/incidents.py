@@ -542,6 +542,7 @@ class IncidentFlow:
             incident_attempt=self.state.attempts_of.get(str(incident_id), 0),
             rank_incidents=self._rank_incidents(incident_id, d),
             can_replay=self.can_replay,
+            checkpoint_every=host.job.checkpoint.every_steps,
         )
 
     def _grad_clip(self) -> float | None:

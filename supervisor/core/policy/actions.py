@@ -69,6 +69,14 @@ class RollbackParams(ActionParams):
         False,
         description="Also require every state component (optimizer, scheduler, scaler, rng, data cursor).",
     )
+    from_start: bool = Field(
+        True,
+        description=(
+            "With no checkpoint before the onset and the onset within the run's first checkpoint "
+            "interval (checkpoint.every_steps), restart the worker group from the run's start (the job's "
+            "initial state, its data from the beginning, the plan's exclusions kept) instead of escalating."
+        ),
+    )
 
     @field_validator("require_verified")
     @classmethod

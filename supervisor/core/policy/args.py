@@ -61,6 +61,10 @@ class RollbackArgs(Args):
     check_completeness: bool = Field(False, description="Require every state component in the target.")
     max_target_step: int = Field(description="Newest step a target may have (onset - margin).")
     target_step: int | None = Field(None, description="The chosen checkpoint (None: chosen at run time).")
+    from_start: bool = Field(True, description="The run's start may be the target (policy `from_start`).")
+    to_start: bool = Field(
+        False, description="The target is the run's start: the group restarts from the job's initial state."
+    )
 
 
 class ExcludeArgs(Args):

@@ -100,6 +100,7 @@ def dry_run(
     grad_clip: float | None = None,
     supervision: Supervision = "steer",
     can_replay: bool | None = None,
+    checkpoint_every: int | None = None,
 ) -> list[ExplainedIncident]:
     """Plan each incident with the state the live supervisor would have had at its detection."""
     attempts: dict[str, int] = {}
@@ -125,6 +126,7 @@ def dry_run(
             incident_attempt=again[0].attempts if again else 0,
             rank_incidents=tuple(rank_incidents),
             can_replay=can_replay,
+            checkpoint_every=checkpoint_every,
         )
         p = plan(d, state, policy)
         if again is not None:

@@ -8,9 +8,9 @@
     4. enforce the invariants on the rule's actions (a suspect state is rolled back and
        fixed, whatever the phenotype), adapt them to what the job can do (no replay hooks,
        an observe-level job), then resolve each one's parameters against the job's current
-       values (escalating when no checkpoint qualifies as a rollback target, unless the incident
-       is a transient that can go on without one under an observation window; dropping a fix
-       that would change nothing).
+       values (when no checkpoint qualifies as a rollback target: a transient goes on without
+       one under an observation window, an onset within the run's first checkpoint interval rolls
+       back to the run's start, anything else escalates; dropping a fix that would change nothing).
 
 Every choice carries a sentence naming the rule and the setting behind it.
 """
@@ -92,7 +92,11 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
         if (why := rollback_dispensable(diagnosis)) is None:
-            return _escalation(base, f"Deciding to escalate: {exc}", diagnosis, state, notes)
+            # A young run: the run's start stands in for the checkpoint it does not have yet.
+            try:
+                return _finish(base, steps, notes, name, diagnosis, state, policy, start=True)
+            except NoRollbackTarget as no_start:
+                return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
         steps, more = without_rollback(steps, why, str(exc))
         return _finish(base, steps, notes + more, name, diagnosis, state, policy)
 
@@ -218,14 +222,21 @@ def _escalation(base: Plan, why: str, d: Diagnosis, state: JobState, notes: list
 
 
 def _finish(
-    base: Plan, steps: list[Step], notes: list[str], name: str, d: Diagnosis, state: JobState, policy: Policy
+    base: Plan,
+    steps: list[Step],
+    notes: list[str],
+    name: str,
+    d: Diagnosis,
+    state: JobState,
+    policy: Policy,
+    start: bool = False,
 ) -> Plan:
     default = policy.defaults.on_failure
     planned: list[PlannedAction] = []
     rollback_to: int | None = None
     speed_fix = False
     for i, s in enumerate(steps, 1):
-        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to, speed_fix))
+        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to, speed_fix, start))
         speed_fix = speed_fix or (planned[-1].name == "apply" and "precision" in planned[-1].params)
         if planned[-1].name == "rollback":
             target = planned[-1].params.get("target_step")
@@ -242,7 +253,9 @@ def _finish(
         reason = f"Deciding to escalate: rule {name!r} says so" + (f": {msg}" if msg else "")
     recovery: Recovery = "none"
     if any(a.name == "rollback" for a in actions):
-        recovery = "restart" if state.supervision == "observe" else "in_place"
+        # The run's start is no checkpoint to load in place: the group restarts from scratch.
+        to_start = any(a.name == "rollback" and a.params.get("to_start") for a in actions)
+        recovery = "restart" if state.supervision == "observe" or to_start else "in_place"
     return replace(base, actions=actions, escalate_reason=reason, notes=tuple(notes), recovery=recovery)
 
 
@@ -256,9 +269,10 @@ def _planned(
     policy: Policy | None = None,
     rollback_to: int | None = None,
     speed_fix: bool = False,
+    start: bool = False,
 ) -> PlannedAction:
     spec = step.spec
     obs = policy.observation if policy else None
-    params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to, speed_fix)
+    params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to, speed_fix, start)
     origin = f"inserted by the engine ({step.inserted})" if step.inserted else f"rule {rule!r} action {i}"
     return PlannedAction(spec.action, params, f"{origin}: {detail}", spec.on_failure or default)

@@ -55,7 +55,9 @@ class JobState:
     0: no clipping), ``grad_norm`` the median grad norm before the onset.
     ``incident_attempt`` counts recovery attempts of *this* incident (a reopened incident
     brings its earlier attempts); ``rank_incidents`` lists (onset step, rank) of earlier
-    rank-local incidents; ``can_replay`` is False when the job has no replay hooks.
+    rank-local incidents; ``can_replay`` is False when the job has no replay hooks;
+    ``checkpoint_every`` is the job's ``checkpoint.every_steps`` (None: not known), the first
+    checkpoint interval within which the run's start is a rollback target.
     """
 
     step: int
@@ -72,6 +74,7 @@ class JobState:
     incident_attempt: int = 0
     rank_incidents: Sequence[tuple[int, int]] = ()
     can_replay: bool | None = None
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attempts", MappingProxyType(dict(self.attempts)))
@@ -101,6 +104,7 @@ class JobState:
             "supervision": self.supervision,
             "incident_attempt": self.incident_attempt,
             "rank_incidents": [list(x) for x in self.rank_incidents],
+            "checkpoint_every": self.checkpoint_every,
             "can_replay": self.can_replay,
         }
 

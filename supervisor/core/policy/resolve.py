@@ -45,10 +45,14 @@ def resolve(
     observation: Observation | None = None,
     rollback_to: int | None = None,
     speed_fix: bool = False,
+    start: bool = False,
 ) -> Resolved:
     """(concrete params, detail sentence) of one action; ``rollback_to``: the step an earlier
     rollback of the same plan goes back to (or may go back to at most), if any; ``speed_fix``:
-    an earlier apply of the plan changes how fast a step runs (precision)."""
+    an earlier apply of the plan changes how fast a step runs (precision); ``start``: a rollback
+    with no checkpoint before the onset may go back to the run's start (``start_target``)."""
+    if name == "rollback":
+        return _rollback(params, d, state, start)
     if name == "observe":
         return _observe(params, d, state, observation or Observation.model_validate({}), speed_fix)
     if name == "apply":
@@ -59,11 +63,30 @@ def resolve(
     return fn(params, d, state)
 
 
-def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
+def start_target(p: RollbackParams, d: Diagnosis, state: JobState) -> str | None:
+    """Why the run's start cannot stand in for a missing checkpoint, or None when it can: the
+    policy allows it (``from_start``) and the onset lies within the run's first checkpoint interval
+    (``checkpoint.every_steps``): the run is at most one interval old at the onset, so starting over
+    loses at most that much, and nothing trained before the onset needs keeping."""
+    if not p.from_start:
+        return "rollback from_start=false"
+    every = state.checkpoint_every
+    if every is None:
+        return "the checkpoint interval is not known"
+    if d.onset_step > every:
+        return (
+            f"the onset {d.onset_step} lies beyond the run's first checkpoint interval "
+            f"(checkpoint.every_steps={every}): the run's start is no target"
+        )
+    return None
+
+
+def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Resolved:
     """The newest checkpoint of the mark at least ``margin_steps`` before the onset; when none is
     that old, the newest one before the onset (the margin is a preference: it buys room for an
-    onset dated late, and an older healthy state is better than none). Only no such checkpoint
-    before the onset at all is no target."""
+    onset dated late, and an older healthy state is better than none). No such checkpoint before
+    the onset at all is no target -- unless ``start`` and ``start_target`` allow the run's start:
+    step 0, the group restarted from the job's initial state."""
     assert isinstance(p, RollbackParams)
     limit = d.onset_step - p.margin_steps
     marks = {HealthMark.HEALTHY} if p.min_mark == "healthy" else {HealthMark.HEALTHY, HealthMark.VERIFIED}
@@ -76,6 +99,8 @@ def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
         "check_completeness": p.check_completeness,
         "max_target_step": limit,
         "target_step": None,
+        "from_start": p.from_start,
+        "to_start": False,
     }
     complete = "; state completeness checked" if p.check_completeness else ""
     known = state.checkpoint_refs
@@ -89,8 +114,18 @@ def _rollback(p: Any, d: Diagnosis, state: JobState) -> Resolved:
         eligible = [c for c in known if c.step <= before and c.mark in marks]
         if not eligible:
             listed = ", ".join(f"{c.step} {c.mark.value}" for c in known) or "none"
-            raise NoRollbackTarget(
+            missing = (
                 f"no {p.min_mark} checkpoint before the onset {d.onset_step} (known checkpoints: {listed})"
+            )
+            why_not = start_target(p, d, state)
+            if not start or why_not is not None:
+                raise NoRollbackTarget(missing + (f"; {why_not}" if start and why_not else ""))
+            params |= {"max_target_step": 0, "target_step": 0, "to_start": True}
+            return params, (
+                f"target the run's start (no checkpoint before onset {d.onset_step}): {missing}, and the "
+                f"onset lies within the first checkpoint interval (checkpoint.every_steps="
+                f"{state.checkpoint_every}); the worker group restarts from the job's initial state, its "
+                "data from the beginning with the plan's exclusions kept, no checkpoint resumed"
             )
         limit = params["max_target_step"] = before
         short = f"; margin not met: no {p.min_mark} checkpoint {where}, so the newest before the onset"
@@ -272,7 +307,6 @@ def _message(p: Any, d: Diagnosis, state: JobState) -> Resolved:
 
 
 _RESOLVERS: dict[str, Callable[[Any, Diagnosis, JobState], Resolved]] = {
-    "rollback": _rollback,
     "replay": _replay,
     "snapshot": _snapshot,
     "alert": _message,

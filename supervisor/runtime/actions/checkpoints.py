@@ -16,6 +16,11 @@ from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
 log = get_logger("supervisor.runtime.actions")
 
+START = 0
+"""``to_step`` of a rollback to the run's start: the state before step 1 (steps count from 1), so
+the re-warm to the onset and the steps to train again are counted as for a checkpoint at step 0;
+the group is restarted from scratch (``RestartGroup(None)``), no checkpoint resumed."""
+
 
 class SnapshotAction(DirectiveAction):
     """Every rank saves its current (suspect) state, marked diagnostic: evidence, never a target."""
@@ -77,6 +82,14 @@ class RollbackAction(DirectiveAction):
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         memo: dict[str, Any] = {"from_step": rt.current_step, "started_at": time.time()}
+        if params.get("to_start"):
+            # No checkpoint before the onset of a young run: the group restarts from the job's own
+            # initial state (no resume checkpoint; every checkpoint after the start is quarantined as
+            # the abandoned timeline, so none is picked up as `latest`).
+            onset = rt.diagnosis.onset_step
+            why = f"no checkpoint before onset {onset}: the worker group restarts from the run's start"
+            return memo | {"to_step": START, "to_start": True, "onset_step": onset, "verification": {}, "mode": "restart",
+                           "why": why, "restart_key": f"restart:{action_id}"}  # fmt: skip
         try:
             target, verification = rt.rollback_target(
                 int(params.get("max_target_step", rt.diagnosis.onset_step)),
@@ -94,7 +107,8 @@ class RollbackAction(DirectiveAction):
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         if "restart_key" in memo:
             why = f"rollback of incident {rt.incident_id}: {memo['why']}"
-            return (effects.RestartGroup(memo["to_step"], memo["restart_key"], why),)
+            to_step = None if memo.get("to_start") else memo["to_step"]
+            return (effects.RestartGroup(to_step, memo["restart_key"], why),)
         return super().start(rt, params, memo) if "directive" in memo else ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
@@ -158,6 +172,8 @@ class RollbackAction(DirectiveAction):
             reason = f"rollback of incident {rt.incident_id}"
             then = (effects.Rewind(memo["to_step"], f"rewind:{memo['directive']['id']}", reason),)
         passed = {"passed_over": memo["passed_over"]} if memo.get("passed_over") else {}
+        if memo.get("to_start"):
+            passed["to_start"] = True
         done = Outcome.done(
             from_step=memo["from_step"],
             to_step=memo["to_step"],
