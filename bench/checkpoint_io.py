@@ -1,7 +1,8 @@
 """Checkpoint I/O vs raw file I/O of the same bytes, in one run (timings are ratios, not absolutes).
 
     .venv/bin/python bench/checkpoint_io.py [--gib 1.0 | --params 1e9] [--device cpu|cuda]
-                                            [--repeat 3] [--dir /tmp] [--checksum crc32] [--ablations]
+                                            [--repeat 3] [--restores 4] [--dir /tmp] [--checksum crc32]
+                                            [--ablations]
     .venv/bin/python bench/checkpoint_io.py --smoke   # seconds: 10 MiB of state, once, ablations on 16 MiB
 
 Measures, for a model + AdamW state of about --gib GiB (or a model of --params parameters,
@@ -141,6 +142,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
+        "--restores", type=int, default=1,
+        help="raw read + the three restores, this many times per repeat (their spread is the widest)",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch", type=int, default=16, help="Rows per training step (the step async saves overlap)."
     )
     ap.add_argument("--dir", default=None, help="Where to write (default: a temp dir).")
@@ -162,7 +167,8 @@ def main() -> None:
     slog.configure("error")
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
     try:
-        run(work, args.gib, args.params, args.device, args.repeat, args.checksum, args.batch, args.width)
+        run(work, args.gib, args.params, args.device, args.repeat, args.checksum, args.batch, args.width,
+            args.restores)  # fmt: skip
         if args.ablations:
             from checkpoint_io_ablations import ablations  # type: ignore[import-not-found]
 
@@ -191,6 +197,7 @@ def run(
     checksum: str,
     batch: int,
     width: int = 4096,
+    restores_each: int = 1,
 ) -> None:
     model, opt = build(gib, params, device, width)
     views = state_bytes(model, opt)
@@ -243,7 +250,6 @@ def run(
             timed(lambda s=torch_step: (load_training_state(store, s, **state), sync()))
         )
         files = ckpt_files(store, dcp_step)
-        t["read_ckpt"].append(timed(lambda files=files: [raw_read_into(f, full) for f in files]))
         restores: list[tuple[str, Callable[[], object]]] = [
             ("restore_dcp", lambda s=dcp_step: (load_training_state(store, s, **state), sync())),
             ("restore_rehash", lambda s=dcp_step: (restore_rehashed(store, s, state), sync())),
@@ -252,8 +258,10 @@ def run(
                 lambda s=dcp_step: (dcp_state.load(store, store.manifest(s), model, opt), sync()),
             ),
         ]
-        for key, fn in restores[i % 3 :] + restores[: i % 3]:  # the order rotates with the repeat
-            t[key].append(timed(fn))
+        for r in range(i * restores_each, (i + 1) * restores_each):  # each: a raw read, then the 3 restores
+            t["read_ckpt"].append(timed(lambda files=files: [raw_read_into(f, full) for f in files]))
+            for key, fn in restores[r % 3 :] + restores[: r % 3]:  # in an order that rotates
+                t[key].append(timed(fn))
         if tidy:
             raw.unlink()
             for step in (torch_step, dcp_step, async_step):
