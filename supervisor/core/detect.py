@@ -135,6 +135,11 @@ class Signals:
     source_z: dict[str, float]
     lr_ratio: float | None  # this step's lr / the previous step's, the supervisor's own scaling divided out
     lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
+    #: log(lr) over its level at the steps the update ratio's level was measured on (aligned with
+    #: ``update_excess``: the update of every optimizer family follows the LR), and the update
+    #: ratio's robust z per unit of LR (its excess less that of the LR, where the LR rose).
+    lr_excess: float | None = None
+    update_lr_z: float | None = None
     loss_trend: tuple[float, float, float] | None = None  # (level - level W ago, the W before, their noise)
     rank_history: int = 0  # steps in the cross-rank spread window (the within-step baseline's depth)
     #: Sources of ``source_z`` scored against their own history: name -> log excess over their own level.
@@ -224,6 +229,8 @@ class Detector:
         self.grad = LevelTracker(s.window, s.level_window, s.grad_floor)
         self.update = LevelTracker(s.window, s.level_window, s.grad_floor)
         self.tokens = LevelTracker(s.window, s.level_window, s.grad_floor)
+        #: log LR at the steps the update ratio was learned: the LR its level was measured at.
+        self.lr = LevelTracker(s.window, s.level_window, s.grad_floor)
         self.sources: dict[str, LevelTracker] = {}
         self.spread = RollingWindow(s.window)
         self.worst = RollingWindow(s.window)
@@ -246,6 +253,13 @@ class Detector:
         log_rep = safe_log(s.loss)
         lr, upd = _unscaled(s.lr, lr_mult), _unscaled(s.update_ratio, lr_mult)
         lg, lu, lt = safe_log(s.grad_norm), safe_log(upd), safe_log(s.tokens)
+        lr_log = safe_log(lr)
+        lr_exc = upd_lr_z = None
+        if lr_log is not None and self.lr.history and lu is not None and self.update.history:
+            e = self.lr.excess(lr_log)
+            if math.isfinite(e):
+                lr_exc = e
+                upd_lr_z = self.update.z(lu - max(e, 0.0))
         rank_z = rank_tail_z = None
         rank_new = True
         if s.rank_spread is not None and s.worst_rank is not None:
@@ -293,6 +307,8 @@ class Detector:
             source_z=src_z,
             lr_ratio=(lr / self.last_lr) if lr is not None and self.last_lr else None,
             lr_norm=lr,
+            lr_excess=lr_exc,
+            update_lr_z=upd_lr_z,
             loss_trend=self._trend(),
             rank_history=len(self.spread),
             source_own=own,
@@ -339,11 +355,16 @@ class Detector:
     def learn(self, s: StepSummary, lr_mult: float = 1.0) -> None:
         """Add a normal step to the windows (``lr_mult`` as in ``score``)."""
         step = s.step
+        upd = _unscaled(s.update_ratio, lr_mult)
+        if safe_log(upd) is not None:  # the LR at the same steps as the update ratio's level
+            lr_log = safe_log(_unscaled(s.lr, lr_mult))
+            if lr_log is not None:
+                self.lr.push(lr_log, step)
         for tracker, value in (
             (self.loss, s.loss_main),
             (self.reported, s.loss),
             (self.grad, s.grad_norm),
-            (self.update, _unscaled(s.update_ratio, lr_mult)),
+            (self.update, upd),
             (self.tokens, s.tokens),
         ):
             lv = safe_log(value)
@@ -377,6 +398,7 @@ class Detector:
             "grad": self.grad,
             "update": self.update,
             "tokens": self.tokens,
+            "lr": self.lr,
         }
         base.update({f"source:{k}": v for k, v in self.sources.items()})
         return base
@@ -388,6 +410,8 @@ class Detector:
         for name in metrics:
             if name in trackers:
                 trackers[name].reanchor(step)
+        if "update" in metrics and "lr" not in metrics:  # the LR level stays aligned with the update's
+            self.lr.reanchor(step)
         if "lr" in metrics:
             self.last_lr = None  # the LR before the change is no reference for the one after
 

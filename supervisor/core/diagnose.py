@@ -287,7 +287,10 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
             f.scale_drop_step = s.step
         lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
         f.loss_scale_drop = (before, lowest)
-    jumped = sig.lr_ratio is not None and (sig.lr_ratio >= 1.5 or sig.lr_ratio <= 1 / 1.5)
+    # A warm-up rises 1.5x and more in a step by design (2x at its second step): an upward jump
+    # counts only where it is faster than the schedule's own ramp before onset.
+    up = sig.lr_ratio is not None and sig.lr_ratio >= 1.5 and sig.lr_ratio > (f.lr_ramp or 1.0) * RAMP_TOL
+    jumped = up or (sig.lr_ratio is not None and sig.lr_ratio <= 1 / 1.5)
     if (
         jumped
         and sig.lr_ratio
@@ -301,15 +304,27 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         rise = sig.lr_norm / f.lr_before[1]
         if rise >= 1.5 and (f.lr_rise is None or rise > f.lr_rise[1]):
             f.lr_rise = (s.step, rise)
-    if (
-        sig.update_z is not None
-        and sig.update_excess is not None
-        and sig.update_z >= settings.grad_z_threshold
-    ):
-        ratio = math.exp(sig.update_excess)
+    z, excess = sig.update_z, sig.update_excess
+    if lr_scheduled(f) and sig.lr_excess is not None and sig.lr_excess > 0 and excess is not None:
+        # Every optimizer family's update follows the LR (Lion's is lr * sign(.), Adam's about
+        # lr * m / sqrt(v), SGD's lr * buf): while the LR moves as the schedule did before onset, an
+        # update that rose with it is no jump; what counts is the update per unit of LR.
+        z, excess = sig.update_lr_z, excess - sig.lr_excess
+    if z is not None and excess is not None and z >= settings.grad_z_threshold:
+        ratio = math.exp(excess)
         if f.update_spike is None or ratio > f.update_spike[1]:
             f.update_spike = (s.step, ratio)
     _note_source(f, sig, settings)
+
+
+#: A step's LR ratio within this factor of the schedule's ramp before onset is that ramp (rounding).
+RAMP_TOL = 1.05
+
+
+def lr_scheduled(f: Facts) -> bool:
+    """The LR of the incident moved as the schedule did before the onset: its own ramp is known and
+    no step since rose faster than it or jumped (no ``lr_jump``, no ``lr_rise``)."""
+    return f.lr_ramp is not None and f.lr_jump is None and f.lr_rise is None
 
 
 def _note_source(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
@@ -318,7 +333,10 @@ def _note_source(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         return
     ranked = sorted(sig.source_z.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else math.inf)
     (name, z), rest = ranked[0], ranked[1:]
-    if math.isfinite(z) and z >= settings.z_threshold and all(r[1] < settings.band_z for r in rest):
+    # A source with no baseline of its own is scored against the global level: its usual offset to
+    # the other sources (a young run's, whose global noise is small) is no evidence of its own.
+    own = name in sig.source_own
+    if own and math.isfinite(z) and z >= settings.z_threshold and all(r[1] < settings.band_z for r in rest):
         f.source = (name, z, sig.summary.sources[name][1])
 
 
