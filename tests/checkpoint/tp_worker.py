@@ -1,6 +1,7 @@
 """One rank of test_ckpt_tp.py: a tensor-parallel MLP (``parallelize_module``, ColwiseParallel /
 RowwiseParallel on a 1-D CPU DeviceMesh, gloo) trained under the SDK with asynchronous DCP
-checkpoints every 2 steps; after step 4 rank 0 asks for a rollback in place to step 2.
+checkpoints every 2 steps; after step 3 rank 0 asks for a rollback in place to step 2, which every
+rank applies after step 5 (a directive acts one boundary after rank 0 received it).
 
 Both ranks see the same batches (tensor parallelism splits the layers, not the data). The layer
 norm stays a plain replicated tensor beside the DTensor weights, as in a TP model without
@@ -71,7 +72,7 @@ def _body(rank: int, tmp: str) -> None:
         if probe.step_count == 2:  # the boundary before this step saved step 2 (first pass) or restored it
             key = "saved" if "saved" not in out else "restored"
             out[key] = {"params": full(model.state_dict()), "moments": moments(model, opt)}
-        if rank == 0 and probe.step_count == 4 and "asked" not in out:
+        if rank == 0 and probe.step_count == 3 and "asked" not in out:  # applied after step 5
             out["asked"] = True
             transport.deliver(sdk.RollbackInPlace(step=2, id="rb"))
         x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(probe.step_count + 1))
