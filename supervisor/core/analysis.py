@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
 from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, Incident, lr_still_raised
+from supervisor.core.extremes import Extreme, RunExtremes
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.learning import SourceLearning, Stall
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
@@ -137,6 +138,10 @@ class StreamingAnalyzer:
         #: while the others do (``learning.SourceLearning``).
         self.learning = SourceLearning()
         self._stall: Stall | None = None
+        #: The run's LR and update-ratio maxima: an LR or an update far above every earlier one is
+        #: evidence with no history of mean and noise (``extremes``); this step's verdict.
+        self.extremes = RunExtremes()
+        self._extreme: Extreme | None = None
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -155,6 +160,9 @@ class StreamingAnalyzer:
             updates += self._on_gap(self.detector.score(summary, mult))
         sig = self.detector.score(summary, mult)
         self.detector.advance(summary, mult)
+        upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
+        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd)
+        self.extremes.push(step, sig.lr_norm, upd)
         self.last_step = step
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline
@@ -219,6 +227,14 @@ class StreamingAnalyzer:
             trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
         elif (trig is None or not trig.immediate) and self._scale_collapsing(sig):
             trig = Trigger("overflow", True)
+        elif (trig is None or not trig.immediate) and (ext := self._extreme) is not None:
+            # The LR is a fact of the recipe (the supervisor's own factor divided out); an update
+            # ratio is the optimizer's: judged so only while there is no band to judge it in, and
+            # inside the window of the supervisor's own fix it needs the loss.
+            if ext.metric == "lr":
+                trig = Trigger("lr", True)
+            elif not sig.ready and not self.observing(sig.step):
+                trig = Trigger("update", True)
         self._stall = None
         if (
             trig is None
@@ -409,7 +425,10 @@ class StreamingAnalyzer:
         if trig.rule == "overflow" and self.overflow_run is not None:
             at = next((r for r in self.recent if r.step == self.overflow_run[0]), sig)
             first = FirstAnomaly(step=at.step, metric="loss_scale", value=at.summary.loss_scale)
-        if trig.rule == "lr":
+        ext = self._extreme if trig.rule in ("lr", "update") else None
+        if ext is not None and not (trig.rule == "lr" and self.lr_fault is not None):
+            first = FirstAnomaly(step=s.step, metric=ext.metric, value=ext.value, baseline=ext.before)
+        elif trig.rule == "lr":
             first = FirstAnomaly(
                 step=s.step, metric="lr", value=sig.lr_norm, baseline=(self.lr_fault or (0, 0, None))[2]
             )
@@ -465,6 +484,10 @@ class StreamingAnalyzer:
             facts.lr_before = (onset - 1, lr_ref)
             if sig.lr_ratio is not None and sig.lr_ratio >= LR_RAISED:
                 facts.lr_jump = (s.step, sig.lr_ratio)
+        elif ext is not None and ext.metric == "lr":
+            facts.lr_jump = (s.step, sig.lr_ratio if sig.lr_ratio is not None else ext.ratio)
+        elif ext is not None:
+            facts.update_spike = (s.step, ext.ratio)
         for r in self.recent:  # the steps between onset and detection belong to the incident too
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
@@ -665,6 +688,7 @@ class StreamingAnalyzer:
             updates += self._close(self.open)
         self.detector.forget_after(to_step)
         self.learning.forget_after(to_step)
+        self.extremes.forget_after(to_step)
         while self.recent and self.recent[-1].step > to_step:
             self.recent.pop()
         while self.loss_zs and self.loss_zs[-1][0] > to_step:
@@ -699,6 +723,7 @@ class StreamingAnalyzer:
             "lr_fault": list(self.lr_fault) if self.lr_fault is not None else None,
             "excursions": [list(e) for e in self.excursions],
             "learning": self.learning.state_dict(),
+            "extremes": self.extremes.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -719,6 +744,7 @@ class StreamingAnalyzer:
             ((int(s), r, float(x)) for s, r, x in state.get("excursions", [])), maxlen=EXCURSIONS
         )
         self.learning.load_state_dict(state.get("learning", {}))
+        self.extremes.load_state_dict(state.get("extremes", {}))
         self.recent.clear()
         self.loss_zs.clear()
         self.watch.cancel()

@@ -121,7 +121,9 @@ def test_explain_shows_the_job_values_and_the_recovery_mode(trace: Path) -> None
     ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
-    assert "job runs: lr 0.003, grad clip 1, median grad norm" in res.stdout
+    # Detected at the LR jump itself (an LR 10x every LR the run used): the job's LR is the one it
+    # ran before the fault.
+    assert "job runs: lr 0.0003, grad clip 1, median grad norm" in res.stdout
     assert "supervision observe, recovery restart" in res.stdout
     steps = [line.split()[1] for line in res.stdout.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
     assert "freeze" not in steps and "rollback" in steps

@@ -1,0 +1,148 @@
+"""Judged against the run's own maxima: evidence that needs no mean/sd baseline.
+
+Before the detector has ``min_history`` steps there is no band to be out of, yet two quantities
+are facts of the recipe that a run moves only gradually:
+
+* the **LR**. A schedule moves it by at most a few times per step (a linear warm-up doubles it
+  once, at its second step; a warm-up from a near-zero start multiplies it once by ~10 at its
+  first step, then by less and less), so an LR ``LR_JUMP``x above every LR the run has used, after
+  ``MIN_SEEN`` steps with one, at a step whose rise is ``LR_JUMP``x the schedule's own step-to-step
+  ratio just before, is a fault in the recipe by itself, whatever the loss does yet (SGD can carry
+  a x25 LR for many steps with the loss near its level);
+* the **update ratio** ``|dtheta| / |theta|``. It follows the LR and the optimizer's state, both of
+  which build up over steps (SGD's momentum buffer, Adam's moments): one update ``UPDATE_JUMP``x
+  bigger than every earlier one, relative to the parameter norm, is an oversized update.
+
+Both are read with the supervisor's own LR factor (re-warm, ``lr_scale``) divided out. Only the
+steps where a new maximum was set are kept (a monotone record list, thinned to >= 1% growth), so a
+rollback can forget the abandoned timeline's maxima exactly and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.core.stats import median
+
+#: An LR rising this many times the schedule's own step-to-step ratio in one step...
+LR_JUMP = 8.0
+#: ... to at least this many times every LR the run has used (a restart of a cyclic schedule
+#: goes back up to its peak, never above it).
+LR_ABOVE_PEAK = 2.0
+#: An update this many times every earlier update (relative to the parameter norm).
+UPDATE_JUMP = 8.0
+#: Steps with a value before a maximum is a reference.
+MIN_SEEN = 3
+#: The schedule's own step-to-step ratio: the median over this many logged steps before.
+SCHEDULE_STEPS = 3
+#: A new maximum is recorded when it grew by at least this factor (bounds the record list).
+GROWTH = 1.01
+MAX_RECORDS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Extreme:
+    metric: str  # "lr" | "update_ratio"
+    step: int
+    value: float
+    before: float  # the run's maximum before this step
+    ratio: float  # value / before
+
+
+class _RunMax:
+    """The maximum of a positive quantity over the steps seen, with the steps it was set at."""
+
+    def __init__(self) -> None:
+        self.records: deque[tuple[int, float, int]] = deque(maxlen=MAX_RECORDS)  # (step, max, seen)
+        self.seen = 0
+
+    def peak(self) -> float | None:
+        return self.records[-1][1] if self.records else None
+
+    def push(self, step: int, value: float) -> None:
+        self.seen += 1
+        top = self.peak()
+        if top is None or value >= top * GROWTH:
+            self.records.append((step, value, self.seen))
+        elif value > top:
+            s, _, n = self.records[-1]
+            self.records[-1] = (s, value, n)
+
+    def forget_after(self, step: int) -> None:
+        while self.records and self.records[-1][0] > step:
+            self.records.pop()
+        # At most one logged step per step number since the first record.
+        self.seen = min(self.seen, step - self.records[0][0] + 1) if self.records else 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": [list(r) for r in self.records], "seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.records = deque(
+            ((int(s), float(v), int(n)) for s, v, n in state.get("records", [])), maxlen=MAX_RECORDS
+        )
+        self.seen = int(state.get("seen", 0))
+
+
+class RunExtremes:
+    """The LR and update-ratio maxima of the run so far, and the LR's recent step-to-step ratios."""
+
+    def __init__(self) -> None:
+        self.lr = _RunMax()
+        self.update = _RunMax()
+        self.lr_steps: deque[tuple[int, float]] = deque(maxlen=SCHEDULE_STEPS)  # (step, lr / lr before)
+        self.last_lr: float | None = None
+
+    def judge(self, step: int, lr: float | None, update_ratio: float | None) -> Extreme | None:
+        """This step against the maxima before it (call before ``push``)."""
+        top = self.lr.peak()
+        if lr is not None and lr > 0 and top and self.lr.seen >= MIN_SEEN and lr >= LR_ABOVE_PEAK * top:
+            ratios = [r for _, r in self.lr_steps]
+            schedule = max(1.0, median(ratios)) if ratios else 1.0
+            rise = lr / self.last_lr if self.last_lr else lr / top
+            if rise >= LR_JUMP * schedule:
+                return Extreme("lr", step, lr, top, lr / top)
+        top = self.update.peak()
+        if (
+            update_ratio is not None
+            and top
+            and self.update.seen >= MIN_SEEN
+            and update_ratio >= UPDATE_JUMP * top
+        ):
+            return Extreme("update_ratio", step, update_ratio, top, update_ratio / top)
+        return None
+
+    def push(self, step: int, lr: float | None, update_ratio: float | None) -> None:
+        if lr is not None and lr > 0:
+            if self.last_lr:
+                self.lr_steps.append((step, lr / self.last_lr))
+            self.last_lr = lr
+            self.lr.push(step, lr)
+        if update_ratio is not None and update_ratio > 0:
+            self.update.push(step, update_ratio)
+
+    def forget_after(self, step: int) -> None:
+        self.lr.forget_after(step)
+        self.update.forget_after(step)
+        while self.lr_steps and self.lr_steps[-1][0] > step:
+            self.lr_steps.pop()
+        self.last_lr = None  # the restored step's LR comes with its first record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lr": self.lr.state_dict(),
+            "update": self.update.state_dict(),
+            "lr_steps": [list(r) for r in self.lr_steps],
+            "last_lr": self.last_lr,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr.load_state_dict(state.get("lr", {}))
+        self.update.load_state_dict(state.get("update", {}))
+        self.lr_steps = deque(
+            ((int(s), float(r)) for s, r in state.get("lr_steps", [])), maxlen=SCHEDULE_STEPS
+        )
+        last = state.get("last_lr")
+        self.last_lr = float(last) if last is not None else None
