@@ -161,6 +161,26 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     return checks
 
 
+def evaluate_young(window: list[StepStats], history_steps: int) -> list[Check]:
+    """The criteria a window can be judged on when fewer than 5 finite steps came before the
+    onset (a fault in a run's first steps): values finite, and the loss not rising over the
+    window (its second half's median at most its first half's: a young run that learns falls
+    steeply); the ratios to a baseline are listed as not judged. The detector's own checks (the
+    fault back, a new anomaly) are added by the caller as for any window."""
+    checks = [_finite(window)]
+    losses = [h.loss for h in window if math.isfinite(h.loss)]
+    half = len(losses) // 2
+    if half >= 2:
+        first, second = statistics.median(losses[:half]), statistics.median(losses[half:])
+        checks.append(
+            Check("loss", second <= first, second, first,
+                  f"second-half median {second:.4g} vs first-half {first:.4g} (no baseline before the onset)")
+        )  # fmt: skip
+    why = f"not judged ({history_steps} step(s) before the onset: no baseline)"
+    checks += [Check(name, True, None, None, why) for name in ("grad_norm", "update_ratio", "throughput")]
+    return checks
+
+
 def _finite(window: list[StepStats]) -> Check:
     bad = [h.step for h in window if h.nonfinite or not math.isfinite(h.loss)]
     return Check(

@@ -8,7 +8,7 @@ from typing import Any
 
 from supervisor.runtime import effects
 from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime
-from supervisor.runtime.observe import Baseline, Check, evaluate
+from supervisor.runtime.observe import Baseline, Check, evaluate, evaluate_young
 from supervisor.sdk.directives import ApplyOverrides, Continue, Directive, Exclusions
 
 
@@ -87,14 +87,14 @@ class ObserveAction:
             return Outcome.skip(
                 f"training ended {len(window)} step(s) into the observation window", steps=len(window)
             )
-        if base is None and not early:
-            return Outcome.fail(f"no baseline to judge against (window {len(window)} steps)")
         window = window[: memo["steps"]]
         checks = list(events)
         if base is not None and window:  # every criterion, on the steps seen so far when failing early
             checks = (
                 evaluate(Baseline.from_json(base), window, criteria(rt, params.get("pass") or {})) + checks
             )
+        elif window:  # a fault in the run's first steps: what can be judged without a baseline
+            checks = evaluate_young(window, memo.get("onset_step", 1) - 1) + checks
         failed = [c.name for c in checks if not c.passed]
         result = {
             "window": [window[0].step, window[-1].step] if window else [memo["from_step"], memo["from_step"]],
