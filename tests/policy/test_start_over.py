@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.core.model import Phenotype, Severity
 from supervisor.core.policy import Policy, load_policy, plan
 from tests.policy.conftest import state, write_policy
 from tests.policy.test_rollback_margin import lr_bug
@@ -76,18 +75,3 @@ def test_a_transient_still_goes_on_without_the_rollback(default_policy: Policy) 
 
     p = plan(young_run_nan(), state(step=10, checkpoints=(), checkpoint_every=20), default_policy)
     assert not p.escalates and "rollback" not in p.action_names
-
-
-def test_a_transient_with_an_lr_jump_in_the_first_interval_starts_over(default_policy: Policy) -> None:
-    """Sampler cell 581022:509645 (LR x20 from step 6, read as a transient): the LR stays where it
-    jumped until a rollback, so going on without one kept it (1.063x clean); later than the first
-    interval such a transient still goes on without the rollback."""
-    from dataclasses import replace
-
-    d = replace(lr_bug(6), phenotype=Phenotype.TRANSIENT, severity=Severity.MEDIUM)
-    p = plan(d, state(step=9, checkpoints=(), checkpoint_every=20), default_policy)
-    rb = p.action("rollback")
-    assert rb is not None and rb.params["to_start"] is True, (p.action_names, p.escalate_reason)
-    late = replace(d, onset_step=30, peak_step=30, detected_step=32)
-    q = plan(late, state(step=33, checkpoints=((20, "verified"),), checkpoint_every=20), default_policy)
-    assert not q.escalates and "rollback" not in q.action_names

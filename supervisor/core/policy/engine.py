@@ -91,16 +91,12 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     try:
         return _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
-        why = rollback_dispensable(diagnosis)
-        # A young run: the run's start stands in for the checkpoint it does not have yet. A transient
-        # goes on without it, unless the LR jumped: the LR stays where it jumped until a rollback.
-        if why is None or "lr_jump" in found:
+        if (why := rollback_dispensable(diagnosis)) is None:
+            # A young run: the run's start stands in for the checkpoint it does not have yet.
             try:
                 return _finish(base, steps, notes, name, diagnosis, state, policy, start=True)
             except NoRollbackTarget as no_start:
-                if why is None:
-                    return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
-        assert why is not None
+                return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
         steps, more = without_rollback(steps, why, str(exc))
         return _finish(base, steps, notes + more, name, diagnosis, state, policy)
 
