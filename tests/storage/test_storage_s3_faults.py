@@ -44,7 +44,11 @@ def test_spent_attempts_raise_one_storage_error_and_commit_nothing(
 def test_multipart_upload_survives_faults_mid_transfer(
     s3_fault_proxy: Any, s3_uri: str, tmp_path: Path
 ) -> None:
-    backend = _backend(s3_fault_proxy, s3_uri, tmp_path, max_concurrency=1)
+    # Six attempts for two faults: the pooled connection the proxy drops at inject() fails one
+    # attempt of its own when the upload reuses it first, and under load a 5 MiB part can outlast
+    # the tests' 5 s read timeout (make test once ended on the 503 as the fourth failure).
+    retry = RetrySettings(attempts=6, initial_s=0.01, max_s=0.05, jitter_s=0.01)
+    backend = _backend(s3_fault_proxy, s3_uri, tmp_path, max_concurrency=1, retry=retry, read_timeout_s=30.0)
     data = os.urandom(11 << 20)  # three 5 MiB parts
     backend.put_bytes("warm", b"")  # open a pooled connection, so the faults land mid-upload
     with backend.open_write("big") as f:
