@@ -161,8 +161,9 @@ class StreamingAnalyzer:
         sig = self.detector.score(summary, mult)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
-        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd)
-        self.extremes.push(step, sig.lr_norm, upd)
+        raw = summary.lr
+        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, raw)
+        self.extremes.push(step, sig.lr_norm, upd, raw)
         self.last_step = step
         if self.known.skipped(step):
             return updates  # the supervisor set this batch aside: neither evidence nor baseline

@@ -94,11 +94,22 @@ class RunExtremes:
         self.update = _RunMax()
         self.lr_steps: deque[tuple[int, float]] = deque(maxlen=SCHEDULE_STEPS)  # (step, lr / lr before)
         self.last_lr: float | None = None
+        self.last_raw: float | None = None
+        """The previous step's LR as the ranks reported it (the supervisor's factor not divided out)."""
 
-    def judge(self, step: int, lr: float | None, update_ratio: float | None) -> Extreme | None:
-        """This step against the maxima before it (call before ``push``)."""
+    def judge(
+        self, step: int, lr: float | None, update_ratio: float | None, raw_lr: float | None = None
+    ) -> Extreme | None:
+        """This step against the maxima before it (call before ``push``). With ``raw_lr`` (the LR as
+        reported), an LR jump must be in the reported LR too: a rise that only the division by the
+        supervisor's own factor makes (ranks that did not apply a re-warm, the first step after a
+        rollback) is no evidence of a fault."""
         top = self.lr.peak()
-        if lr is not None and lr > 0 and top and self.lr.seen >= MIN_SEEN and lr >= LR_ABOVE_PEAK * top:
+        raw_rose = raw_lr is None or (self.last_raw is not None and raw_lr >= LR_ABOVE_PEAK * self.last_raw)
+        if (
+            lr is not None and lr > 0 and top and raw_rose
+            and self.lr.seen >= MIN_SEEN and lr >= LR_ABOVE_PEAK * top
+        ):  # fmt: skip
             ratios = [r for _, r in self.lr_steps]
             schedule = max(1.0, median(ratios)) if ratios else 1.0
             rise = lr / self.last_lr if self.last_lr else lr / top
@@ -114,7 +125,11 @@ class RunExtremes:
             return Extreme("update_ratio", step, update_ratio, top, update_ratio / top)
         return None
 
-    def push(self, step: int, lr: float | None, update_ratio: float | None) -> None:
+    def push(
+        self, step: int, lr: float | None, update_ratio: float | None, raw_lr: float | None = None
+    ) -> None:
+        if raw_lr is not None and raw_lr > 0:
+            self.last_raw = raw_lr
         if lr is not None and lr > 0:
             if self.last_lr:
                 self.lr_steps.append((step, lr / self.last_lr))
@@ -128,7 +143,7 @@ class RunExtremes:
         self.update.forget_after(step)
         while self.lr_steps and self.lr_steps[-1][0] > step:
             self.lr_steps.pop()
-        self.last_lr = None  # the restored step's LR comes with its first record
+        self.last_lr = self.last_raw = None  # the restored step's LR comes with its first record
 
     def state_dict(self) -> dict[str, Any]:
         return {

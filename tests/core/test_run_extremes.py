@@ -100,3 +100,15 @@ def test_a_rollback_forgets_the_abandoned_timeline_and_state_survives() -> None:
     restored.load_state_dict(ex.state_dict())
     e = restored.judge(11, 3.0, None)
     assert e is not None and e.metric == "lr" and e.before == pytest.approx(0.1)
+
+
+def test_an_lr_rise_made_only_by_dividing_out_the_supervisors_factor_is_no_jump() -> None:
+    """Ranks that report the LR unchanged while the supervisor's re-warm factor is 1/200 (the
+    first step after its rollback) show a 200x jump once the factor is divided out; the LR the
+    ranks reported did not rise, so it is no evidence (tests/runtime/test_run_end.py found it)."""
+    ex = RunExtremes()
+    for step in range(1, 11):
+        ex.push(step, 1e-3, 1e-3, 1e-3)
+    assert ex.judge(11, 0.2, 1e-3, 1e-3) is None  # reported 1e-3, divided by the factor: 0.2
+    hit = ex.judge(11, 0.2, 1e-3, 0.2)  # the reported LR itself jumped
+    assert hit is not None and hit.metric == "lr"
