@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from supervisor.config.job import JobSpec
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.runtime.actor import SupervisorActor
+from supervisor.runtime.cluster import head_node_id
 from supervisor.runtime.names import NAMESPACE, priority, supervisor_name
 from supervisor.runtime.settings import RuntimeSettings
 
@@ -36,9 +37,13 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
         except (RayActorError, GetTimeoutError):
             ray.kill(existing, no_restart=True)
     settings = settings or RuntimeSettings.model_validate({})
-    # The supervisor lives where it was launched (the head node on a cluster, also through
-    # `ray://`): it needs no resources, and it must not share the fate of a worker node.
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # The supervisor lives on the head node (the launching node on a cluster without a live head),
+    # also through `ray://`: it needs no resources, and it must not share the fate of a worker
+    # node. A hard constraint: a soft one let Ray place it on a worker node, and a driver on a
+    # machine with two raylets may be attached to either, so the launching node alone is no
+    # guarantee. The head holds the cluster's control store, so its loss ends the job anyway.
+    node = head_node_id() or ray.get_runtime_context().get_node_id()
+    here = NodeAffinitySchedulingStrategy(node, soft=False)
     return RemoteSupervisor.options(
         name=supervisor_name(job.name),
         namespace=NAMESPACE,

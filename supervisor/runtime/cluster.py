@@ -30,6 +30,17 @@ log = get_logger("supervisor.runtime.cluster")
 
 PROBE_TIMEOUT_S = 5.0
 """How long a TCP connect to a cluster's address may take before it counts as unreachable."""
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node alone."""
+
+
+def head_node_id(nodes: list[dict[str, object]] | None = None) -> str | None:
+    """The id of the cluster's live head node (``ray.nodes()`` unless given), or None."""
+    for node in ray.nodes() if nodes is None else nodes:
+        resources = node.get("Resources")
+        if node.get("Alive") and isinstance(resources, dict) and HEAD_RESOURCE in resources:
+            return str(node["NodeID"])
+    return None
 
 
 def needed_cpus(job: JobSpec) -> int:
