@@ -40,6 +40,14 @@ class Resources(Section):
     gpus_per_worker: float = Field(
         0.0, ge=0, le=64, description="GPUs per worker; > 0 selects NCCL, else gloo."
     )
+    wait_for_nodes_s: float = Field(
+        0.0,
+        ge=0,
+        le=7 * 86_400,
+        description="How long a worker group that the cluster's live nodes cannot hold (a node was "
+        "lost) waits for nodes to join, e.g. an autoscaler replacing the lost one, before the job "
+        "fails. 0: it fails at once.",
+    )
 
 
 class RaySection(Section):

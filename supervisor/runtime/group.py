@@ -29,6 +29,16 @@ from supervisor.runtime.worker import TrainWorker
 RemoteWorker = ray.remote(TrainWorker)
 
 
+PLACEMENT_POLL_S = 1.0
+"""How often a pending placement looks at whether the cluster's live nodes can still hold it."""
+
+
+class GroupDoesNotFit(RuntimeBackendError):
+    """The cluster's live nodes cannot hold the worker group (a node was lost): Ray's resources, not
+    the job, are what failed (exit code 3), and waiting does not help unless nodes join
+    (``resources.wait_for_nodes_s``). Never retried as a start failure."""
+
+
 class WorkerStartError(RuntimeBackendError):
     """A worker group that did not start: not placed in time, or a rank that did not answer or
     failed to begin. Ray's problem, not the job's (exit code 3); the controller retries it within
@@ -61,6 +71,8 @@ class WorkerGroup:
         self._waits: dict[int, Any] = {}
         self._outcomes: dict[int, dict[str, Any]] = {}
         self._next_check = 0.0  # monotonic time of the next look at the ranks' outcomes
+        self.rank_nodes: dict[int, str] = {}
+        """Rank -> the node it was placed on (what names the ranks a lost node took with it)."""
         self.log = get_logger("supervisor.runtime.group", job=job.name, generation=generation)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -75,14 +87,8 @@ class WorkerGroup:
             name=placement_group_name(self.job.name, self.generation),
             lifetime="detached",
         )
-        try:
-            ray.get(self.pg.ready(), timeout=ready_timeout_s)
-        except GetTimeoutError:
-            self.shutdown()
-            raise WorkerStartError(
-                f"cannot place {self.world_size} workers x {bundle} within {ready_timeout_s:.0f}s "
-                f"(cluster has {ray.available_resources()})"
-            ) from None
+        self._await_placement(bundle, ready_timeout_s)
+        self.rank_nodes = self._bundle_nodes()
         # 2. One detached, named actor per rank: it outlives the supervisor that created it.
         self.workers = [
             RemoteWorker.options(
@@ -130,6 +136,60 @@ class WorkerGroup:
             "group_launched", world_size=self.world_size, resume_step=resume_step, master=f"{addr}:{port}"
         )
 
+    def _await_placement(self, bundle: dict[str, float], timeout_s: float) -> None:
+        """Wait for the placement group, failing at once (``GroupDoesNotFit``) when the live nodes'
+        total resources cannot hold it for longer than ``resources.wait_for_nodes_s``, and with a
+        ``WorkerStartError`` when it is not placed within ``timeout_s`` though it would fit."""
+        assert self.pg is not None
+        ready = self.pg.ready()
+        start = time.monotonic()
+        wait_s = self.job.resources.wait_for_nodes_s
+        unfit_since: float | None = None
+        while True:
+            done, _ = ray.wait([ready], timeout=PLACEMENT_POLL_S)
+            if done:
+                ray.get(ready)
+                return
+            now = time.monotonic()
+            short = shortfall(bundle, self.world_size, ray.nodes())
+            unfit_since = None if short is None else (unfit_since or now)
+            if short is not None and now - unfit_since >= wait_s:
+                self.shutdown()
+                waited = (
+                    f" after waiting {wait_s:g}s for nodes (resources.wait_for_nodes_s)" if wait_s else ""
+                )
+                raise GroupDoesNotFit(f"cannot place {self.world_size} workers x {bundle}: {short}{waited}")
+            if now - start >= timeout_s:
+                self.shutdown()
+                raise WorkerStartError(
+                    f"cannot place {self.world_size} workers x {bundle} within {timeout_s:.0f}s "
+                    f"(cluster has {ray.available_resources()})"
+                )
+
+    def _bundle_nodes(self) -> dict[int, str]:
+        """Rank -> id of the node its bundle (and so its actor) is on; {} when Ray does not say."""
+        if self.pg is None:
+            return {}
+        try:
+            table = ray.util.placement_group_table(self.pg).get("bundles_to_node_id") or {}
+        except Exception as exc:  # a removed group or a cluster going away: no placement to name
+            self.log.debug("placement_table_failed", error=repr(exc))
+            return {}
+        return {int(rank): str(node) for rank, node in table.items() if node}
+
+    def lost_ranks(self) -> dict[int, str]:
+        """Rank -> "node <ip> (<id>)" for every rank whose node the cluster no longer counts alive."""
+        if not self.rank_nodes:
+            return {}
+        nodes = {str(n["NodeID"]): n for n in ray.nodes()}
+        lost = {}
+        for rank, node_id in sorted(self.rank_nodes.items()):
+            node = nodes.get(node_id)
+            if node is None or not node.get("Alive"):
+                ip = node.get("NodeManagerAddress", "?") if node else "?"
+                lost[rank] = f"node {ip} ({node_id[:12]})"
+        return lost
+
     @staticmethod
     def _generations(job_name: str) -> dict[int, dict[int, str]]:
         pattern = re.compile(rf"^worker:{re.escape(job_name)}:(\d+):(\d+)$")
@@ -165,6 +225,7 @@ class WorkerGroup:
             group.pg = ray.util.get_placement_group(placement_group_name(job.name, gen))
         except ValueError:
             group.pg = None
+        group.rank_nodes = group._bundle_nodes()
         group._watch()
         return group
 
@@ -241,6 +302,10 @@ class WorkerGroup:
                 out.append({"rank": rank, "state": "lost", "error": type(exc).__name__})
         return out
 
+    def unreachable_ranks(self, timeout_s: float = 5.0) -> list[int]:
+        """Ranks whose actor does not answer a status call within ``timeout_s`` (dead or cut off)."""
+        return [rank for rank, st in enumerate(self.statuses(timeout_s)) if st.get("state") == "lost"]
+
     def pids(self) -> list[int]:
         return list(ray.get([w.pid.remote() for w in self.workers], timeout=30))
 
@@ -255,3 +320,27 @@ def _outcome(ref: Any) -> dict[str, Any]:
         return result
     except RayActorError as exc:
         return {"state": "lost", "error": f"worker actor died: {type(exc).__name__}"}
+
+
+def shortfall(bundle: dict[str, float], count: int, nodes: list[dict[str, Any]]) -> str | None:
+    """Why ``count`` bundles of ``bundle`` cannot fit the live nodes' total resources (each bundle
+    on one node, as Ray places them), or None when they fit. Totals, not what is free now: what
+    other jobs hold comes back, a lost node does not."""
+    alive = [n for n in nodes if n.get("Alive")]
+    need = {k: v for k, v in bundle.items() if v > 0}
+    fits = 0
+    for node in alive:
+        have = node.get("Resources") or {}
+        fits += min((int(have.get(k, 0.0) / v + 1e-9) for k, v in need.items()), default=count)
+    if fits >= count:
+        return None
+    totals = {k: sum(float((n.get("Resources") or {}).get(k, 0.0)) for n in alive) for k in need}
+    dead = [n for n in nodes if not n.get("Alive")]
+    lost = ""
+    if dead:
+        names = ", ".join(
+            f"{n.get('NodeManagerAddress', '?')} ({str(n.get('NodeID', ''))[:12]})" for n in dead
+        )
+        lost = f"; {len(dead)} node(s) lost: {names}"
+    have_s = ", ".join(f"{k} {v:g}" for k, v in totals.items())
+    return f"the {len(alive)} live node(s) of the cluster hold {fits} of them ({have_s} in all){lost}"

@@ -16,7 +16,7 @@ from ray.exceptions import RayError
 
 from supervisor.config.job import JobSpec
 from supervisor.logging import get_logger
-from supervisor.runtime.group import WorkerGroup
+from supervisor.runtime.group import GroupHealth, WorkerGroup
 from supervisor.runtime.names import priority
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.settings import RuntimeSettings
@@ -60,12 +60,33 @@ class WorkerSupervision:
         if health.state == "finished":
             return GroupEvent("finished")
         if health.state in ("lost", "failed"):
-            ranks = () if health.rank is None else (health.rank,)
-            return GroupEvent("lost" if health.state == "lost" else "failed", ranks, health.reason)
+            return self._fault(self.group, health)
         if silent_ranks:
             why = f"no record for {self.job.telemetry.hang_timeout_s:.0f}s (telemetry.hang_timeout_s)"
             return GroupEvent("hung", tuple(silent_ranks), why)
         return None
+
+    def _fault(self, group: WorkerGroup, health: GroupHealth) -> GroupEvent:
+        """The fault, named by the ranks that were lost first. When a node goes, the ranks left
+        on the others fail in their next collective (a closed connection) before Ray has declared
+        the node dead, so the first rank to report is a survivor: the ranks whose node the cluster
+        no longer counts alive, else those that no longer answer, are the ones named."""
+        first = f"rank {health.rank} {health.state}: {health.reason}"
+        gone = group.lost_ranks()
+        if gone:
+            nodes = sorted(set(gone.values()))
+            why = f"{', '.join(nodes)} lost with rank(s) {sorted(gone)}"
+        else:
+            gone = {r: group.rank_nodes.get(r, "") for r in group.unreachable_ranks() if r != health.rank}
+            where = sorted({f"node {n[:12]}" for n in gone.values() if n})
+            why = f"rank(s) {sorted(gone)} do not answer" + (f" (on {', '.join(where)})" if where else "")
+        if not gone:
+            ranks = () if health.rank is None else (health.rank,)
+            return GroupEvent("lost" if health.state == "lost" else "failed", ranks, health.reason)
+        if health.rank is not None and health.rank not in gone:
+            why += f"; then {first}"
+        log.warning("worker_ranks_lost", ranks=sorted(gone), why=why)
+        return GroupEvent("lost", tuple(sorted(gone)), why)
 
     def link_acks(self) -> list[tuple[int, dict[str, Any], int | None]]:
         """(rank, directive acks its link saw go out, its last step) for every answering rank."""

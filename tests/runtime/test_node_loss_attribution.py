@@ -1,0 +1,91 @@
+"""A lost node: the ranks it took with it are the ones named, and a group the live nodes cannot
+hold fails at once instead of waiting out its placement timeout. Pure: no Ray is started."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from supervisor.runtime import group as group_mod
+from supervisor.runtime.group import GroupDoesNotFit, GroupHealth, WorkerGroup, shortfall
+from supervisor.runtime.machinery import WorkerSupervision
+from tests.runtime.conftest import FAST, make_job
+
+HEAD, LOST = "h" * 56, "w" * 56
+
+
+def _node(node_id: str, cpus: float, *, alive: bool = True, ip: str = "127.0.0.1") -> dict[str, Any]:
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": ip, "Resources": {"CPU": cpus}}
+
+
+class FakeGroup:
+    """The survivors fail first (rank 3 in a collective) while the lost node's ranks 0-1 say nothing."""
+
+    def __init__(self, lost: dict[int, str], unreachable: list[int]) -> None:
+        self.rank_nodes = {0: LOST, 1: LOST, 2: HEAD, 3: HEAD}
+        self._lost, self._unreachable = lost, unreachable
+
+    def health(self) -> GroupHealth:
+        return GroupHealth("failed", 3, "RuntimeError: Connection closed by peer [127.0.0.2]:40123")
+
+    def lost_ranks(self) -> dict[int, str]:
+        return self._lost
+
+    def unreachable_ranks(self) -> list[int]:
+        return self._unreachable
+
+
+def _watch(tmp_path: Path, group: FakeGroup) -> Any:
+    sup = WorkerSupervision(make_job(tmp_path, "attrib", resources={"num_workers": 4}), FAST)
+    sup.group = group  # type: ignore[assignment]
+    return sup.watch([])
+
+
+def test_the_ranks_of_a_node_ray_declared_dead_are_named_not_the_survivor_that_failed_first(
+    tmp_path: Path,
+) -> None:
+    where = f"node 127.0.0.2 ({LOST[:12]})"
+    event = _watch(tmp_path, FakeGroup({0: where, 1: where}, []))
+    assert event.kind == "lost" and event.ranks == (0, 1)
+    assert "127.0.0.2" in event.reason and "then rank 3 failed" in event.reason
+
+
+def test_ranks_that_no_longer_answer_are_named_before_ray_declares_their_node_dead(tmp_path: Path) -> None:
+    event = _watch(tmp_path, FakeGroup({}, [0, 1, 3]))
+    assert event.kind == "lost" and event.ranks == (0, 1)
+    assert "do not answer" in event.reason and LOST[:12] in event.reason
+
+
+def test_a_rank_that_failed_with_every_other_rank_answering_is_named_itself(tmp_path: Path) -> None:
+    event = _watch(tmp_path, FakeGroup({}, []))
+    assert event.kind == "failed" and event.ranks == (3,)
+
+
+def test_shortfall_counts_whole_bundles_on_the_live_nodes_only() -> None:
+    both = [_node(HEAD, 2), _node(LOST, 2, ip="127.0.0.2")]
+    assert shortfall({"CPU": 1.0}, 4, both) is None
+    assert shortfall({"CPU": 0.5}, 8, both) is None
+    assert shortfall({"CPU": 1.5}, 2, both) is None  # one bundle per node
+    assert shortfall({"CPU": 1.5}, 3, both) is not None  # 3 CPUs in all, but no node holds two
+    one = [_node(HEAD, 2), _node(LOST, 2, alive=False, ip="127.0.0.2")]
+    why = shortfall({"CPU": 1.0}, 4, one)
+    assert why is not None and "hold 2 of them" in why and "127.0.0.2" in why and "CPU 2 in all" in why
+    assert shortfall({"CPU": 1.0, "GPU": 1.0}, 1, both) is not None  # no GPU anywhere
+
+
+def test_a_group_the_live_nodes_cannot_hold_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    group = WorkerGroup(make_job(tmp_path, "unfit", resources={"num_workers": 4}), FAST, 1)
+    group.pg = SimpleNamespace(ready=lambda: "ref")  # type: ignore[assignment]
+    monkeypatch.setattr(group, "shutdown", lambda: None)
+    monkeypatch.setattr(group_mod.ray, "wait", lambda refs, timeout: ([], refs))
+    monkeypatch.setattr(group_mod.ray, "nodes", lambda: [_node(HEAD, 2), _node(LOST, 2, alive=False)])
+    t0 = time.monotonic()
+    with pytest.raises(GroupDoesNotFit, match="hold 2 of them"):
+        group._await_placement({"CPU": 1.0}, timeout_s=120.0)
+    assert time.monotonic() - t0 < 5.0
