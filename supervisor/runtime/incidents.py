@@ -543,6 +543,7 @@ class IncidentFlow:
             rank_incidents=self._rank_incidents(incident_id, d),
             can_replay=self.can_replay,
             checkpoint_every=host.job.checkpoint.every_steps,
+            max_steps=host.job.max_steps,
         )
 
     def _grad_clip(self) -> float | None:

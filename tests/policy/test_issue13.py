@@ -62,10 +62,10 @@ def test_point1_lr_jump_always_gets_rollback_before_onset_and_a_fix(
     assert p.rule == "optimizer_state" and "lr_jump" in p.evidence
     rollback, apply = p.action("rollback"), p.action("apply")
     assert rollback is not None and apply is not None
-    assert (
-        isinstance(rollback.args, RollbackArgs) and rollback.args.target_step == 150
-    )  # newest healthy <= onset 252 - 50
-    assert isinstance(apply.args, ApplyArgs) and apply.args.warmup_steps == 252 - 150  # up to the onset
+    # The LR dates the onset (it jumped at 252): the newest healthy checkpoint before it, no margin
+    # (rollback lr_dated_margin_steps=0; tests/policy/test_lr_dated_margin.py).
+    assert isinstance(rollback.args, RollbackArgs) and rollback.args.target_step == 250
+    assert isinstance(apply.args, ApplyArgs) and apply.args.warmup_steps == 252 - 250  # up to the onset
     assert p.action_names.index("rollback") < p.action_names.index("apply") < p.action_names.index("resume")
     assert "learning rate changed 29.7x" in p.matched_because
 
@@ -280,7 +280,8 @@ def test_findings_read_the_detector_sentences() -> None:
 
 def test_rewarm_runs_from_the_rollback_target_to_the_onset(default_policy: Policy, tmp_path: Path) -> None:
     unknown = plan(lr_bug("divergence"), state(checkpoints=None), default_policy)
-    assert unknown.action("apply").params["warmup_steps"] == 50  # type: ignore[union-attr]  # onset - margin
+    # onset - max_target_step (251: the LR dates the onset), computed again for the target used
+    assert unknown.action("apply").params["warmup_steps"] == 1  # type: ignore[union-attr]
     pol = load_policy(write_policy(tmp_path, one_rule(["alert", {"observe": {"steps": 50}}])))
     inserted = plan(lr_bug("transient"), state(checkpoints=((100, "healthy"),)), pol)
     assert inserted.action("apply").params == {"warmup_steps": 152}  # type: ignore[union-attr]

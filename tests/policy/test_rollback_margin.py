@@ -14,11 +14,11 @@ from tests.policy.conftest import diag, state
 
 
 def lr_bug(onset: int) -> Diagnosis:
-    """An LR jump at the onset: the default policy's ``optimizer_state`` rule (margin 50)."""
+    """An update jump at the onset: the default policy's ``optimizer_state`` rule (margin 50). The
+    update is an effect, so the margin applies; an onset the LR itself dates needs none
+    (tests/policy/test_lr_dated_margin.py)."""
     d = diag("slow_recovery", ("optimizer",), onset=onset)
-    top = CauseScore(
-        d.causes[0].cause, 0.9, [f"learning rate changed 30x from the previous step at step {onset}"]
-    )
+    top = CauseScore(d.causes[0].cause, 0.9, [f"update ratio 30x its level at step {onset}"])
     return replace(d, causes=[top])
 
 

@@ -69,6 +69,15 @@ class RollbackParams(ActionParams):
         False,
         description="Also require every state component (optimizer, scheduler, scaler, rng, data cursor).",
     )
+    lr_dated_margin_steps: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "The margin when the onset is the step the LR left its level (finding `lr_jump`, at or before "
+            "the first anomaly): no earlier step ran at that LR, so the margin's room for an onset dated "
+            "late is not needed; null: `margin_steps` applies."
+        ),
+    )
     from_start: bool = Field(
         True,
         description=(

@@ -57,7 +57,8 @@ class JobState:
     brings its earlier attempts); ``rank_incidents`` lists (onset step, rank) of earlier
     rank-local incidents; ``can_replay`` is False when the job has no replay hooks;
     ``checkpoint_every`` is the job's ``checkpoint.every_steps`` (None: not known), the first
-    checkpoint interval within which the run's start is a rollback target.
+    checkpoint interval within which the run's start is a rollback target; ``max_steps`` the job's
+    ``max_steps`` (None: not known), what a re-warm to the onset is weighed against.
     """
 
     step: int
@@ -75,6 +76,7 @@ class JobState:
     rank_incidents: Sequence[tuple[int, int]] = ()
     can_replay: bool | None = None
     checkpoint_every: int | None = None
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attempts", MappingProxyType(dict(self.attempts)))
@@ -105,6 +107,7 @@ class JobState:
             "incident_attempt": self.incident_attempt,
             "rank_incidents": [list(x) for x in self.rank_incidents],
             "checkpoint_every": self.checkpoint_every,
+            "max_steps": self.max_steps,
             "can_replay": self.can_replay,
         }
 

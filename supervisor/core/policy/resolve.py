@@ -10,6 +10,7 @@ engine then escalates.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -81,18 +82,60 @@ def start_target(p: RollbackParams, d: Diagnosis, state: JobState) -> str | None
     return None
 
 
+_LR_STEP = re.compile(r"^learning rate changed (\S+)x from the previous step at step (\d+)", re.IGNORECASE)
+_LR_RISE = re.compile(r"^learning rate \S+ at step (\d+) -> \S+ at step \d+ \(", re.IGNORECASE)
+
+
+def lr_dated_onset(d: Diagnosis) -> int | None:
+    """The first step that ran at a faulty LR, when the LR dates the onset: it rose from the previous
+    step (``lr_jump``), or from a level it held until a named step, at or before the first anomaly.
+    The LR is an input the records carry, not an effect: every step before it ran at the LR the run
+    had been training healthily at, so no state saved before it can hold the fault. None: the onset
+    is dated by effects only (a loss, an update, a NaN), which may lag the fault."""
+    steps: list[int] = []
+    for cs in d.causes:
+        for e in cs.evidence:
+            m = _LR_STEP.search(e)
+            if m is not None and _ratio(m.group(1)) > 1.0:
+                steps.append(int(m.group(2)))
+            r = _LR_RISE.search(e)
+            if r is not None:
+                steps.append(int(r.group(1)) + 1)
+    dated = [s for s in steps if 0 < s <= d.onset_step]
+    return min(dated) if dated else None
+
+
+def _ratio(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
 def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Resolved:
     """The newest checkpoint of the mark at least ``margin_steps`` before the onset; when none is
     that old, the newest one before the onset (the margin is a preference: it buys room for an
-    onset dated late, and an older healthy state is better than none). No such checkpoint before
-    the onset at all is no target -- unless ``start`` and ``start_target`` allow the run's start:
-    step 0, the group restarted from the job's initial state."""
+    onset dated late, and an older healthy state is better than none). An onset the LR dates
+    (``lr_dated_onset``) cannot be late, so ``lr_dated_margin_steps`` replaces the margin there when
+    the policy sets it. A checkpoint at the onset holds the onset's own update: the margin is at
+    least one step. No such checkpoint before the onset at all is no target -- unless ``start`` and
+    ``start_target`` allow the run's start: step 0, the group restarted from the job's initial state."""
     assert isinstance(p, RollbackParams)
-    limit = d.onset_step - p.margin_steps
+    dated = lr_dated_onset(d) if p.lr_dated_margin_steps is not None else None
+    if dated is not None and p.lr_dated_margin_steps is not None:
+        margin, first = p.lr_dated_margin_steps, dated
+        why = (
+            f"step {dated}, where the LR left its level, - lr_dated_margin_steps={margin}: the LR dates the "
+            f"onset, so margin_steps={p.margin_steps} (room for an onset dated late) is not needed"
+        )
+    else:
+        margin, first = p.margin_steps, d.onset_step
+        why = f"onset {d.onset_step} - margin_steps={p.margin_steps}"
+    limit = first - max(margin, 1)
     marks = {HealthMark.HEALTHY} if p.min_mark == "healthy" else {HealthMark.HEALTHY, HealthMark.VERIFIED}
-    where = f"at or before step {limit} (onset {d.onset_step} - margin_steps={p.margin_steps})"
+    where = f"at or before step {limit} ({why})"
     params = {
-        "margin_steps": p.margin_steps,
+        "margin_steps": margin,
         # Invariant: whatever the policy says, the target is re-verified before loading.
         "require_verified": True,
         "min_mark": p.min_mark,
@@ -105,12 +148,14 @@ def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Res
     complete = "; state completeness checked" if p.check_completeness else ""
     known = state.checkpoint_refs
     if known is None:
-        detail = f"target step chosen at run time, margin {p.margin_steps} steps: newest {p.min_mark} checkpoint {where}"
+        detail = (
+            f"target step chosen at run time, margin {margin} steps: newest {p.min_mark} checkpoint {where}"
+        )
         return params, f"{detail}; re-verified before loading{complete}"
     eligible = [c for c in known if c.step <= limit and c.mark in marks]
     short = ""
     if not eligible:
-        before = d.onset_step - 1  # a checkpoint at the onset holds the onset's own update
+        before = first - 1  # a checkpoint at the onset holds the onset's own update
         eligible = [c for c in known if c.step <= before and c.mark in marks]
         if not eligible:
             listed = ", ".join(f"{c.step} {c.mark.value}" for c in known) or "none"
@@ -133,10 +178,10 @@ def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Res
     passed = [f"{c.step} {c.mark.value}" for c in known if target.step < c.step <= limit]
     params["target_step"] = target.step
     if short:
-        detail = f"target step {target.step} ({target.mark.value}), margin {p.margin_steps} steps{short}"
+        detail = f"target step {target.step} ({target.mark.value}), margin {margin} steps{short}"
     else:
         detail = (
-            f"target step {target.step} ({target.mark.value}), margin {p.margin_steps} steps: "
+            f"target step {target.step} ({target.mark.value}), margin {margin} steps: "
             f"newest {p.min_mark} checkpoint {where}"
         )
     if passed:
@@ -181,7 +226,21 @@ def _apply(p: Any, d: Diagnosis, state: JobState, rollback_to: int | None = None
         params["lr_scale"], text = _lr_scale(factor, state)
         words.append(text)
     if p.warmup_steps == "to_onset":
-        if rollback_to is not None and rollback_to < d.onset_step:
+        left = None if state.max_steps is None else state.max_steps - d.onset_step
+        if (
+            rollback_to is not None
+            and rollback_to < d.onset_step
+            and left is not None
+            and left < d.onset_step - rollback_to
+        ):
+            # The ramp is insurance for the steps after the onset, paid in LR over the steps before
+            # it; with fewer steps left than it is long, the price lands on the run's final state.
+            words.append(
+                f"re-warm dropped: {d.onset_step - rollback_to} steps from the rollback target {rollback_to} to the "
+                f"onset {d.onset_step} would protect the {left} steps the run has left after it (max_steps="
+                f"{state.max_steps}); the rollback alone removes the fault, the window judges the state"
+            )
+        elif rollback_to is not None and rollback_to < d.onset_step:
             params["warmup_steps"] = d.onset_step - rollback_to
             words.append(
                 f"re-warm the LR from zero over {params['warmup_steps']} steps: from the rollback target "
