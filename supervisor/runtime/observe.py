@@ -73,6 +73,10 @@ class Baseline:
     grad_norm: float | None
     update_ratio: float | None
     tokens_per_s: float | None
+    #: The LR the ranks reported and the update ratio per unit of it (None in a baseline stored
+    #: before they were kept, or when the ranks report no LR).
+    lr: float | None = None
+    update_per_lr: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +100,13 @@ def baseline(history: list[StepStats]) -> Baseline | None:
         grad_norm=_median([h.grad_norm for h in finite]),
         update_ratio=_median([h.update_ratio for h in finite]),
         tokens_per_s=capacity([h.tokens_per_s for h in finite]),
+        lr=_median([h.lr for h in finite]),
+        update_per_lr=_median([_per_lr(h) for h in finite]),
     )
+
+
+def _per_lr(h: StepStats) -> float | None:
+    return h.update_ratio / h.lr if h.update_ratio is not None and h.lr else None
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -138,7 +148,8 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     """Each pass criterion of an ``observe`` action, checked on the window against the baseline.
 
     Loss must stay *below* baseline median + N x 1.4826 MAD (lower is fine: training goes on
-    improving); grad norm and update ratio medians must stay under N x baseline; sustained
+    improving); grad norm and update ratio medians must stay under N x baseline (the update
+    ratio per unit of LR where the window runs a higher LR than the baseline: ``_update``); sustained
     throughput (``capacity``) over N x the same run's baseline, unless ``throughput`` is false
     (then it is listed as not judged). A metric nobody reports is skipped (passed, "not reported").
     """
@@ -150,7 +161,6 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     )
     for name, attr, key, upper, summary in (
         ("grad_norm", "grad_norm", "grad_norm_ratio_max", True, _median),
-        ("update_ratio", "update_ratio", "update_ratio_max", True, _median),
         ("throughput", "tokens_per_s", "throughput_min_ratio", False, capacity),
     ):
         value = summary([getattr(h, attr) for h in window])
@@ -158,7 +168,30 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
             checks.append(Check(name, True, value, None, "not judged (the policy turned it off)"))
             continue
         checks.append(_ratio(name, getattr(base, attr), value, criteria, key, upper))
+    checks.insert(3, _update(base, window, criteria))
     return checks
+
+
+def _update(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> Check:
+    """The update-ratio check. Every optimizer's update follows the LR (Lion's is ``lr * sign(.)``,
+    SGD's ``lr * buf``, Adam's about ``lr * m / sqrt(v)``): where the window runs a higher LR than
+    the baseline's steps did (a baseline taken in a warm-up, at a fraction of the peak), the update
+    is compared per unit of LR; an update larger per unit of LR (a lost or broken optimizer state)
+    still fails. Under an LR no higher than the baseline's (the supervisor's own ``lr_scale`` or
+    re-warm, a decay) it is compared as it is: Adam's update per unit of LR grows when steps are
+    small, the weights' actual step does not. Whether the LR itself is right is the detector's
+    (an LR fault back in the window fails the recurrence check)."""
+    raw = _ratio("update_ratio", base.update_ratio, _median([h.update_ratio for h in window]),
+                 criteria, "update_ratio_max", True)  # fmt: skip
+    lr = _median([h.lr for h in window])
+    if base.lr is None or base.update_per_lr is None or lr is None or lr <= base.lr or raw.passed:
+        return raw
+    per = _ratio("update_ratio", base.update_per_lr, _median([_per_lr(h) for h in window]),
+                 criteria, "update_ratio_max", True)  # fmt: skip
+    if per.limit is None or raw.value is None:
+        return raw
+    why = f"{per.detail} per unit of LR (the window's LR {lr / base.lr:.3g}x the baseline's; {raw.value:.3g}x as it is)"
+    return Check("update_ratio", per.passed, per.value, per.limit, why)
 
 
 def evaluate_young(window: list[StepStats], history_steps: int) -> list[Check]:
