@@ -152,8 +152,11 @@ class WorkerGroup:
                 return
             now = time.monotonic()
             short = shortfall(bundle, self.world_size, ray.nodes())
-            unfit_since = None if short is None else (unfit_since or now)
-            if short is not None and now - unfit_since >= wait_s:
+            if short is None:
+                unfit_since = None
+            elif unfit_since is None:
+                unfit_since = now
+            if short is not None and unfit_since is not None and now - unfit_since >= wait_s:
                 self.shutdown()
                 waited = (
                     f" after waiting {wait_s:g}s for nodes (resources.wait_for_nodes_s)" if wait_s else ""
@@ -338,9 +341,8 @@ def shortfall(bundle: dict[str, float], count: int, nodes: list[dict[str, Any]])
     dead = [n for n in nodes if not n.get("Alive")]
     lost = ""
     if dead:
-        names = ", ".join(
-            f"{n.get('NodeManagerAddress', '?')} ({str(n.get('NodeID', ''))[:12]})" for n in dead
-        )
-        lost = f"; {len(dead)} node(s) lost: {names}"
+        shown = [f"{n.get('NodeManagerAddress', '?')} ({str(n.get('NodeID', ''))[:12]})" for n in dead[-3:]]
+        more = f" and {len(dead) - 3} more" if len(dead) > 3 else ""
+        lost = f"; {len(dead)} node(s) lost: {', '.join(shown)}{more}"
     have_s = ", ".join(f"{k} {v:g}" for k, v in totals.items())
     return f"the {len(alive)} live node(s) of the cluster hold {fits} of them ({have_s} in all){lost}"
