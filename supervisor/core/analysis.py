@@ -481,8 +481,10 @@ class StreamingAnalyzer:
         if trig.rule == "lr" and self.lr_fault is not None:
             # The fault's own reference: the LR before its first onset (the step before this one
             # may already run at the raised LR, when the bug is in the schedule of every timeline).
-            onset, _, lr_ref = self.lr_fault
+            onset, size, lr_ref = self.lr_fault
             facts.lr_before = (onset - 1, lr_ref)
+            if sig.lr_norm is not None and lr_ref > 0 and self.observing(s.step):
+                facts.lr_back = (s.step, sig.lr_norm / lr_ref, size, self._rollback_over(onset))
             if sig.lr_ratio is not None and sig.lr_ratio >= LR_RAISED:
                 facts.lr_jump = (s.step, sig.lr_ratio)
         elif ext is not None and ext.metric == "lr":
@@ -493,6 +495,14 @@ class StreamingAnalyzer:
             if first.step <= r.step < s.step:
                 inc.observe(r, self._in_band(inc, r), st)
         return inc
+
+    def _rollback_over(self, onset: int) -> int | None:
+        """The target of the supervisor's latest rollback from at or after ``onset`` to before it
+        (the one that undid the fault's steps), or None when it acted in place."""
+        back = [
+            iv for iv in self.known.log if iv.kind == "rollback" and iv.step < onset <= (iv.from_step or 0)
+        ]
+        return back[-1].step if back else None
 
     def _source_onset(self, name: str, first: FirstAnomaly) -> FirstAnomaly:
         """Where the source left its band: the first of its latest appearances in a row out of band

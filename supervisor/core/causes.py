@@ -40,6 +40,7 @@ W = {
     "overflow": 0.2,
     "update_spike": 0.3,
     "lr_jump": 0.3,
+    "lr_back": 0.0,
     "grad_lead": 0.2,
     "rank_local": 0.3,
     "rank_persistent": 0.6,
@@ -89,6 +90,19 @@ class _Board:
         return out
 
 
+def _lr_back_text(back: tuple[int, float, float, int | None], before: tuple[int, float] | None) -> str:
+    step, factor, first, target = back
+    after, fix = (
+        (f"the rollback to step {target}", "a rollback") if target is not None else ("the fix", "the fix")
+    )
+    ref = f" ({_g(before[1])} at step {before[0]})" if before is not None else ""
+    return (
+        f"learning rate {_g(factor)}x the LR before the fault{ref} at step {step} again after {after}, "
+        f"the supervisor's own LR factor divided out ({_g(first)}x the first time): the job's own "
+        f"schedule produces it, {fix} does not cure it"
+    )
+
+
 def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | None = None) -> list[CauseScore]:
     from supervisor.core.diagnose import persistent_rank_fault
 
@@ -96,6 +110,8 @@ def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | Non
     f = inc.facts
     b = _Board()
     prior = _PRIOR[phen]
+    if f.lr_back is not None:  # the first abnormal quantity, and why the fix did not hold
+        b.add(Cause.OPTIMIZER, "lr_back", _lr_back_text(f.lr_back, f.lr_before))
     b.add(prior, "phenotype", _phenotype_text(inc, phen))
     calm = calm_grads(inc)
     if f.checksum is not None:
@@ -199,6 +215,8 @@ def _phenotype_text(inc: Incident, phen: Phenotype) -> str:
     if phen is Phenotype.DIVERGENCE:
         return f"{shape}; kept rising ({f.rising_steps} new peaks after onset)"
     if phen is Phenotype.SLOW_RECOVERY:
+        if inc.trajectory and all(p.loss_in_band for p in inc.trajectory):
+            return f"{shape}; the loss in its band while the learning rate stays raised"
         end = f"back in band at {inc.end_step}" if inc.end_step is not None else "not yet back in band"
         return f"{shape}; slow return ({end})"
     return f"{shape}; back in band within {max(0, (inc.end_step or inc.peak_step) - inc.peak_step)} steps"

@@ -54,6 +54,10 @@ class Facts:
     #: The largest step-to-step LR ratio of the steps just before onset (the schedule's own ramp,
     #: e.g. a warm-up's): a rise after onset counts only at steps that rose faster than it.
     lr_ramp: float | None = None
+    #: An LR fault the supervisor acted on, back after its fix: (step, the LR's factor over the LR
+    #: before the fault's first onset with the supervisor's own factor divided out, the factor it
+    #: had the first time, the rollback target or None when the fix was applied in place).
+    lr_back: tuple[int, float, float, int | None] | None = None
     nonfinite_step: int | None = None
     nonfinite_at: str | None = None
     nonfinite_ranks: list[int] = field(default_factory=list)
@@ -360,7 +364,11 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
         return Phenotype.DIVERGENCE
     after_peak = [p for p in traj if p.step > inc.peak_step]
     if all(p.loss_in_band for p in traj):
-        return Phenotype.TRANSIENT  # the loss never left its band (e.g. an update-ratio-only incident)
+        # The loss never left its band (e.g. an update-ratio-only incident): a transient, unless the
+        # LR that jumped is still up. Then the cause is in place whatever the loss does yet (a sign
+        # update under a x20 LR makes a young run's loss fall faster for a while; SGD carries it for
+        # many steps): the next steps are not normal.
+        return Phenotype.SLOW_RECOVERY if lr_still_raised(inc) else Phenotype.TRANSIENT
     recovered = next((p for p in after_peak if p.loss_in_band), None)
     if recovered is not None:
         quick = recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc)
@@ -392,12 +400,17 @@ LR_RAISED = 1.5
 
 def lr_still_raised(inc: Incident) -> bool:
     """The LR rose by ``LR_RAISED``x or more against the step before onset, and the latest step of
-    the incident still runs at that raised LR: the loss coming back does not end the fault."""
+    the incident still runs at that raised LR: the loss coming back does not end the fault. An LR
+    that fell back from its raised value by half the rise or more (in log units) is back on its
+    schedule, even where a warm-up has since carried it ``LR_RAISED``x above the step before onset
+    (one step at x20 at step 6 of a linear warm-up: step 9 runs 1.5x step 5's LR as scheduled)."""
     f = inc.facts
     if f.lr_rise is None or f.lr_before is None or f.lr_before[1] <= 0 or not inc.trajectory:
         return False
     last = inc.trajectory[-1].lr
-    return last is not None and last / f.lr_before[1] >= LR_RAISED
+    if last is None or last / f.lr_before[1] < LR_RAISED:
+        return False
+    return last >= f.lr_before[1] * math.sqrt(f.lr_rise[1])
 
 
 def source_persisting(inc: Incident, settings: DetectorSettings) -> bool:
