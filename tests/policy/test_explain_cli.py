@@ -76,7 +76,8 @@ def test_explain_divergence_prints_the_procedure(trace: Path) -> None:
     ]
     rollback = next(line for line in out.splitlines() if " rollback " in line)
     assert "target step 200" in rollback or "target step 300" in rollback
-    assert "margin 50 steps" in rollback  # optimizer_state: the evidence dates the onset
+    # optimizer_state: the LR dates the onset, so no margin (rollback lr_dated_margin_steps: 0)
+    assert "margin 0 steps" in rollback and "where the LR left its level" in rollback
     assert "then: resume if the observation window passes, else escalate" in out
 
 
@@ -91,8 +92,8 @@ def test_explain_json(trace: Path) -> None:
     assert plan["rule"] == "optimizer_state" and plan["escalate_reason"] is None
     assert {"lr_jump", "update_jump"} & set(plan["evidence"]) and plan["recovery"] == "in_place"
     rollback = next(a for a in plan["actions"] if a["name"] == "rollback")
-    assert rollback["params"]["margin_steps"] == 50
-    assert rollback["params"]["target_step"] <= first["diagnosis"]["onset_step"] - 50
+    assert rollback["params"]["margin_steps"] == 0  # the margin applied: the LR dates the onset
+    assert rollback["params"]["target_step"] < first["diagnosis"]["onset_step"]
     assert data["checkpoints"]["source"] == "checkpoint_saved events"
 
 
