@@ -92,9 +92,8 @@ class _Board:
 
 def _lr_back_text(back: tuple[int, float, float, int | None], before: tuple[int, float] | None) -> str:
     step, factor, first, target = back
-    after, fix = (
-        (f"the rollback to step {target}", "a rollback") if target is not None else ("the fix", "the fix")
-    )
+    where = "the run's start" if target is not None and target <= 0 else f"step {target}"
+    after, fix = (f"the rollback to {where}", "a rollback") if target is not None else ("the fix", "the fix")
     ref = f" ({_g(before[1])} at step {before[0]})" if before is not None else ""
     return (
         f"learning rate {_g(factor)}x the LR before the fault{ref} at step {step} again after {after}, "

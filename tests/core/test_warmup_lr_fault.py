@@ -94,12 +94,12 @@ def test_a_persistent_lr_bug_says_the_rollback_did_not_cure_it() -> None:
     a = StreamingAnalyzer()
     for step, rs in group_steps(trace_order(lion_warmup(raised, steps=9))):
         a.observe_step(step, rs)
-    a.notify_rollback(0, from_step=9, observe_steps=100)
-    a.note_overrides(0, warmup_steps=6)
+    a.notify_rollback(-1, from_step=9, observe_steps=100)  # the run's start: no step completed
+    a.note_overrides(-1, warmup_steps=7)
     ready: list[Diagnosis] = []
     for step, rs in group_steps(trace_order(lion_warmup(raised, steps=9))):
         for r in rs:  # the ranks apply the re-warm to the LR they report, and their update follows
-            k = min(1.0, step / 6)
+            k = min(1.0, (step + 1) / 7)
             r.lr = (r.lr or 0.0) * k
             r.update_norm = (r.update_norm or 0.0) * k
         ready += [u.diagnosis for u in a.observe_step(step, rs) if u.kind == "ready"]
@@ -107,5 +107,5 @@ def test_a_persistent_lr_bug_says_the_rollback_did_not_cure_it() -> None:
     top = ready[0].causes[0]
     assert top.cause.value == "optimizer"
     text = top.evidence[0]
-    assert "again after the rollback to step 0" in text and "24x" in text, top.evidence  # vs step 5
+    assert "again after the rollback to the run's start" in text and "24x" in text, top.evidence  # vs step 5
     assert "does not cure it" in text, text
