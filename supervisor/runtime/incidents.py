@@ -541,6 +541,7 @@ class IncidentFlow:
             grad_norm=grads[len(grads) // 2] if grads else None,
             incident_attempt=self.state.attempts_of.get(str(incident_id), 0),
             rank_incidents=self._rank_incidents(incident_id, d),
+            earlier_onsets=self._earlier_onsets(incident_id, d),
             can_replay=self.can_replay,
             checkpoint_every=host.job.checkpoint.every_steps,
             max_steps=host.job.max_steps,
@@ -572,6 +573,14 @@ class IncidentFlow:
                 continue
             out.append((seen.onset_step, int(seen.first_rank)))
         return tuple(out)
+
+    def _earlier_onsets(self, incident_id: int, d: Diagnosis) -> tuple[int, ...]:
+        """Onsets of this incident's occurrences before ``d``'s (each reopen, each one met again
+        inside a window): a rollback before one re-runs that occurrence's data."""
+        return tuple(
+            sorted({seen.onset_step for inc_id, seen in self.store.detections(self.host.job.name)
+                    if inc_id == incident_id and seen.onset_step < d.onset_step})
+        )  # fmt: skip
 
     def _maybe_replan(self, active: ActivePlan, d: Diagnosis) -> None:
         """Re-make the plan when the diagnosis changed so that the policy now plans differently,

@@ -220,3 +220,78 @@ def test_a_fix_whose_window_failed_is_not_repeated_unchanged_the_state_is_rolled
     assert any("observation window failed" in n for n in again.notes), again.notes
     # the bound stands: a second failed window escalates
     assert plan(d, state(step=150, checkpoints=checkpoints, observation_failures=2), default_policy).escalates
+
+
+def shard_again_with_update(onset: int = 113, rank: int = 1, **kw: object) -> Diagnosis:
+    """Cell 364272:122380: the shard's second occurrence on rank 1 (50 steps after the first, at 63),
+    read as a transient whose one garbage batch moved the update ratio -- bad_batch_step."""
+    fields: dict[str, object] = {
+        "onset_step": onset,
+        "peak_step": onset,
+        "end_step": onset + 1,
+        "phenotype": Phenotype.TRANSIENT,
+        "rank_local": True,
+        "first_rank": rank,
+        "causes": [
+            CauseScore(
+                Cause.DATA,
+                0.6,
+                [
+                    f"loss 2.68 -> 3.74 at step {onset}; back in band within 1 steps",
+                    f"rank {rank} loss 6.17 vs ranks' median 2.52 at step {onset}",
+                ],
+            ),
+            CauseScore(Cause.OPTIMIZER, 0.3, [f"update ratio 1.93x its level at step {onset}"]),
+        ],
+        "suspect_samples": [f"web:page{i:03d}:{onset}" for i in range(16)],
+        "severity": Severity.MEDIUM,
+        "detected_step": onset,
+    }
+    fields.update(kw)
+    return Diagnosis(**fields)  # type: ignore[arg-type]
+
+
+def test_a_recurring_data_fault_is_not_rolled_back_over_its_own_earlier_occurrence(
+    default_policy: Policy,
+) -> None:
+    """Cells 364272:122380 and 271676:628637: an occurrence whose batch moved the update ratio was
+    planned bad_batch_step and rolled back to checkpoint 40, the newest healthy one (every checkpoint
+    within healthy_after_steps of an occurrence stays unhealthy), before the shard's earlier
+    occurrence (63; 65 and 105). The re-run met the data there again inside the window, the window
+    failed on it, and the re-plan escalated on recurrence.max_attempts. A rollback re-serves the data
+    in the same order: it must not go back over an occurrence of the same data fault; the occurrence
+    is kept out where it recurs and a window judges the state, as for a transient with no target."""
+    ckpts = ((20, "healthy"), (40, "healthy"), (60, "verified"), (80, "verified"), (100, "verified"))
+    js = state(step=116, attempts={"rank_local": 1}, incident_attempt=1, rank_incidents=[(63, 1)],
+               checkpoints=ckpts, earlier_onsets=(63,))  # fmt: skip
+    d = shard_again_with_update()
+    p = plan(d, js, default_policy)
+    assert not p.escalates, p.escalate_reason
+    assert "rollback" not in p.action_names, [a.params for a in p.actions if a.name == "rollback"]
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"]["samples"] == d.suspect_samples
+    assert "warmup_steps" not in apply.params and "lr_scale" not in apply.params
+    assert "observe" in p.action_names
+    assert any("earlier occurrence" in n and "63" in n for n in p.notes), p.notes
+
+    # The periodic reading of 271676:628637 (onsets 25, 65, 105, 145; healthy 20, 40 only): the same.
+    periodic = recurring_shard(onset=145, every=40, first_rank=0, suspect_samples=SHARD_SAMPLES,
+                               causes=[*recurring_shard(onset=145).causes,
+                                       CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 1.73x its level at step 145"])])  # fmt: skip
+    js145 = replace(js, step=148, attempts={"rank_local": 2}, incident_attempt=2,
+                    rank_incidents=((65, 0), (105, 0)), earlier_onsets=(65, 105),
+                    checkpoints=(*ckpts, (120, "verified"), (140, "verified")))  # fmt: skip
+    p = plan(periodic, js145, default_policy)
+    assert not p.escalates and "rollback" not in p.action_names, (p.escalate_reason, p.action_names)
+
+    # A healthy checkpoint after the earlier occurrence is a target that re-runs none of it: kept.
+    kept = plan(d, replace(js, checkpoints=(*ckpts[:3], (80, "healthy"), (100, "verified"))), default_policy)
+    rollback = kept.action("rollback")
+    assert rollback is not None and rollback.params["target_step"] == 80
+    # A one-off bad batch (no earlier occurrence) is rolled back as before.
+    once = plan(d, replace(js, earlier_onsets=(), incident_attempt=0, rank_incidents=()), default_policy)
+    assert once.rule == "bad_batch_step" and once.action("rollback") is not None
+    # What is no data fault (NaN/Inf not skipped) keeps its rollback, whatever came before it.
+    nan = shard_again_with_update(nonfinite=True, nonfinite_at="forward:blocks.0",
+                                  causes=[CauseScore(Cause.NUMERIC, 0.8, ["non-finite values first at step 113 on ranks [1]"])])  # fmt: skip
+    assert plan(nan, js, default_policy).action("rollback") is not None

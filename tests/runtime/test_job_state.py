@@ -61,6 +61,8 @@ def test_one_bad_batch_on_a_rank_is_excluded_and_the_third_on_that_rank_escalate
     final = store.get(inc.id)
     assert final.state is IncidentState.ESCALATED
     assert [s["rank_incidents"] for s in job_states(ctl, inc.id)] == [[], [[130, 0]], [[130, 0], [170, 0]]]
+    # Each reopened occurrence knows the incident's earlier ones (a rollback must not re-run them).
+    assert [s["earlier_onsets"] for s in job_states(ctl, inc.id)] == [[], [130], [130, 170]]
     escalated = next(e for e in store.timeline(inc.id) if e.kind is EventKind.ESCALATED)
     reason = escalated.payload["memo"]["reason"]
     assert "rank 0 deviated first in 3 incidents within 2000 steps" in reason

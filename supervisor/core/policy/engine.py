@@ -10,7 +10,9 @@
        an observe-level job), then resolve each one's parameters against the job's current
        values (when no checkpoint qualifies as a rollback target: a transient goes on without
        one under an observation window, an onset within the run's first checkpoint interval rolls
-       back to the run's start, anything else escalates; dropping a fix that would change nothing).
+       back to the run's start, anything else escalates; dropping a fix that would change nothing);
+    5. a data fault whose rollback would go back over its own earlier occurrence goes on without
+       it (the re-run would meet that data again), kept out where it recurs and watched.
 
 Every choice carries a sentence naming the rule and the setting behind it.
 """
@@ -23,6 +25,7 @@ from supervisor.core.model import Cause, Diagnosis
 from supervisor.core.policy.actions import ACTIONS
 from supervisor.core.policy.evidence import data_recurrence, findings
 from supervisor.core.policy.invariants import (
+    RECURS_WHERE_IT_IS,
     Step,
     block_before_rollback,
     fix_after_rollback,
@@ -30,6 +33,7 @@ from supervisor.core.policy.invariants import (
     release_after_freeze,
     rollback_before_continuing,
     rollback_dispensable,
+    rollback_reruns_occurrence,
     without_rollback,
 )
 from supervisor.core.policy.plan import JobState, Plan, PlannedAction, Recovery
@@ -89,16 +93,22 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
         steps, more = order(steps)
         notes += more
     try:
-        return _finish(base, steps, notes, name, diagnosis, state, policy)
+        done = _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
-        if (why := rollback_dispensable(diagnosis)) is None:
-            # A young run: the run's start stands in for the checkpoint it does not have yet.
-            try:
-                return _finish(base, steps, notes, name, diagnosis, state, policy, start=True)
-            except NoRollbackTarget as no_start:
-                return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
-        steps, more = without_rollback(steps, why, str(exc))
+        if (why := rollback_dispensable(diagnosis)) is not None:
+            steps, more = without_rollback(steps, why, str(exc))
+            return _finish(base, steps, notes + more, name, diagnosis, state, policy)
+        # A young run: the run's start stands in for the checkpoint it does not have yet.
+        try:
+            done = _finish(base, steps, notes, name, diagnosis, state, policy, start=True)
+        except NoRollbackTarget as no_start:
+            return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
+    if (cause := rollback_reruns_occurrence(done.actions, diagnosis, state)) is not None:
+        steps, more = without_rollback(
+            steps, RECURS_WHERE_IT_IS, f"no target that re-runs none of it: {cause}"
+        )
         return _finish(base, steps, notes + more, name, diagnosis, state, policy)
+    return done
 
 
 def adapt_to_job(steps: list[Step], state: JobState) -> tuple[list[Step], list[str]]:

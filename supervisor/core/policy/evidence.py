@@ -99,6 +99,21 @@ def data_recurrence(d: Diagnosis) -> str | None:
     )
 
 
+def data_fault(d: Diagnosis) -> str | None:
+    """Why the incident reads as bad data that comes back where the data does, or None.
+
+    Top cause data with its samples named, back in band (a transient or one occurrence of a
+    periodic chain), and nothing that data does not explain: no NaN/Inf, no disagreeing replicas, no
+    LR jump. One garbage batch may move the update ratio: that is still the batch's doing."""
+    if d.top_cause is not Cause.DATA or not d.suspect_samples:
+        return None
+    if d.phenotype not in (Phenotype.TRANSIENT, Phenotype.PERIODIC):
+        return None
+    if {"nonfinite", "checksum", "lr_jump"} & findings(d).keys():
+        return None
+    return f"top cause data, {len(d.suspect_samples)} suspect samples named, back in band"
+
+
 def state_suspect(d: Diagnosis) -> dict[str, str]:
     """The findings that require a rollback before the onset plus a fix. A non-finite step that was
     skipped changed no weights: it is no such finding (unless the incident went on diverging)."""

@@ -12,6 +12,10 @@
 5. No checkpoint to roll back to escalates only when the curve needs one: a transient is back
    in band, so without a target its rollback is dropped and an observation window judges the
    state it goes on from (``without_rollback``).
+6. A rollback never goes back over an earlier occurrence of the same data fault: a rollback
+   re-serves the data in the same order, so the re-run meets that data again (the exclusion names
+   the samples seen, not the rest of a bad shard). Such a target counts as none
+   (``rollback_reruns_occurrence``): the occurrence is kept out where it recurs and watched.
 
 Each function takes the rule's action list and returns the adjusted list plus notes; an
 entry carries ``inserted`` (why the engine added or moved it) or None.
@@ -19,12 +23,13 @@ entry carries ``inserted`` (why the engine added or moved it) or None.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype
 from supervisor.core.policy.actions import ACTIONS, CONTINUES, TERMINAL
-from supervisor.core.policy.evidence import nonfinite_skipped, state_suspect
-from supervisor.core.policy.plan import JobState
+from supervisor.core.policy.evidence import data_fault, nonfinite_skipped, state_suspect
+from supervisor.core.policy.plan import JobState, PlannedAction
 from supervisor.core.policy.schema import ActionSpec
 
 
@@ -184,3 +189,31 @@ def without_rollback(steps: list[Step], why: str, cause: str) -> tuple[list[Step
         out.insert(at, Step(ActionSpec.model_validate("observe"), reason))
         notes.append(f"observe inserted: {reason}")
     return out, notes
+
+
+def rollback_reruns_occurrence(actions: Sequence[PlannedAction], d: Diagnosis, state: JobState) -> str | None:
+    """Invariant 6: why the plan's rollback would re-run an earlier occurrence of this data fault
+    (``JobState.earlier_onsets``), or None. Only a data fault (``evidence.data_fault``) is kept
+    from going back: anything else that needs a rollback before its onset gets one."""
+    earlier = [s for s in state.earlier_onsets if s < d.onset_step]
+    if not earlier or (why := data_fault(d)) is None:
+        return None
+    prev = max(earlier)
+    for a in actions:
+        if a.name != "rollback":
+            continue
+        target = a.params.get("target_step")
+        bound = a.params.get("max_target_step") if target is None else target  # unknown: the newest it may be
+        if isinstance(bound, int) and bound < prev:
+            what = f"target {bound}" if target is not None else f"newest possible target {bound}"
+            return (
+                f"its {what} lies before step {prev}, an earlier occurrence of this incident's data fault "
+                f"({why}): a rollback re-serves the data in the same order, so the re-run would meet it again"
+            )
+    return None
+
+
+#: Why an occurrence of a data fault goes on without the rollback that would re-run an earlier one.
+RECURS_WHERE_IT_IS = (
+    "the occurrence is back in band: its data is kept out where it recurs and a window judges the state"
+)

@@ -59,6 +59,8 @@ class JobState:
     ``checkpoint_every`` is the job's ``checkpoint.every_steps`` (None: not known), the first
     checkpoint interval within which the run's start is a rollback target; ``max_steps`` the job's
     ``max_steps`` (None: not known), what a re-warm to the onset is weighed against.
+    ``earlier_onsets`` lists the onsets of *this* incident's earlier occurrences (a reopened or
+    chained incident: the same fault), oldest first: a rollback before one re-runs its data.
     """
 
     step: int
@@ -77,9 +79,11 @@ class JobState:
     can_replay: bool | None = None
     checkpoint_every: int | None = None
     max_steps: int | None = None
+    earlier_onsets: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attempts", MappingProxyType(dict(self.attempts)))
+        object.__setattr__(self, "earlier_onsets", tuple(sorted({int(s) for s in self.earlier_onsets})))
         object.__setattr__(self, "rank_incidents", tuple((int(s), int(r)) for s, r in self.rank_incidents))
         if self.checkpoints is not None:
             object.__setattr__(self, "checkpoints", _refs(self.checkpoints))
@@ -109,6 +113,7 @@ class JobState:
             "checkpoint_every": self.checkpoint_every,
             "max_steps": self.max_steps,
             "can_replay": self.can_replay,
+            "earlier_onsets": list(self.earlier_onsets),
         }
 
 
