@@ -44,6 +44,9 @@ MANIFEST = "MANIFEST.json"
 LATEST = "latest"
 BLOCK = "LATEST_BLOCK.json"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
+# The reason a rank gives when it quarantines a checkpoint its restore check refused after
+# loading; the drills' checks read it back.
+RESTORE_CHECK_FAILED = "restore check failed"
 _NO_LATEST = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
 _NO_REPLACE = (HealthMark.HEALTHY,)
 #: Replaced manifests with these marks are kept as the step's history (evidence of an incident).

@@ -272,18 +272,14 @@ class Checker:
 
         store = CheckpointStore(open_backend(self.job.storage.path), self.job.name)
         saves = store.saves(step)
-        failed = [
-            m for m in saves if m.health is HealthMark.QUARANTINED and any(not v.ok for v in m.verifications)
-        ]
-        if not failed:
+        caught = [(m, why) for m in saves if (why := _caught_corrupt(m)) is not None]
+        if not caught:
             marks = [m.health.value for m in saves] or "no save at all"
-            return Check(
-                f"quarantined:{step}", False, f"no save of step {step} failed verification ({marks})"
-            )
-        why = next(v for v in failed[0].verifications if not v.ok).problems[:1]
+            return Check(f"quarantined:{step}", False, f"no save of step {step} failed a check ({marks})")
+        manifest, why = caught[0]
         # saves() ends with the live manifest; the kept ones are the re-saved step's history.
-        where = "live" if failed[0] is saves[-1] else "kept beside a re-save"
-        return Check(f"quarantined:{step}", True, f"{where}: {why[0] if why else 'verification failed'}")
+        where = "live" if manifest is saves[-1] else "kept beside a re-save"
+        return Check(f"quarantined:{step}", True, f"{where}: {why}")
 
     # -- the loss curve ------------------------------------------------------------------------
     def _recovered(self) -> Check:
@@ -319,3 +315,18 @@ class Checker:
         rel = (got - ref) / ref
         ok = math.isfinite(rel) and abs(rel) <= tol
         return Check("final_loss", ok, f"{got:.4g} vs clean {ref:.4g} ({rel:+.1%}, tolerance {tol:.0%})")
+
+
+def _caught_corrupt(manifest: Any) -> str | None:
+    """Why a quarantined save was found corrupt: its verification failed, or the ranks' restore
+    check refused it after loading (a byte flipped after the verification ran). A save
+    quarantined for another reason (an abandoned timeline) was never found corrupt: None."""
+    from supervisor.checkpoint.store import RESTORE_CHECK_FAILED
+
+    if manifest.health is not HealthMark.QUARANTINED:
+        return None
+    failed = next((v for v in manifest.verifications if not v.ok), None)
+    if failed is not None:
+        return failed.problems[0] if failed.problems else "verification failed"
+    refused = [c.reason for c in manifest.history if c.reason.startswith(RESTORE_CHECK_FAILED)]
+    return refused[0] if refused else None

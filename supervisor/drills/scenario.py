@@ -101,8 +101,9 @@ class Expect(BaseModel):
 
     quarantined: list[int] = Field(
         default_factory=list,
-        description="Checkpoint steps holding a save that failed verification and is kept quarantined "
-        "(as the live manifest, or as history beside a re-save).",
+        description="Checkpoint steps holding a save found corrupt (its verification failed, or the "
+        "ranks' restore check refused it) and kept quarantined (as the live manifest, or as history "
+        "beside a re-save).",
     )
 
     @field_validator("phenotype", "top_cause", mode="before")

@@ -275,6 +275,7 @@ class Steering:
 
     def restore(self, step: int) -> None:
         """Load every piece of training state from checkpoint ``step`` into the live objects."""
+        from supervisor.checkpoint.store import RESTORE_CHECK_FAILED
         from supervisor.checkpoint.training_state import load_training_state
         from supervisor.checkpoint.verify import RestoreCheckError
 
@@ -294,7 +295,7 @@ class Steering:
             # It passed verification, so only this check can keep it from being loaded again: a
             # quarantined checkpoint is never a rollback or restart target, and `latest` leaves it.
             # The live state is now partly the forged one; the supervisor's next rollback replaces it.
-            p.checkpoint.quarantine(step, f"restore check failed on rank {p.rank}: {exc.one_line()}")
+            p.checkpoint.quarantine(step, f"{RESTORE_CHECK_FAILED} on rank {p.rank}: {exc.one_line()}")
             raise
         if p.loader is not None and loaded.data_state is not None:
             p.loader.load_state_dict(loaded.data_state)

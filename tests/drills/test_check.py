@@ -216,6 +216,27 @@ def test_quarantined_needs_a_failed_verification_kept_through_a_resave(tmp_path:
     assert check().ok is True and "kept beside a re-save" in check().detail
 
 
+def test_quarantined_by_the_restore_check_counts_as_caught(tmp_path: Path) -> None:
+    """A byte flipped after the supervisor verified the save (a loaded machine runs the
+    verification first) is caught by the ranks' restore check instead: quarantined, never
+    trained on, and the drill's check says which check caught it."""
+    from supervisor.checkpoint import CheckpointStore
+    from supervisor.checkpoint.store import RESTORE_CHECK_FAILED
+    from supervisor.storage import open_backend
+    from tests.checkpoint.conftest import save_plain
+
+    sc = _scenario(tmp_path, {"quarantined": [100], "incident": False})
+    job = sc.job_spec(tmp_path / "storage")
+    ckpts = CheckpointStore(open_backend(job.storage.path), job.name)
+    store = IncidentStore(tmp_path / "storage" / "incidents.sqlite")
+    run = RunOutcome(sc, job, {"phase": "finished"}, 1.0, tmp_path / "out")
+    save_plain(ckpts, 100)
+    ckpts.quarantine(100, f"{RESTORE_CHECK_FAILED} on rank 0: model checksum mismatch")
+    save_plain(ckpts, 100)  # the re-run saves step 100 again
+    got = {c.name: c for c in Checker(run, store).checks()}["quarantined:100"]
+    assert got.ok is True and "restore check" in got.detail and "kept beside a re-save" in got.detail
+
+
 def test_the_machinery_incident_of_the_drills_own_worker_kill_is_no_false_alarm(tmp_path: Path) -> None:
     """A worker killed inside the observation window (re-trained steps, before the fault's step)
     opens a machinery incident there: the kill drill caused it, the detector raised no alarm."""
