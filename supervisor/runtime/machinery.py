@@ -77,7 +77,9 @@ class WorkerSupervision:
             nodes = sorted(set(gone.values()))
             why = f"{', '.join(nodes)} lost with rank(s) {sorted(gone)}"
         else:
-            gone = {r: group.rank_nodes.get(r, "") for r in group.unreachable_ranks() if r != health.rank}
+            gone = {r: group.rank_nodes.get(r, "") for r in group.unreachable_ranks()}
+            if set(gone) <= {health.rank}:  # only the rank that reported: the fault as it reported it
+                gone = {}
             where = sorted({f"node {n[:12]}" for n in gone.values() if n})
             why = f"rank(s) {sorted(gone)} do not answer" + (f" (on {', '.join(where)})" if where else "")
         if not gone:

@@ -25,12 +25,17 @@ def _node(node_id: str, cpus: float, *, alive: bool = True, ip: str = "127.0.0.1
 class FakeGroup:
     """The survivors fail first (rank 3 in a collective) while the lost node's ranks 0-1 say nothing."""
 
-    def __init__(self, lost: dict[int, str], unreachable: list[int]) -> None:
+    def __init__(
+        self, lost: dict[int, str], unreachable: list[int], first: GroupHealth | None = None
+    ) -> None:
         self.rank_nodes = {0: LOST, 1: LOST, 2: HEAD, 3: HEAD}
         self._lost, self._unreachable = lost, unreachable
+        self._first = first or GroupHealth(
+            "failed", 3, "RuntimeError: Connection closed by peer [127.0.0.2]:40123"
+        )
 
     def health(self) -> GroupHealth:
-        return GroupHealth("failed", 3, "RuntimeError: Connection closed by peer [127.0.0.2]:40123")
+        return self._first
 
     def lost_ranks(self) -> dict[int, str]:
         return self._lost
@@ -55,9 +60,21 @@ def test_the_ranks_of_a_node_ray_declared_dead_are_named_not_the_survivor_that_f
 
 
 def test_ranks_that_no_longer_answer_are_named_before_ray_declares_their_node_dead(tmp_path: Path) -> None:
-    event = _watch(tmp_path, FakeGroup({}, [0, 1, 3]))
+    event = _watch(tmp_path, FakeGroup({}, [0, 1]))
     assert event.kind == "lost" and event.ranks == (0, 1)
     assert "do not answer" in event.reason and LOST[:12] in event.reason
+
+
+def test_a_lost_rank_that_reported_first_is_named_with_the_others_of_its_node(tmp_path: Path) -> None:
+    first = GroupHealth("lost", 0, "worker actor died: ActorUnavailableError")
+    event = _watch(tmp_path, FakeGroup({}, [0, 1], first))
+    assert event.kind == "lost" and event.ranks == (0, 1)
+
+
+def test_a_killed_rank_alone_is_reported_as_it_died(tmp_path: Path) -> None:
+    first = GroupHealth("lost", 2, "worker actor died: ActorDiedError")
+    event = _watch(tmp_path, FakeGroup({}, [2], first))
+    assert event.kind == "lost" and event.ranks == (2,) and event.reason == first.reason
 
 
 def test_a_rank_that_failed_with_every_other_rank_answering_is_named_itself(tmp_path: Path) -> None:
