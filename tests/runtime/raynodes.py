@@ -1,0 +1,113 @@
+"""Real Ray nodes for tests: ``ray start --block`` subprocesses on loopback, each with its own
+temp folder and ports, stopped by the PIDs this module started (never ``ray stop``, which would
+stop every Ray on the machine, other users' included).
+
+A second node gets its own loopback address (``127.0.0.2``): two raylets on one address make a
+driver's choice of node ambiguous, which no real two-machine cluster has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` right now (held open together, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ray_exe() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+class RayNode:
+    """One ``ray start --block`` process and the Ray processes under it."""
+
+    def __init__(self, ip: str, temp_dir: Path, *, num_cpus: int, head_address: str | None = None,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.ip = ip
+        self.head = head_address is None
+        self.seen: dict[int, psutil.Process] = {}
+        gcs, nm, om, agent, agent_grpc, metrics, renv, client = free_ports(8, ip)
+        low = free_ports(1, ip)[0]
+        cmd = [_ray_exe(), "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}",
+               f"--node-manager-port={nm}", f"--object-manager-port={om}",
+               f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+               f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}",
+               f"--min-worker-port={low}", f"--max-worker-port={min(65535, low + 60)}",
+               "--disable-usage-stats", "--object-store-memory=100000000"]  # fmt: skip
+        if self.head:
+            cmd += ["--head", f"--port={gcs}", f"--ray-client-server-port={client}",
+                    "--include-dashboard=false", f"--temp-dir={temp_dir}"]  # fmt: skip
+            self.address = f"{ip}:{gcs}"
+        else:
+            cmd += [f"--address={head_address}"]
+            self.address = head_address
+        self.log = open(temp_dir.parent / f"ray-start-{ip}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})  # fmt: skip
+
+    def pids(self) -> list[int]:
+        """The ``ray start`` process and every process under it, as it is now."""
+        try:
+            parent = psutil.Process(self.proc.pid)
+            return [parent.pid] + [c.pid for c in parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def raylet_pid(self, timeout_s: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(self.proc.pid).children(recursive=True):
+                    if child.name() == "raylet":
+                        return child.pid
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"`ray start` on {self.ip} exited {self.proc.returncode}")
+            time.sleep(0.2)
+        raise RuntimeError(f"no raylet under `ray start` on {self.ip} within {timeout_s:.0f}s")
+
+    def _remember(self) -> None:
+        """Note the processes under ``ray start`` now: once the raylet is gone, the workers it
+        started are no longer below it, and ``stop`` must still find them. Process objects, not
+        bare PIDs: psutil checks a PID is still the same process before it signals it."""
+        for pid in self.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self.seen.setdefault(pid, psutil.Process(pid))
+
+    def kill_raylet(self) -> int:
+        pid = self.raylet_pid()
+        self._remember()
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Kill what this node started, by PID: every process under ``ray start`` (now, or when its
+        raylet was killed), then ``ray start`` itself."""
+        self._remember()
+        procs = list(self.seen.values())
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace_s)
+        self.log.close()

@@ -1,0 +1,168 @@
+"""Two real Ray nodes (`ray start --head` and `ray start --address=...`, 2 + 2 CPUs, on loopback
+with their own temp folder and ports), a 4-rank job spread over both, the second node's raylet
+killed by PID mid-run: the supervisor, pinned to the head, stays up; the group no longer fits
+the node left, so `launch` fails at once with exit code 3 and one reason naming the lost node,
+and the fault's incident names the ranks that were on it. Every process is stopped by PID.
+
+How it differs from production: both nodes are on one machine (the second on 127.0.0.2, so a
+driver's node is never ambiguous), and their resources are logical CPUs of the same cores."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from supervisor.config.job import JobSpec
+from tests.runtime.raynodes import RayNode
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+JOB = "twonodes"
+
+
+def _until(what: str, cond: Any, timeout_s: float, every_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
+        time.sleep(every_s)
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture()
+def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayNode, RayNode]]:
+    root = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # short: Ray's socket paths fit 107 bytes
+    # Token authentication (Ray's default once a token exists) on every node and every driver:
+    # Ray sends its token to an address given explicitly only in this mode.
+    env = {"RAY_TMPDIR": str(root), "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "token"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    nodes: list[RayNode] = []
+    try:
+        nodes.append(RayNode("127.0.0.1", root, num_cpus=2, env=env))
+        _until("the head listens", lambda: _listening(nodes[0].address), 90)
+        nodes.append(RayNode("127.0.0.2", root, num_cpus=2, head_address=nodes[0].address, env=env))
+        yield nodes[0], nodes[1]
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    left = [p.pid for node in nodes for p in node.seen.values() if _running(p)]
+    assert not left, f"processes the test started are still running: {left}"
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _job_file(tmp_path: Path, address: str) -> Path:
+    spec = {
+        "name": JOB,
+        "entrypoint": "examples.tinylm.train:main",
+        "config": {
+            "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
+            "data": {"max_bytes_per_source": 100_000},
+        },
+        "resources": {"num_workers": 4, "cpus_per_worker": 1},
+        "ray": {"address": address},
+        "storage": {"path": str(tmp_path / "store")},
+        "checkpoint": {"every_steps": 20},
+        "telemetry": {"min_history": 50, "window": 200, "hang_timeout_s": 120},
+        "max_steps": 2000,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
+    tmp_path: Path, two_nodes: tuple[RayNode, RayNode]
+) -> None:
+    import ray
+
+    from supervisor.runtime import api
+    from supervisor.runtime.cluster import head_node_id
+    from supervisor.runtime.group import WorkerGroup
+    from supervisor.runtime.names import NAMESPACE
+    from supervisor.runtime.settings import RuntimeSettings
+    from supervisor.runtime.stores import open_incident_store
+
+    head, second = two_nodes
+    job_file = _job_file(tmp_path, head.address)
+    job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
+    ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
+    launched = None
+    try:
+        _until("two live nodes", lambda: sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90)
+        head_id = head_node_id()
+        second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
+        log = (tmp_path / "launch.log").open("wb")
+        launched = subprocess.Popen([str(BIN / "supervisor"), "launch", str(job_file)], cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
+        # 1. The job trains on both nodes; its supervisor is on the head.
+        handle = _until("the supervisor actor", lambda: _find(api, JOB), 120)
+        _until("30 trained steps", lambda: api.status(handle)["step"] >= 30, 240, every_s=1.0)
+        assert api.status(handle)["supervisor_node"] == head_id
+        group = WorkerGroup.find(job, RuntimeSettings.model_validate({}))
+        assert group is not None
+        placed = group.rank_nodes
+        lost = sorted(r for r, n in placed.items() if n == second_id)
+        assert len(lost) == 2 and set(placed.values()) == {head_id, second_id}, placed
+        # 2. The second node's raylet dies; the job fails as soon as Ray has declared it dead.
+        killed_at = time.monotonic()
+        second.kill_raylet()
+        rc = launched.wait(timeout=150)
+        took = time.monotonic() - killed_at
+        out = (tmp_path / "launch.log").read_text(errors="replace")
+        assert rc == 3, out[-3000:]
+        assert took < 100, f"failed {took:.0f}s after the kill"
+        assert "cannot place 4 workers" in out and "hold 2 of them" in out and "127.0.0.2" in out, out[-3000:]
+        # 3. The fault's incident names the ranks that were on the lost node.
+        store = open_incident_store(job)
+        machinery = [(i, e.payload["machinery"]) for i in store.list_incidents(job=JOB)
+                     for e in store.timeline(i.id) if "machinery" in e.payload]  # fmt: skip
+        assert machinery, "no incident for the lost node"
+        incident, named = machinery[-1]
+        assert incident.diagnosis.first_rank == lost[0] and f"rank(s) {lost}" in named, named
+        print(f"\nnode loss: ranks {lost} lost, exit {rc} {took:.1f}s after the kill")
+    finally:
+        if launched is not None and launched.poll() is None:
+            launched.kill()
+            launched.wait(timeout=30)
+        ray.shutdown()
+
+
+def _find(api: Any, name: str) -> Any:
+    try:
+        return api.find(name)
+    except Exception:
+        return None
