@@ -109,3 +109,26 @@ def test_a_persistent_lr_bug_says_the_rollback_did_not_cure_it() -> None:
     text = top.evidence[0]
     assert "again after the rollback to the run's start" in text and "24x" in text, top.evidence  # vs step 5
     assert "does not cure it" in text, text
+
+
+def test_a_persistent_lr_bug_escalates_saying_why() -> None:
+    """Once the windows have failed as often as the policy allows, the escalation itself names the
+    cause the user has to fix, not only the count of failed windows."""
+    raised = {s: 20 * 2e-4 * s for s in range(6, 15)}
+    a = StreamingAnalyzer()
+    for step, rs in group_steps(trace_order(lion_warmup(raised, steps=9))):
+        a.observe_step(step, rs)
+    a.notify_rollback(-1, from_step=9, observe_steps=100)
+    a.note_overrides(-1, warmup_steps=7)
+    ready: list[Diagnosis] = []
+    for step, rs in group_steps(trace_order(lion_warmup(raised, steps=9))):
+        for r in rs:
+            k = min(1.0, (step + 1) / 7)
+            r.lr = (r.lr or 0.0) * k
+            r.update_norm = (r.update_norm or 0.0) * k
+        ready += [u.diagnosis for u in a.observe_step(step, rs) if u.kind == "ready"]
+    p = plan(ready[0], state(step=9, checkpoints=(), observation_failures=2), load_policy("default"))
+    assert p.escalates, p
+    why = p.escalate_reason or ""
+    assert "max_observation_failures=2" in why and "top cause optimizer" in why, why
+    assert "does not cure it" in why, why

@@ -160,7 +160,7 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
     if state.observation_failures >= limit:
         return (
             f"Deciding to escalate: the observation window failed {state.observation_failures} time(s), "
-            f"reaching defaults.max_observation_failures={limit}"
+            f"reaching defaults.max_observation_failures={limit}{_what_to_fix(d)}"
         )
     rec = policy.recurrence
     # A data recurrence's earlier fixes held (their samples are out for good); its next occurrence
@@ -168,7 +168,7 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
     if state.incident_attempt >= rec.max_attempts and not data_recurrence(d):
         return (
             f"Deciding to escalate: this incident came back after {state.incident_attempt} recovery "
-            f"attempt(s), reaching recurrence.max_attempts={rec.max_attempts}"
+            f"attempt(s), reaching recurrence.max_attempts={rec.max_attempts}{_what_to_fix(d)}"
         )
     if why := repeat_offender(d, state, policy):
         return why
@@ -178,6 +178,17 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
         )
         return f"Deciding to escalate: attempts {attempts} reached rule {name!r} {setting}={max_attempts}"
     return None
+
+
+def _what_to_fix(d: Diagnosis, limit: int = 400) -> str:
+    """The cause an escalation leaves to a person: the top cause and its first evidence (for an LR
+    fault back after the fix, that the job's own schedule produces it)."""
+    if not d.causes:
+        return ""
+    top = d.causes[0]
+    first = top.evidence[0] if top.evidence else ""
+    line = f"; top cause {top.cause.value}" + (f": {first}" if first else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _data_recurrence_notes(why: str, d: Diagnosis, state: JobState, policy: Policy) -> list[str]:
