@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from tenacity import Retrying, stop_after_attempt, wait_fixed
 
 from supervisor.config.job import JobSpec
 from tests.runtime.raynodes import RayNode
@@ -63,6 +64,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayNode, RayNod
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _reread_ray_config()  # this process is a driver too: Ray read RAY_AUTH_MODE once, maybe before
     nodes: list[RayNode] = []
     try:
         nodes.append(RayNode("127.0.0.1", root, num_cpus=2, env=env))
@@ -73,8 +75,19 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayNode, RayNod
         for node in reversed(nodes):
             node.stop()
         shutil.rmtree(root, ignore_errors=True)
+        monkeypatch.undo()
+        _reread_ray_config()
     left = [p.pid for node in nodes for p in node.seen.values() if _running(p)]
     assert not left, f"processes the test started are still running: {left}"
+
+
+def _reread_ray_config() -> None:
+    """Ray caches its settings, the authentication mode among them, when it first reads them (an
+    earlier test's import may have); re-read them from the environment, as Ray itself does when
+    it turns token authentication on."""
+    from ray._raylet import Config
+
+    Config.initialize("")
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -119,7 +132,10 @@ def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
     head, second = two_nodes
     job_file = _job_file(tmp_path, head.address)
     job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
-    ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
+    # A driver's first GCS calls can miss their deadline on a loaded machine: a few tries.
+    for attempt in Retrying(stop=stop_after_attempt(4), wait=wait_fixed(3), reraise=True):
+        with attempt:
+            ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
     launched = None
     try:
         _until("two live nodes", lambda: sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90)
