@@ -115,3 +115,21 @@ def test_the_stall_tracker_survives_a_restart_and_forgets_rolled_back_steps() ->
     for step, rs in steps[10:]:
         opened += [u for u in b.observe_step(step, rs) if u.kind == "opened"]
     assert any(u.diagnosis.source_local == "web" for u in opened), [u.diagnosis.to_json() for u in opened]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known false alarm, not fixed yet: a stall read while the whole run is disturbed (grad "
+    "norm 10x at step 17, loss out of its band 22-39) counts as the source's own evidence",
+)
+def test_a_clean_run_disturbed_in_its_first_steps_has_no_stalled_source() -> None:
+    """The fixed matrix's clean convnet/SGD cell (``python -m bench.matrix --families convnet
+    --optimizers sgd --faults clean``; ``data/matrix_clean_convnet_sgd_r2.jsonl.gz``, steps 1-60,
+    `samples` dropped): at step 17 every source's loss rises with a 10x gradient norm and comes
+    back by 39. `motif` has not learned yet at step 25 (x1.06 of its first level) while the
+    others' median fell x0.70, just past the 1.4x the rule asks: a high `source_local` incident
+    opens on a clean run. The others' fall is barely past the threshold in both, so the numbers
+    alone do not tell it from a source at chance from the start (``sampler_bad_source_from_start``:
+    others x0.67-0.69, its own x1.02-1.03); what differs is that this run was itself disturbed."""
+    res = analyze_records(read_trace(DATA / "matrix_clean_convnet_sgd_r2.jsonl.gz").records)
+    assert not [d.to_json() for d in res.incidents if d.severity.rank >= Severity.MEDIUM.rank]
