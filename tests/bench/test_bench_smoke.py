@@ -33,8 +33,13 @@ def smoke(script: str, *extra: str, timeout_s: float = 300) -> str:
     return proc.stdout
 
 
-#: Not scripts of their own, or smoke-tested elsewhere (the GPU check needs a GPU).
-NOT_HERE = {"gpu_check.py", "checkpoint_io_ablations.py"}  # the ablations run in checkpoint_io's smoke
+#: Not scripts of their own, or smoke-tested elsewhere (the GPU check needs a GPU; the 16-rank
+#: smoke is tests/bench/test_real_ranks.py, marked slow).
+NOT_HERE = {
+    "gpu_check.py",
+    "checkpoint_io_ablations.py",
+    "real_ranks.py",
+}  # the ablations run in checkpoint_io's smoke
 
 
 def test_every_bench_script_has_a_smoke_mode() -> None:
