@@ -53,7 +53,11 @@ class CheckpointTending:
             if current_step < step + self.window and not (final and current_step >= step):
                 continue
             manifest = self.store.find(step)
-            if manifest is not None and manifest.health is HealthMark.VERIFIED:
+            if manifest is None or manifest.health not in (HealthMark.VERIFIED, HealthMark.HEALTHY):
+                # Gone (retention) or quarantined since: never healthy, never `latest`.
+                state.checkpoints_verified.remove(step)
+                continue
+            if manifest.health is HealthMark.VERIFIED:
                 why = "training ended cleanly after it" if current_step < step + self.window else (
                     f"{self.window} steps after it without anomaly (healthy_after_steps)")  # fmt: skip
                 self.store.mark(step, HealthMark.HEALTHY, why)
