@@ -12,7 +12,13 @@ needs no baseline of the source's own:
   sampler's clean sources fell by a third of the others' fall at the least, a source of random
   bytes not at all);
 * both read on robust medians (``FIRST`` first appearances, the last ``RECENT``), at
-  ``PERSIST`` appearances in a row.
+  ``PERSIST`` appearances in a row;
+* it never learned before: a source whose own fall once reached ``LEARNED_SHARE`` of the others'
+  (at ``PERSIST`` appearances in a row, the others past ``OTHERS_FALL``) is real data. When its
+  loss later rises while the others' does not (a shard gone bad mid-run) its offset jumps, the
+  young-source rule's evidence; when the whole run is disturbed for a while (a gradient burst),
+  the slower source's medians may lag the others' for a few steps without saying anything about
+  its data.
 
 A source that joins a mixture late is measured from its own first appearances, when the others
 have little left to learn, so a mixture switch is no evidence; a run observed only from its
@@ -38,6 +44,9 @@ PERSIST = SOURCE_PERSIST
 OTHERS_FALL = math.log(1.4)
 #: A source whose own fall is at most this share of the others' learned nothing.
 STALL_SHARE = 0.1
+#: A source whose own fall reached this share of the others' has learned (the sampler's clean
+#: sources: a third at the least, while a source of random bytes never passes ``STALL_SHARE``).
+LEARNED_SHARE = 1.0 / 3.0
 #: Appearances kept per source after its first ones: the recent medians and the onset's look-back.
 HISTORY = 64
 
@@ -55,11 +64,12 @@ class Stall:
 
 class SourceLearning:
     """Per source: its first appearances and its recent ones, each as (step, own log loss, log
-    median of the other sources at that step)."""
+    median of the other sources at that step), and the step where it was first seen to learn."""
 
     def __init__(self) -> None:
         self.first: dict[str, list[tuple[int, float, float]]] = {}
         self.recent: dict[str, deque[tuple[int, float, float]]] = {}
+        self.learned: dict[str, int] = {}
 
     def push(self, sig: Signals) -> None:
         srcs = sig.summary.sources
@@ -77,8 +87,13 @@ class SourceLearning:
                 first = self.first[name] = []
             if len(first) < FIRST:
                 first.append(row)
-            else:
-                self.recent.setdefault(name, deque(maxlen=HISTORY)).append(row)
+                continue
+            rows = self.recent.setdefault(name, deque(maxlen=HISTORY))
+            rows.append(row)
+            if name not in self.learned:
+                falls = _falls(first, list(rows))
+                if falls and all(o >= OTHERS_FALL and s >= LEARNED_SHARE * o for s, o in falls):
+                    self.learned[name] = sig.step
 
     def stalled(self, step: int) -> Stall | None:
         """The source of step ``step`` that has learned nothing at each of its last ``PERSIST``
@@ -87,16 +102,13 @@ class SourceLearning:
         found: list[Stall] = []
         for name, first in self.first.items():
             rows = list(self.recent.get(name, ()))
-            if len(first) < FIRST or len(rows) < RECENT + PERSIST - 1 or rows[-1][0] != step:
+            if name in self.learned or not rows or rows[-1][0] != step:
                 continue
-            own0, others0 = median([r[1] for r in first]), median([r[2] for r in first])
-            falls = []
-            for k in range(PERSIST):
-                win = rows[len(rows) - RECENT - k : len(rows) - k]
-                falls.append((own0 - median([r[1] for r in win]), others0 - median([r[2] for r in win])))
-            if all(o >= OTHERS_FALL and s <= STALL_SHARE * o for s, o in falls):
+            falls = _falls(first, rows)
+            if falls and all(o >= OTHERS_FALL and s <= STALL_SHARE * o for s, o in falls):
                 off0 = median([r[1] - r[2] for r in first])
                 at = _onset(rows, off0)
+                own0 = median([r[1] for r in first])
                 found.append(Stall(name, at[0], math.exp(at[1]), math.exp(own0), off0, *falls[0]))
         return max(found, key=lambda x: x.others_fall - x.own_fall) if found else None
 
@@ -110,11 +122,13 @@ class SourceLearning:
             if not self.first[name] and not self.recent.get(name):
                 del self.first[name]
                 self.recent.pop(name, None)
+        self.learned = {n: at for n, at in self.learned.items() if at <= step and n in self.first}
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "first": {n: [list(r) for r in rows] for n, rows in self.first.items()},
             "recent": {n: [list(r) for r in rows] for n, rows in self.recent.items()},
+            "learned": dict(self.learned),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -126,6 +140,23 @@ class SourceLearning:
             n: deque(((int(a), float(b), float(c)) for a, b, c in rows), maxlen=HISTORY)
             for n, rows in state.get("recent", {}).items()
         }
+        self.learned = {str(n): int(at) for n, at in state.get("learned", {}).items()}
+
+
+def _falls(
+    first: list[tuple[int, float, float]], rows: list[tuple[int, float, float]]
+) -> list[tuple[float, float]]:
+    """(own fall, others' fall) in log units since the first appearances, read on the medians of
+    the last ``PERSIST`` windows of ``RECENT`` appearances (the latest first); none while the
+    first appearances or the recent ones are too few."""
+    if len(first) < FIRST or len(rows) < RECENT + PERSIST - 1:
+        return []
+    own0, others0 = median([r[1] for r in first]), median([r[2] for r in first])
+    out = []
+    for k in range(PERSIST):
+        win = rows[len(rows) - RECENT - k : len(rows) - k]
+        out.append((own0 - median([r[1] for r in win]), others0 - median([r[2] for r in win])))
+    return out
 
 
 def _onset(rows: list[tuple[int, float, float]], off0: float) -> tuple[int, float]:
