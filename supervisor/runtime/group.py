@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,14 +183,20 @@ class WorkerGroup:
         return {int(rank): str(node) for rank, node in table.items() if node}
 
     def lost_ranks(self) -> dict[int, str]:
-        """Rank -> "node <ip> (<id>)" for every rank whose node the cluster no longer counts alive."""
+        """Rank -> "node <ip> (<id>)" for every rank on a lost node: one the cluster no longer counts
+        alive, or one whose raylet no longer takes a connection (Ray declares such a node dead only
+        after its health checks have failed for a while). Every rank placed on a lost node is
+        named, whatever it reported first: a rank there may still fail in a collective, its actor
+        answering for a moment, before its process goes with the node."""
         if not self.rank_nodes:
             return {}
         nodes = {str(n["NodeID"]): n for n in ray.nodes()}
+        placed = [nodes[n] for n in set(self.rank_nodes.values()) if n in nodes]
+        unreachable = raylets_gone([n for n in placed if n.get("Alive")])
         lost = {}
         for rank, node_id in sorted(self.rank_nodes.items()):
             node = nodes.get(node_id)
-            if node is None or not node.get("Alive"):
+            if node is None or not node.get("Alive") or node_id in unreachable:
                 ip = node.get("NodeManagerAddress", "?") if node else "?"
                 lost[rank] = f"node {ip} ({node_id[:12]})"
         return lost
@@ -323,6 +331,32 @@ def _outcome(ref: Any) -> dict[str, Any]:
         return result
     except RayActorError as exc:
         return {"state": "lost", "error": f"worker actor died: {type(exc).__name__}"}
+
+
+RAYLET_PROBE_S = 2.0
+"""How long a lost rank's node's raylet is given to take a TCP connection before the node counts lost."""
+
+
+def raylets_gone(nodes: list[dict[str, Any]], timeout_s: float = RAYLET_PROBE_S) -> set[str]:
+    """Ids of the ``nodes`` (``ray.nodes()`` entries) whose raylet does not take a TCP connection
+    within ``timeout_s`` (refused: the raylet died; no answer: the machine or its network went),
+    probed at once; a node without a known raylet port is not judged."""
+
+    def gone(node: dict[str, Any]) -> bool:
+        host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+        if not host or not port:
+            return False
+        try:
+            socket.create_connection((str(host), int(port)), timeout=timeout_s).close()
+        except OSError:
+            return True
+        return False
+
+    if not nodes:
+        return set()
+    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+        verdicts = list(pool.map(gone, nodes))
+    return {str(n["NodeID"]) for n, v in zip(nodes, verdicts, strict=True) if v}
 
 
 def shortfall(bundle: dict[str, float], count: int, nodes: list[dict[str, Any]]) -> str | None:

@@ -69,8 +69,9 @@ class WorkerSupervision:
     def _fault(self, group: WorkerGroup, health: GroupHealth) -> GroupEvent:
         """The fault, named by the ranks that were lost first. When a node goes, the ranks left
         on the others fail in their next collective (a closed connection) before Ray has declared
-        the node dead, so the first rank to report is a survivor: the ranks whose node the cluster
-        no longer counts alive, else those that no longer answer, are the ones named."""
+        the node dead, so the first rank to report is a survivor, or a rank of the lost node whose
+        collective failed before its process went: every rank of a lost node (``lost_ranks``: dead
+        to the cluster, or its raylet gone), else those that no longer answer, are the ones named."""
         first = f"rank {health.rank} {health.state}: {health.reason}"
         gone = group.lost_ranks()
         if gone:

@@ -3,7 +3,10 @@ hold fails at once instead of waiting out its placement timeout. Pure: no Ray is
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -106,3 +109,76 @@ def test_a_group_the_live_nodes_cannot_hold_fails_at_once(
     with pytest.raises(GroupDoesNotFit, match="hold 2 of them"):
         group._await_placement({"CPU": 1.0}, timeout_s=120.0)
     assert time.monotonic() - t0 < 5.0
+
+
+@contextlib.contextmanager
+def _raylets() -> Iterator[tuple[int, int]]:
+    """(port of a raylet that answers, port of one that is gone): a listening socket and a closed one."""
+    live, gone = socket.socket(), socket.socket()
+    try:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        gone.bind(("127.0.0.1", 0))
+        port = gone.getsockname()[1]
+        gone.close()
+        yield live.getsockname()[1], port
+    finally:
+        live.close()
+
+
+def _placed_group(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    ports: tuple[int, int],
+    first: GroupHealth,
+    unreachable: list[int],
+) -> WorkerGroup:
+    """A group of 4 ranks, 0-1 on the head, 2-3 on a node whose raylet is gone but which Ray still
+    counts alive (its health checks have not failed yet)."""
+    group = WorkerGroup(make_job(tmp_path, "raylet", resources={"num_workers": 4}), FAST, 1)
+    group.rank_nodes = {0: HEAD, 1: HEAD, 2: LOST, 3: LOST}
+    nodes = [_node(HEAD, 2) | {"NodeManagerPort": ports[0]}, _node(LOST, 2) | {"NodeManagerPort": ports[1]}]
+    monkeypatch.setattr(group_mod.ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(group, "health", lambda: first)
+    monkeypatch.setattr(group, "unreachable_ranks", lambda timeout_s=5.0: unreachable)
+    return group
+
+
+def test_a_rank_of_the_lost_node_that_reported_a_collective_error_first_is_a_lost_rank(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Rank 2 (on the lost node) reports first, as a failure in its collective; rank 3 no longer
+    # answers; rank 2's actor still answers for a moment: the whole node's ranks are named lost.
+    first = GroupHealth("failed", 2, "RuntimeError: [gloo] Connection reset by peer")
+    with _raylets() as ports:
+        group = _placed_group(monkeypatch, tmp_path, ports, first, unreachable=[3])
+        assert set(group.lost_ranks()) == {2, 3}
+        sup = WorkerSupervision(make_job(tmp_path, "raylet", resources={"num_workers": 4}), FAST)
+        sup.group = group
+        event = sup.watch([])
+    assert event.kind == "lost" and event.ranks == (2, 3), event
+    assert "127.0.0.1" in event.reason and "then rank" not in event.reason
+
+
+def test_a_survivor_that_failed_first_is_not_named_when_the_lost_nodes_raylet_is_gone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    first = GroupHealth("failed", 0, "RuntimeError: [gloo] Connection reset by peer")
+    with _raylets() as ports:
+        group = _placed_group(monkeypatch, tmp_path, ports, first, unreachable=[])
+        sup = WorkerSupervision(make_job(tmp_path, "raylet", resources={"num_workers": 4}), FAST)
+        sup.group = group
+        event = sup.watch([])
+    assert event.kind == "lost" and event.ranks == (2, 3), event
+    assert "then rank 0 failed" in event.reason
+
+
+def test_every_raylet_answering_names_no_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    first = GroupHealth("failed", 2, "RuntimeError: training raised")
+    with _raylets() as (live, _gone):
+        group = _placed_group(monkeypatch, tmp_path, (live, live), first, unreachable=[])
+        assert group.lost_ranks() == {}
+        sup = WorkerSupervision(make_job(tmp_path, "raylet", resources={"num_workers": 4}), FAST)
+        sup.group = group
+        event = sup.watch([])
+    assert event.kind == "failed" and event.ranks == (2,)
