@@ -499,8 +499,12 @@ class EmulatorHost:
         from supervisor.runtime.stores import open_checkpoint_store
 
         store: CheckpointStore = open_checkpoint_store(self.job)
-        if store.find(step) is not None:
-            return  # a diagnostic snapshot at a step that has its checkpoint already: nothing new to keep
+        existing = store.find(step)
+        if existing is not None and existing.health not in (HealthMark.QUARANTINED, HealthMark.DIAGNOSTIC):
+            # This timeline's save of the step (a snapshot at a step that has its checkpoint): nothing
+            # new to keep. A quarantined save (an abandoned timeline's, after a rollback) or a snapshot
+            # is saved over, as a real rank's commit does; the store keeps the old one as history.
+            return
         try:
             files = [
                 store.write_file(

@@ -1,0 +1,52 @@
+"""The rank emulator saves as a real rank does: a step whose checkpoint belongs to an abandoned
+timeline (quarantined after a rollback) or is a diagnostic snapshot is saved again, the old save
+kept as history; a step this timeline has saved already is not saved twice. The scale smoke under
+load froze at its last step (100), rolled back to 25 and re-ran: the emulator skipped the saves at
+50, 75 and 100 because their quarantined manifests were still there, and the end of the run had
+no checkpoint of the new timeline to move `latest` to. Pure: no Ray is started."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from supervisor.core.model import HealthMark
+from supervisor.drills.emulator import EmulatorConfig, EmulatorHost
+from supervisor.runtime.stores import open_checkpoint_store
+from tests.runtime.conftest import make_job
+
+
+def _host(tmp_path: Path) -> EmulatorHost:
+    job = make_job(tmp_path, "emu", resources={"num_workers": 2})
+    return EmulatorHost(job.model_dump(mode="json"), asdict(EmulatorConfig(ranks=2, checkpoint_every=25)), 0)
+
+
+def test_a_quarantined_save_of_an_abandoned_timeline_is_saved_again(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    store = open_checkpoint_store(host.job)
+    host._checkpoint(50, diagnostic=False)
+    first = store.manifest(50)
+    store.quarantine(50, "abandoned timeline: training went back to step 25")
+    host._checkpoint(50, diagnostic=False)  # the re-run reaches step 50 again
+    again = store.manifest(50)
+    assert again.health is HealthMark.UNVERIFIED and again.files != first.files
+    assert [m.health for m in store.history(50)] == [HealthMark.QUARANTINED]
+
+
+def test_a_checkpoint_over_a_diagnostic_snapshot_is_saved(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    store = open_checkpoint_store(host.job)
+    host._checkpoint(100, diagnostic=True)
+    host._checkpoint(100, diagnostic=False)
+    assert store.manifest(100).health is HealthMark.UNVERIFIED
+    assert [m.health for m in store.history(100)] == [HealthMark.DIAGNOSTIC]
+
+
+def test_a_step_this_timeline_saved_is_not_saved_twice(tmp_path: Path) -> None:
+    host = _host(tmp_path)
+    store = open_checkpoint_store(host.job)
+    host._checkpoint(75, diagnostic=False)
+    saved = store.manifest(75)
+    host._checkpoint(75, diagnostic=True)  # a snapshot at a step that has its checkpoint
+    host._checkpoint(75, diagnostic=False)
+    assert store.manifest(75) == saved and store.history(75) == []
