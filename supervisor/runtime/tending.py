@@ -131,18 +131,51 @@ class CheckpointTending:
 
     def catch_up_latest(self, state: RuntimeState) -> int | None:
         """`latest` forward to the newest healthy checkpoint of this timeline (a block was released,
-        or the run ended); never past a block another incident still holds."""
-        if self.store is None or self.store.block_state() is not None:
+        or the run ended); never past a block another incident still holds. Returns where `latest`
+        is (None: nowhere to move it).
+
+        A step counted healthy may be gone since (retention removed it, a restore check or an
+        abandoned timeline quarantined it): it is skipped, logged (``latest_candidate_skipped``)
+        and no longer counted, and the next newest one that is still committed and healthy is
+        taken. Moving `latest` never stops the job: a storage error is logged and left for the
+        next call."""
+        if self.store is None:
             return None
-        newest = max(state.checkpoints_healthy, default=None)
-        if newest is None:
+        try:
+            if self.store.block_state() is not None:
+                return None
+            current = self.store.latest()
+        except SupervisorError as exc:
+            log.warning("latest_not_moved", error=exc.one_line(), why="the store did not answer")
             return None
-        current = self.store.latest()
-        if current is not None and current >= newest:
-            return current
-        self.store.advance_latest(newest)
-        log.info("latest_moved_forward", from_step=current, to_step=newest)
-        return newest
+        for step in sorted(set(state.checkpoints_healthy), reverse=True):
+            if current is not None and current >= step:
+                return current
+            why = self._not_healthy(step)
+            if why is None:
+                try:
+                    self.store.advance_latest(step)
+                except SupervisorError as exc:  # gone between the look and the move
+                    why = exc.one_line()
+                else:
+                    log.info("latest_moved_forward", from_step=current, to_step=step)
+                    return step
+            log.warning("latest_candidate_skipped", step=step, why=why)
+            for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):
+                setattr(state, name, [s for s in getattr(state, name) if s != step])
+        return current
+
+    def _not_healthy(self, step: int) -> str | None:
+        """Why checkpoint ``step`` cannot be `latest` now (None: it is committed and healthy)."""
+        try:
+            manifest = self.store.find(step)
+        except SupervisorError as exc:
+            return exc.one_line()
+        if manifest is None:
+            return f"no checkpoint at step {step} (removed since)"
+        if manifest.health is not HealthMark.HEALTHY:
+            return f"checkpoint is {manifest.health.value} now"
+        return None
 
     def retain(self, protected: Iterable[int]) -> None:
         """Apply ``checkpoint.keep``; a storage error is logged and retried at the next call."""
