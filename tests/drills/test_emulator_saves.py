@@ -12,7 +12,9 @@ from pathlib import Path
 
 from supervisor.core.model import HealthMark
 from supervisor.drills.emulator import EmulatorConfig, EmulatorHost
+from supervisor.runtime.state import RuntimeState
 from supervisor.runtime.stores import open_checkpoint_store
+from supervisor.runtime.tending import CheckpointTending
 from tests.runtime.conftest import make_job
 
 
@@ -50,3 +52,26 @@ def test_a_step_this_timeline_saved_is_not_saved_twice(tmp_path: Path) -> None:
     host._checkpoint(75, diagnostic=True)  # a snapshot at a step that has its checkpoint
     host._checkpoint(75, diagnostic=False)
     assert store.manifest(75) == saved and store.history(75) == []
+
+
+def test_a_run_that_rolled_back_from_its_last_step_ends_with_latest_on_the_new_timelines_last_save(
+    tmp_path: Path,
+) -> None:
+    host = _host(tmp_path)
+    store = open_checkpoint_store(host.job)
+    state = RuntimeState(job="emu")
+    tending = CheckpointTending(store, world_size=2, healthy_after_steps=5, keep=0)
+
+    def run(steps: range) -> None:
+        for step in steps:
+            host._checkpoint(step, diagnostic=False)
+            state.checkpoints_seen.append(step)
+            tending.tend(state, step + 10, quiet=step == 25, near_incident=lambda s: s > 25)
+
+    run(range(25, 101, 25))  # the freeze lands at step 100: only 25 turned healthy
+    host._checkpoint(100, diagnostic=True)
+    tending.abandon_after(state, 25)  # rollback 100 -> 25
+    run(range(50, 101, 25))  # the re-run; the incident is closed at its end
+    tending.tend(state, 100, quiet=True, near_incident=lambda _s: False, final=True)
+    assert tending.catch_up_latest(state) == 100 and store.latest() == 100
+    assert [m.health for m in store.history(100)] == [HealthMark.QUARANTINED]
