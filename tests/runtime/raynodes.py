@@ -34,6 +34,20 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+WORKER_PORTS = 61
+"""The size of a node's worker port range (``--min-worker-port`` .. ``--max-worker-port``)."""
+
+
+def worker_ports_low(taken: list[int], host: str = "127.0.0.1", tries: int = 50) -> int:
+    """The first port of a free worker port range that holds none of the node's other ``taken``
+    ports: `ray start` refuses to start when they overlap (a head that never listened)."""
+    for _ in range(tries):
+        low = free_ports(1, host)[0]
+        if low + WORKER_PORTS - 1 <= 65535 and not any(low <= p < low + WORKER_PORTS for p in taken):
+            return low
+    raise RuntimeError(f"no worker port range clear of {taken} in {tries} tries")
+
+
 def _ray_exe() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
@@ -46,13 +60,14 @@ class RayNode:
         self.ip = ip
         self.head = head_address is None
         self.seen: dict[int, psutil.Process] = {}
-        gcs, nm, om, agent, agent_grpc, metrics, renv, client = free_ports(8, ip)
-        low = free_ports(1, ip)[0]
+        ports = free_ports(8, ip)
+        gcs, nm, om, agent, agent_grpc, metrics, renv, client = ports
+        low = worker_ports_low(ports, ip)
         cmd = [_ray_exe(), "start", "--block", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}",
                f"--node-manager-port={nm}", f"--object-manager-port={om}",
                f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
                f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}",
-               f"--min-worker-port={low}", f"--max-worker-port={min(65535, low + 60)}",
+               f"--min-worker-port={low}", f"--max-worker-port={low + WORKER_PORTS - 1}",
                "--disable-usage-stats", "--object-store-memory=100000000"]  # fmt: skip
         if self.head:
             cmd += ["--head", f"--port={gcs}", f"--ray-client-server-port={client}",
@@ -61,9 +76,18 @@ class RayNode:
         else:
             cmd += [f"--address={head_address}"]
             self.address = head_address
-        self.log = open(temp_dir.parent / f"ray-start-{ip}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.log_path = temp_dir.parent / f"ray-start-{ip}.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **(env or {})})  # fmt: skip
+
+    def running(self) -> bool:
+        """True while ``ray start`` runs; raises, with the end of its log, once it has exited."""
+        if self.proc.poll() is None:
+            return True
+        self.log.flush()
+        tail = (self.log_path.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"`ray start` on {self.ip} exited {self.proc.returncode}: {tail}")
 
     def pids(self) -> list[int]:
         """The ``ray start`` process and every process under it, as it is now."""

@@ -68,7 +68,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayNode, RayNod
     nodes: list[RayNode] = []
     try:
         nodes.append(RayNode("127.0.0.1", root, num_cpus=2, env=env))
-        _until("the head listens", lambda: _listening(nodes[0].address), 90)
+        _until("the head listens", lambda: nodes[0].running() and _listening(nodes[0].address), 90)
         nodes.append(RayNode("127.0.0.2", root, num_cpus=2, head_address=nodes[0].address, env=env))
         yield nodes[0], nodes[1]
     finally:
@@ -138,7 +138,9 @@ def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
             ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
     launched = None
     try:
-        _until("two live nodes", lambda: sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90)
+        _until(
+            "two live nodes", lambda: second.running() and sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90
+        )
         head_id = head_node_id()
         second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
         log = (tmp_path / "launch.log").open("wb")
