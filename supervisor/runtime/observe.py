@@ -167,9 +167,27 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
         if name == "throughput" and criteria.get("throughput") is False:
             checks.append(Check(name, True, value, None, "not judged (the policy turned it off)"))
             continue
+        if name == "grad_norm" and (warm := _warm_up_baseline(base, window)):
+            checks.append(Check(name, True, value, None, f"not judged ({warm})"))
+            continue
         checks.append(_ratio(name, getattr(base, attr), value, criteria, key, upper))
     checks.insert(3, _update(base, window, criteria))
     return checks
+
+
+def _warm_up_baseline(base: Baseline, window: list[StepStats]) -> str:
+    """Why the grad norm has no bound in the baseline ("" when it has): the window runs a higher LR
+    than the baseline's steps did, a baseline taken in a warm-up. A model that has just left its
+    initialization has a grad norm that moves with training, not with its health (a byte-level LM
+    starts near a uniform output, where gradients are small; under a sign-based optimizer such as
+    Lion, whose update is ``lr * sign(.)`` whatever the gradient's size, the weights' norm and the
+    grad norm grow with every step at the peak LR): such a baseline says nothing about the grad norm
+    of steps at the peak. The loss, the update per unit of LR, finite values, the fault not back and
+    no new anomaly still judge the window."""
+    lr = _median([h.lr for h in window])
+    if base.lr is None or lr is None or lr <= base.lr:
+        return ""
+    return f"the baseline's steps ran at {base.lr / lr:.3g}x the window's LR, in a warm-up: no bound on its grad norm"
 
 
 def _update(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> Check:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from supervisor.core.analysis import analyze_records, group_steps, trace_order
 from supervisor.core.policy import Policy, plan
 from supervisor.core.records import Record
@@ -53,11 +51,6 @@ def warm_up_baseline(onset: int) -> Baseline:
     return base
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime/observe.py still judges the grad norm against a warm-up baseline (13.8x): "
-    "the observe change that lifts this marker is the runtime's",
-)
 def test_a_start_over_that_trains_as_the_clean_run_passes_its_window(default_policy: Policy) -> None:
     onset, criteria = planned_window(default_policy)
     assert onset == 11
