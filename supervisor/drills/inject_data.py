@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from supervisor.drills import batchio
-from supervisor.drills.base import Injector, PlanContext
+from supervisor.drills.base import Injector, OnceWindow, PlanContext
 from supervisor.drills.specs import CorruptShard, FaultParams, GarbageBatch, MixtureShift, PeriodicGarbage
 
 #: Stored next to the fault's markers: ``{"vocab": V, "samples": {sample_id: seed}}``.
@@ -74,9 +74,23 @@ class SampleGarbage(_Garbage):
 
 
 class PeriodicGarbageInjector(_Garbage):
-    """Every ``period`` steps the named source (or a share of the batch) is garbage, on every pass."""
+    """Every ``period`` steps from ``step`` on, bad data reaches the rank.
+
+    With a ``source``, that source's rows are garbage at each period step, on every pass (the
+    source is bad until the supervisor keeps it out). Without one, a ``fraction`` of the rank's rows
+    at each period step comes from a bad shard: on the first pass through that step those samples
+    turn to garbage and stay garbage wherever they come back (a re-run after a rollback, a replay,
+    another step), as :class:`SampleGarbage`'s do, so a re-run that keeps them out is clean. A batch
+    without sample IDs has nothing to key on: its rows at a period step are garbage on every pass.
+    """
 
     spec: PeriodicGarbage
+
+    def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
+        super().__init__(spec, index, ctx)
+        self.windows: dict[int, OnceWindow] = {}
+        saved = ctx.markers.get_json(self.key + SAMPLES_SUFFIX) or {}
+        self.bad_ids: set[str] = set(saved.get("samples", {}))  # a restarted worker keeps its bad data
 
     def hit(self, step: int) -> bool:
         offset = step - self.spec.step
@@ -84,19 +98,45 @@ class PeriodicGarbageInjector(_Garbage):
             return False
         return self.spec.count is None or offset // self.spec.period < self.spec.count
 
+    def first_pass(self, step: int) -> bool:
+        """Whether ``step`` (a period step) runs for the first time (every micro-batch of it)."""
+        window = self.windows.get(step)
+        if window is None:
+            window = self.windows[step] = self.once_window(start=step, suffix=f":{step}")
+        return window.active(step)
+
     def batch(self, step: int, batch: Any) -> Any:
-        if not self.hit(step):
-            return batch
+        for other, window in list(self.windows.items()):
+            if other != step:
+                window.active(step)  # a step seen past (or before) an occurrence closes it
         ids = batchio.sample_ids(batch)
         labels = batchio.source_labels(batch)
         if self.spec.source is not None and labels is not None:
             # Exclusion of the source by the supervisor leaves no matching rows: nothing to corrupt.
-            rows = [r for r, src in enumerate(labels) if src == self.spec.source]
-        else:
+            rows = [r for r, src in enumerate(labels) if src == self.spec.source] if self.hit(step) else []
+            if rows:
+                self.fired(step, rows=len(rows), source=self.spec.source)
+            return self.rewrite(step, batch, rows, ids)
+        if not ids:
+            rows = self.head(batchio.num_rows(batch), self.spec.fraction) if self.hit(step) else []
+            if rows:
+                self.fired(step, rows=len(rows), source=None)
+            return self.rewrite(step, batch, rows, ids)
+        if self.hit(step) and self.first_pass(step):
             rows = self.head(batchio.num_rows(batch), self.spec.fraction)
-        if rows:
-            self.fired(step, rows=len(rows), source=self.spec.source)
+            self.bad_ids.update(ids[r] for r in rows)
+            self.persist(batch)
+            self.fired(step, rows=len(rows), samples=[ids[r] for r in rows][:8])
+        else:
+            rows = [r for r, sid in enumerate(ids) if sid in self.bad_ids]
+            if rows:
+                self.fired(step, rows=len(rows), recurring=True)
         return self.rewrite(step, batch, rows, ids)
+
+    def persist(self, batch: Any) -> None:
+        """Store the bad samples and their garbage seeds: a replay elsewhere rebuilds the same garbage."""
+        seeds = {sid: self.seed_of(sid) for sid in sorted(self.bad_ids)}
+        self.ctx.markers.put_json(self.key + SAMPLES_SUFFIX, {"vocab": self.vocab(batch), "samples": seeds})
 
 
 class MixtureShiftInjector(Injector):

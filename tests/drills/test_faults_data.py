@@ -92,6 +92,36 @@ def test_periodic_garbage_hits_its_source_at_its_period() -> None:
     assert _changed_rows(no_docs, plan.batch(17, no_docs)) == []  # source excluded: nothing to corrupt
 
 
+def test_a_periodic_bad_shard_lives_in_its_samples() -> None:
+    """Without a source, a share of the rank's rows at each period step is a bad shard: those
+    samples stay garbage wherever they come back (the same step re-run after a rollback, another
+    step), and a re-run that keeps them out (the supervisor excluded them or skipped the batch) is
+    clean. Keyed by step instead, the garbage came back at a rolled-back step whatever was
+    excluded: sampler cell 688118:366462 rolled back over its occurrence at step 128 twice,
+    excluded that step's samples and batch each time, saw the same garbage again and escalated."""
+    plan = _plan({"kind": "periodic_garbage", "step": 10, "period": 20, "fraction": 0.5})
+    hits = {}
+    for step in range(35):
+        clean = make_batch(step)
+        rows = _changed_rows(clean, plan.batch(step, clean))
+        if rows:
+            hits[step] = rows
+    assert hits == {10: [0, 1], 30: [0, 1]}
+    # A rollback to 25: step 30 re-run on the same samples is the same garbage.
+    for step in range(26, 30):
+        assert not _changed_rows(make_batch(step), plan.batch(step, make_batch(step)))
+    again = make_batch(30)
+    assert _changed_rows(again, plan.batch(30, again)) == [0, 1]
+    # Its samples excluded, the loader hands out others at step 30: nothing is garbage.
+    other = make_batch(31)
+    assert _changed_rows(other, plan.batch(30, other)) == []
+    # A bad sample served at another step is garbage there too; the next period step is new data.
+    late = make_batch(45)
+    late["sample_ids"][2] = "s30-1"
+    assert _changed_rows(late, plan.batch(45, late)) == [2]
+    assert _changed_rows(make_batch(50), plan.batch(50, make_batch(50))) == [0, 1]
+
+
 def test_mixture_shift_from_its_step_on() -> None:
     plan = _plan({"kind": "mixture_shift", "step": 20, "weights": {"tests": 0.7, "code": 0.3}})
     assert plan.mixture(19) is None
