@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from supervisor.core.records import Record
+from supervisor.core.summary import scaler_skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,9 @@ class StepStats:
     lr: float | None = None
     nonfinite: bool = False
     ranks: int = 1
+    #: The AMP loss scaler skipped this step on a rank (``core.summary.scaler_skipped``): its scaled
+    #: gradients overflowed, the loss stayed finite and no weight changed -- the fp16 loop working.
+    skipped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar: no deep copy (``asdict``'s took 24 ms per state write at 1000 steps).
@@ -48,8 +52,9 @@ def aggregate(step: int, records: list[Record]) -> StepStats:
         update_ratio=_mean([r.update_ratio for r in records]),
         tokens_per_s=_sum([r.tokens_per_s for r in records]),
         lr=_mean([r.lr for r in records]),
-        nonfinite=any(r.is_nonfinite for r in records),
+        nonfinite=any(r.is_nonfinite and not scaler_skipped(r) for r in records),
         ranks=len(records),
+        skipped=any(scaler_skipped(r) for r in records),
     )
 
 
@@ -87,7 +92,7 @@ class Baseline:
 
 
 def baseline(history: list[StepStats]) -> Baseline | None:
-    finite = [h for h in history if not h.nonfinite and math.isfinite(h.loss)]
+    finite = [h for h in history if not h.nonfinite and not h.skipped and math.isfinite(h.loss)]
     if len(finite) < 5:
         return None
     losses = [h.loss for h in finite]
@@ -232,11 +237,31 @@ def evaluate_young(window: list[StepStats], history_steps: int) -> list[Check]:
     return checks
 
 
+#: The largest share of a window's steps the AMP loss scaler may skip: a scaler that skips more is
+#: not training (fp16's scaler skips a step when it raises its scale, one in its growth interval).
+SKIPPED_SHARE_MAX = 0.25
+
+
 def _finite(window: list[StepStats]) -> Check:
+    """Every step finite. A step the AMP loss scaler skipped is not a non-finite step (its loss is
+    finite, no weight changed: the fp16 loop working) unless the scaler skipped more than
+    ``SKIPPED_SHARE_MAX`` of the window."""
     bad = [h.step for h in window if h.nonfinite or not math.isfinite(h.loss)]
-    return Check(
-        "finite", not bad, float(len(bad)), 0.0, f"non-finite at steps {bad[:5]}" if bad else "all finite"
-    )
+    skipped = [h.step for h in window if h.skipped and h.step not in bad]
+    if bad:
+        return Check("finite", False, float(len(bad)), 0.0, f"non-finite at steps {bad[:5]}")
+    if window and len(skipped) > SKIPPED_SHARE_MAX * len(window):
+        detail = (
+            f"the AMP loss scaler skipped {len(skipped)} of {len(window)} steps "
+            f"(more than {SKIPPED_SHARE_MAX:.0%}: not training), from step {skipped[0]}"
+        )
+        return Check("finite", False, float(len(skipped)), 0.0, detail)
+    detail = "all finite"
+    if skipped:
+        detail += (
+            f" ({len(skipped)} step(s) the AMP loss scaler skipped, the fp16 loop working: {skipped[:5]})"
+        )
+    return Check("finite", True, 0.0, 0.0, detail)
 
 
 def _ratio(
