@@ -98,6 +98,13 @@ def list_() -> None:
 )
 @click.option("--no-replay-hooks", is_flag=True, help="The job has no replay_hooks (replay is not possible).")
 @click.option(
+    "--max-steps",
+    type=click.IntRange(1, 10**12),
+    default=None,
+    help="The job's max_steps: a re-warm longer than the run left after the onset is dropped, "
+    "as the live supervisor does (default: not known, the re-warm is kept).",
+)
+@click.option(
     "--recovery",
     type=click.Choice(["auto", "restart"]),
     default="auto",
@@ -113,6 +120,7 @@ def explain(
     grad_clip: float | None,
     supervision: str,
     no_replay_hooks: bool,
+    max_steps: int | None,
     recovery: str,
     as_json: bool,
 ) -> None:
@@ -138,6 +146,7 @@ def explain(
         checkpoint_every=checkpoint_every,
         supervision="observe" if supervision == "observe" else "steer",
         can_replay=False if no_replay_hooks else None,
+        max_steps=max_steps,
     )
     if as_json:
         print_json(

@@ -129,3 +129,22 @@ def test_explain_shows_the_job_values_and_the_recovery_mode(trace: Path) -> None
     steps = [line.split()[1] for line in res.stdout.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
     assert "freeze" not in steps and "rollback" in steps
     assert "note: freeze dropped: an observe-level job" in res.stdout
+
+
+def test_explain_weighs_the_re_warm_against_the_run_left(trace: Path) -> None:
+    """The live supervisor drops a re-warm longer than the run has left after the onset
+    (``JobState.max_steps``); `policy explain --max-steps` plans with the same knowledge."""
+
+    def apply_params(*extra: str) -> tuple[dict, list[str]]:
+        args = ["policy", "explain", "default", "--trace", str(trace), "--json", *extra]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        plan = json.loads(res.stdout)["incidents"][0]["plan"]
+        applies = [a["params"] for a in plan["actions"] if a["name"] == "apply"]
+        return (applies[0] if applies else {}), plan["notes"]
+
+    unknown, _ = apply_params()
+    assert unknown.get("warmup_steps"), unknown  # the run's length unknown: the re-warm is kept
+    short, notes = apply_params("--max-steps", str(ONSET + 10))
+    assert not short.get("warmup_steps"), short
+    assert any("max_steps=" in n for n in notes), notes

@@ -101,6 +101,7 @@ def dry_run(
     supervision: Supervision = "steer",
     can_replay: bool | None = None,
     checkpoint_every: int | None = None,
+    max_steps: int | None = None,
 ) -> list[ExplainedIncident]:
     """Plan each incident with the state the live supervisor would have had at its detection."""
     attempts: dict[str, int] = {}
@@ -127,6 +128,7 @@ def dry_run(
             rank_incidents=tuple(rank_incidents),
             can_replay=can_replay,
             checkpoint_every=checkpoint_every,
+            max_steps=max_steps,
         )
         p = plan(d, state, policy)
         if again is not None:
