@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from supervisor.drills import batchio
-from supervisor.drills.base import Injector, OnceWindow, PlanContext
+from supervisor.drills.base import Injector, PlanContext
 from supervisor.drills.specs import CorruptShard, FaultParams, GarbageBatch, MixtureShift, PeriodicGarbage
 
 #: Stored next to the fault's markers: ``{"vocab": V, "samples": {sample_id: seed}}``.
@@ -31,6 +31,16 @@ class _Garbage(Injector):
     def seed_of(self, sample: str) -> int:
         return batchio.stable_seed(self.key, self.spec.seed, sample)
 
+    def saved_bad_ids(self) -> set[str]:
+        """The samples this fault turned to garbage before (a restarted worker keeps its bad data)."""
+        saved = self.ctx.markers.get_json(self.key + SAMPLES_SUFFIX) or {}
+        return set(saved.get("samples", {}))
+
+    def persist(self, batch: Any, bad_ids: set[str]) -> None:
+        """Store the bad samples and their garbage seeds: a replay elsewhere rebuilds the same garbage."""
+        seeds = {sid: self.seed_of(sid) for sid in sorted(bad_ids)}
+        self.ctx.markers.put_json(self.key + SAMPLES_SUFFIX, {"vocab": self.vocab(batch), "samples": seeds})
+
     @staticmethod
     def head(n: int, fraction: float) -> list[int]:
         return list(range(max(1, math.ceil(n * fraction)) if n else 0))
@@ -45,8 +55,7 @@ class SampleGarbage(_Garbage):
         super().__init__(spec, index, ctx)
         self.window = self.once_window(getattr(spec, "steps", 1))
         self.on = False
-        saved = ctx.markers.get_json(self.key + SAMPLES_SUFFIX) or {}
-        self.bad_ids: set[str] = set(saved.get("samples", {}))  # a restarted worker keeps its bad data
+        self.bad_ids = self.saved_bad_ids()
 
     def observe_step(self, step: int) -> None:
         self.on = self.window.active(step)
@@ -57,7 +66,7 @@ class SampleGarbage(_Garbage):
             rows = self.head(batchio.num_rows(batch), self.spec.fraction)
             if ids:
                 self.bad_ids.update(ids[r] for r in rows)
-                self.persist(batch)
+                self.persist(batch, self.bad_ids)
             self.fired(step, rows=len(rows), samples=[ids[r] for r in rows][:8] if ids else None)
         elif ids and self.bad_ids:
             rows = [r for r, sid in enumerate(ids) if sid in self.bad_ids]
@@ -67,18 +76,13 @@ class SampleGarbage(_Garbage):
             return batch
         return self.rewrite(step, batch, rows, ids)
 
-    def persist(self, batch: Any) -> None:
-        """Store the bad samples and their garbage seeds: a replay elsewhere rebuilds the same garbage."""
-        seeds = {sid: self.seed_of(sid) for sid in sorted(self.bad_ids)}
-        self.ctx.markers.put_json(self.key + SAMPLES_SUFFIX, {"vocab": self.vocab(batch), "samples": seeds})
-
 
 class PeriodicGarbageInjector(_Garbage):
     """Every ``period`` steps from ``step`` on, bad data reaches the rank.
 
     With a ``source``, that source's rows are garbage at each period step, on every pass (the
     source is bad until the supervisor keeps it out). Without one, a ``fraction`` of the rank's rows
-    at each period step comes from a bad shard: on the first pass through that step those samples
+    at each period step comes from a bad shard: the first time that step runs those samples
     turn to garbage and stay garbage wherever they come back (a re-run after a rollback, a replay,
     another step), as :class:`SampleGarbage`'s do, so a re-run that keeps them out is clean. A batch
     without sample IDs has nothing to key on: its rows at a period step are garbage on every pass.
@@ -88,9 +92,8 @@ class PeriodicGarbageInjector(_Garbage):
 
     def __init__(self, spec: FaultParams, index: int, ctx: PlanContext) -> None:
         super().__init__(spec, index, ctx)
-        self.windows: dict[int, OnceWindow] = {}
-        saved = ctx.markers.get_json(self.key + SAMPLES_SUFFIX) or {}
-        self.bad_ids: set[str] = set(saved.get("samples", {}))  # a restarted worker keeps its bad data
+        self.bad_ids = self.saved_bad_ids()
+        self.running: int | None = None  # the period step whose first run is under way
 
     def hit(self, step: int) -> bool:
         offset = step - self.spec.step
@@ -98,17 +101,21 @@ class PeriodicGarbageInjector(_Garbage):
             return False
         return self.spec.count is None or offset // self.spec.period < self.spec.count
 
-    def first_pass(self, step: int) -> bool:
-        """Whether ``step`` (a period step) runs for the first time (every micro-batch of it)."""
-        window = self.windows.get(step)
-        if window is None:
-            window = self.windows[step] = self.once_window(start=step, suffix=f":{step}")
-        return window.active(step)
+    def first_run(self, step: int) -> bool:
+        """Whether period step ``step`` runs for the first time (every micro-batch of it); a marker
+        keeps it known in a restarted worker."""
+        if self.running == step:
+            return True
+        key = f"{self.key}:{step}"
+        if self.ctx.markers.fired(key):
+            return False
+        self.ctx.markers.mark(key)
+        self.running = step
+        return True
 
     def batch(self, step: int, batch: Any) -> Any:
-        for other, window in list(self.windows.items()):
-            if other != step:
-                window.active(step)  # a step seen past (or before) an occurrence closes it
+        if self.running != step:
+            self.running = None  # another step: that first run is over
         ids = batchio.sample_ids(batch)
         labels = batchio.source_labels(batch)
         if self.spec.source is not None and labels is not None:
@@ -116,27 +123,20 @@ class PeriodicGarbageInjector(_Garbage):
             rows = [r for r, src in enumerate(labels) if src == self.spec.source] if self.hit(step) else []
             if rows:
                 self.fired(step, rows=len(rows), source=self.spec.source)
-            return self.rewrite(step, batch, rows, ids)
-        if not ids:
+        elif not ids:
             rows = self.head(batchio.num_rows(batch), self.spec.fraction) if self.hit(step) else []
             if rows:
                 self.fired(step, rows=len(rows), source=None)
-            return self.rewrite(step, batch, rows, ids)
-        if self.hit(step) and self.first_pass(step):
+        elif self.hit(step) and self.first_run(step):
             rows = self.head(batchio.num_rows(batch), self.spec.fraction)
             self.bad_ids.update(ids[r] for r in rows)
-            self.persist(batch)
+            self.persist(batch, self.bad_ids)
             self.fired(step, rows=len(rows), samples=[ids[r] for r in rows][:8])
         else:
             rows = [r for r, sid in enumerate(ids) if sid in self.bad_ids]
             if rows:
                 self.fired(step, rows=len(rows), recurring=True)
         return self.rewrite(step, batch, rows, ids)
-
-    def persist(self, batch: Any) -> None:
-        """Store the bad samples and their garbage seeds: a replay elsewhere rebuilds the same garbage."""
-        seeds = {sid: self.seed_of(sid) for sid in sorted(self.bad_ids)}
-        self.ctx.markers.put_json(self.key + SAMPLES_SUFFIX, {"vocab": self.vocab(batch), "samples": seeds})
 
 
 class MixtureShiftInjector(Injector):

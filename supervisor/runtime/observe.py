@@ -247,9 +247,9 @@ def _finite(window: list[StepStats]) -> Check:
     finite, no weight changed: the fp16 loop working) unless the scaler skipped more than
     ``SKIPPED_SHARE_MAX`` of the window."""
     bad = [h.step for h in window if h.nonfinite or not math.isfinite(h.loss)]
-    skipped = [h.step for h in window if h.skipped and h.step not in bad]
     if bad:
         return Check("finite", False, float(len(bad)), 0.0, f"non-finite at steps {bad[:5]}")
+    skipped = [h.step for h in window if h.skipped]
     if window and len(skipped) > SKIPPED_SHARE_MAX * len(window):
         detail = (
             f"the AMP loss scaler skipped {len(skipped)} of {len(window)} steps "
