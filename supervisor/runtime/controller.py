@@ -2,7 +2,7 @@
 
     while not phase.is_terminal:
         ingest()           # records -> receipts -> steps -> detector -> incident updates (each step's tend())
-        flow.advance()     # the active plan: one action transition at a time
+        advance_plan()     # the active plan: one action transition at a time; its effects -> apply()
         on_group_event()   # worker supervision's event -> restart policy's decision -> act
         tend()             # checkpoints seen -> verified -> healthy; `latest`; retention
         settle_end()       # workers held at their last step: release them when nothing is left
@@ -23,6 +23,7 @@ import queue
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -112,7 +113,7 @@ class Controller:
         self.workers = workers or WorkerSupervision(job, self.settings)
         self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
                                          job.checkpoint.keep)  # fmt: skip
-        self.flow = IncidentFlow(self, PlanRunner(self.incidents, self.apply))
+        self.flow = IncidentFlow(self, PlanRunner(self.incidents))
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
         self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0
@@ -165,7 +166,7 @@ class Controller:
         self.effects_applied = []
         busy = self.ingest()
         if self.restarting is None:  # no plan step while no workers exist to carry it out
-            busy |= self.flow.advance()
+            busy |= self.advance_plan()
         self._send_stop_if_asked()
         if self.restarting is not None:
             self._maybe_relaunch(self.restarting)
@@ -661,6 +662,29 @@ class Controller:
         return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
 
     # -- effects: what the plan's actions do to the job, carried out here alone ----------------
+    def advance_plan(self) -> bool:
+        """The active plan moves on by one action transition: the flow gives the plan to step (the
+        next waiting incident's when none runs), the runner steps it and returns its effects, carried
+        out here, then the flow settles a failed action or a finished plan. True when an action
+        started or finished."""
+        active = self.flow.begin()
+        if active is None:
+            return False
+        runner = self.flow.runner
+        before = (active.plan_no, active.index, runner.transitions)
+        step = runner.advance(active, self)
+        self.apply_all(step.effects)
+        if step.again:  # re-started by this supervisor: polled once its start's effects are carried out
+            step = runner.advance(active, self)
+            self.apply_all(step.effects)
+        self.flow.settle(active, step.failed)
+        now = self.state.active
+        return now is None or before != (now.plan_no, now.index, runner.transitions)
+
+    def apply_all(self, fx: Iterable[effects.Effect]) -> None:
+        for effect in fx:
+            self.apply(effect)
+
     def apply(self, effect: effects.Effect) -> None:
         """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent."""
         self.effects_applied.append(effect)
@@ -685,6 +709,8 @@ class Controller:
                 self.log.warning("workers_killed", reason=reason, step=self.current_step)
                 self.workers.shutdown()
                 self.ended = True
+            case effects.FinishAction(event_id, result, failed):
+                self.incidents.finish(event_id, result=result, failed=failed)
 
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property

@@ -1,5 +1,6 @@
-"""What an action does to the job, as values: an executor returns them (``actions.base``) and
-``Controller.apply`` alone carries them out, each keyed or idempotent (docs/architecture.md)."""
+"""What a step of the loop does to the job, as values: the executors (``actions.base``), the plan
+runner (``plans``) and the incident flow (``incidents``) return them, and ``Controller.apply`` alone
+carries them out, in order, each keyed or idempotent (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -64,4 +65,16 @@ class KillWorkers:
     reason: str
 
 
-Effect = Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers
+@dataclass(frozen=True)
+class FinishAction:
+    """The timeline event of a plan's action is marked done (or failed) with ``result``: after the
+    effects of its outcome, so a supervisor killed in between polls the action again."""
+
+    event_id: int
+    result: dict[str, Any]
+    failed: bool
+
+
+Effect = (
+    Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers | FinishAction
+)

@@ -434,23 +434,22 @@ class IncidentFlow:
             self._diagnosis = d
         return self._diagnosis
 
-    def advance(self) -> bool:
-        """Move the active plan on; True when an action started or finished."""
+    def begin(self) -> ActivePlan | None:
+        """The plan to step now (``Controller.advance_plan``), on disk: the next waiting incident's
+        plan starts when none runs. None: nothing to act on."""
         if self.state.active is None and not self._next():
-            return False
-        active = self.state.active
-        assert active is not None
+            return None
         if self._plan_unsaved:  # here, not where the plan was made: that may be amid a batch of steps
             self.host.persist(force=True)
             self._plan_unsaved = False
-        before = (active.plan_no, active.index, self.runner.transitions)
-        out = self.runner.advance(active, self.host)
-        if out is not None:
-            self._on_failure(active, out)
+        return self.state.active
+
+    def settle(self, active: ActivePlan, failed: Outcome | None) -> None:
+        """After the runner's step: a failed action's follow-up, or the plan closed once all ran."""
+        if failed is not None:
+            self._on_failure(active, failed)
         elif active.index >= len(active.plan.actions):
             self._close_plan(active)
-        now = self.state.active
-        return now is None or before != (now.plan_no, now.index, self.runner.transitions)
 
     def _next(self) -> bool:
         """Start the plan of the next waiting incident that still needs one."""

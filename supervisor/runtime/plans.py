@@ -10,7 +10,7 @@ name), so after a restart an action whose event is ``done`` is skipped and one t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.policy.actions import ACTIONS
@@ -28,24 +28,34 @@ def action_id(active: ActivePlan, index: int, name: str) -> str:
     return f"i{active.incident_id}-p{active.plan_no}-a{index}-{name}"
 
 
+@dataclass(frozen=True)
+class Step:
+    """One transition of the active plan: the effects the controller carries out, in order; the
+    failed action's outcome, if one failed; and whether to step again once they are carried out (an
+    action a restarted supervisor re-started is polled after its start's effects, as it was)."""
+
+    effects: tuple[effects.Effect, ...] = ()
+    failed: Outcome | None = None
+    again: bool = False
+
+
 class PlanRunner:
     """Advances the active plan by at most one action transition per call. The executors read the
-    job through ``rt`` and return what they do to it as effects; ``carry_out`` (the controller's
-    ``apply``) carries each one out -- an outcome's before its action is marked done."""
+    job through ``rt`` (passed per call) and return what they do to it as effects; the runner
+    returns them (``Step``) and the controller carries them out -- an outcome's before the
+    ``FinishAction`` that marks its action done."""
 
-    def __init__(self, incidents: Any, carry_out: Callable[[effects.Effect], None]) -> None:
-        self.carry_out = carry_out
+    def __init__(self, incidents: Any) -> None:
         self.incidents = incidents
         self._started: set[str] = set()
         self.transitions = 0
         self.began: dict[str, float] = {}
         """Wall time each action began in this process (``status``: how long the current one runs)."""
 
-    def advance(self, active: ActivePlan, rt: Runtime) -> Outcome | None:
-        """None while the current action runs; the failed action's outcome when one failed."""
+    def advance(self, active: ActivePlan, rt: Runtime) -> Step:
         actions = active.plan.actions
         if active.index >= len(actions):
-            return None
+            return Step()
         pa = actions[active.index]
         aid = action_id(active, active.index, pa.name)
         reg = entry(pa.name)
@@ -71,34 +81,30 @@ class PlanRunner:
             active.irreversible |= ACTIONS[pa.name].irreversible
             self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
-            self._start(ex, rt, params, memo, aid)
             self.transitions += 1
-            return None
+            return Step(self._start(ex, rt, params, memo, aid))
         if event.status is EventStatus.DONE:
             active.index += 1
-            return None
+            return Step()
         memo = event.payload.get("memo") or {}
         if event.status is EventStatus.FAILED and (event.result or {}).get("moot"):
             active.index += 1  # it could no longer matter (e.g. the state it was to save is gone)
-            return None
+            return Step()
         if event.status is EventStatus.FAILED:
             result = event.result or {}
             reason = str(result.get("reason", "failed"))
             if result.get("skipped"):
-                return Outcome(False, result, reason, skipped=True)
-            return Outcome.fail(reason, **result)
+                return Step(failed=Outcome(False, result, reason, skipped=True))
+            return Step(failed=Outcome.fail(reason, **result))
         if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
-            self._start(ex, rt, params, memo, aid)
             self.began.setdefault(aid, event.wall_time)
+            return Step(self._start(ex, rt, params, memo, aid), again=True)
         out = ex.poll(rt, params, memo)
         if out is None:
-            return None
-        for e in out.effects:  # before the event is marked done: a restart never skips one
-            self.carry_out(e)
+            return Step()
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
         if out.skipped:
             result["skipped"] = True
-        self.incidents.finish(event.id, result=result, failed=not out.ok)
         log.info(
             "action_finished",
             incident=active.incident_id,
@@ -108,17 +114,19 @@ class PlanRunner:
             reason=out.reason,
             id=aid,
         )
+        # The outcome's effects before the event is marked done: a restart never skips one.
+        finish = effects.FinishAction(event.id, result, failed=not out.ok)
         if out.ok:
             active.index += 1
-            return None
-        return out
+            return Step((*out.effects, finish))
+        return Step((*out.effects, finish), failed=out)
 
     def _start(
         self, ex: Executor, rt: Runtime, params: dict[str, Any], memo: dict[str, Any], aid: str
-    ) -> None:
-        for e in ex.start(rt, params, memo):  # keyed or idempotent: a re-start repeats none
-            self.carry_out(e)
+    ) -> tuple[effects.Effect, ...]:
+        started = ex.start(rt, params, memo)  # keyed or idempotent: a re-start repeats none
         self._started.add(aid)
+        return started
 
     def _for_target_used(self, active: ActivePlan, index: int, params: dict[str, Any]) -> dict[str, Any]:
         """A re-warm planned "from the rollback target to the onset" is computed again for the target

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.runtime.controller import Controller
-from supervisor.runtime.effects import EndJob, NoteOverrides, ReleaseLatest, SetFrozen
+from supervisor.runtime.effects import EndJob, FinishAction, NoteOverrides, ReleaseLatest, SetFrozen
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
@@ -47,7 +47,16 @@ class Loop:
         self.ctl.iterate()
         ids = [d["id"] for d in self.ctl.directives.entries]
         new, self.issued = ids[len(self.issued) :], ids
-        return self.ctl.phase, self.ctl.state.frozen, new, list(self.ctl.effects_applied)
+        return self.ctl.phase, self.ctl.state.frozen, new, [self.shown(e) for e in self.ctl.effects_applied]
+
+    def shown(self, effect: Any) -> Any:
+        """An action's event marked done or failed, by its action id (the event's id is the store's)."""
+        if isinstance(effect, FinishAction):
+            return (
+                "failed" if effect.failed else "done",
+                self.ctl.incidents.event(effect.event_id).action_id,
+            )
+        return effect
 
 
 def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_a_time(
@@ -61,22 +70,24 @@ def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], [])
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # waiting for the rank
     loop.ack("i1-p1-a0-freeze", 81)
-    assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True)])
+    assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True), ("done", "i1-p1-a0-freeze")])
     assert loop.step()[2:] == ([], [])  # block_latest begins (a store call, no directive)
     assert loop.ctl.checkpoints.block_state() is not None
-    assert loop.step()[2:] == ([], [])  # ... and is done
+    assert loop.step()[2:] == ([], [("done", "i1-p1-a1-block_latest")])  # ... and is done
     assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], [])
     loop.ack("i1-p1-a2-apply", 81)
     fix = NoteOverrides(81, {"grad_clip": 0.5}, "fix of incident 1")
-    assert loop.step() == (JobPhase.INCIDENT, True, [], [fix])
+    assert loop.step() == (JobPhase.INCIDENT, True, [], [fix, ("done", "i1-p1-a2-apply")])
     # The observation releases the freeze as it starts, then waits for its 50 steps.
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a3-observe-release"], [SetFrozen(False)])
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])
     loop.records(82, 131)
-    assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # the window passed: observe done
+    # The window passed: observe done.
+    assert loop.step() == (JobPhase.INCIDENT, False, [], [("done", "i1-p1-a3-observe")])
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], [])
     loop.ack("i1-p1-a4-resume", 131)
-    assert loop.step() == (JobPhase.RUNNING, False, [], [SetFrozen(False), ReleaseLatest(1)])
+    resumed = [SetFrozen(False), ReleaseLatest(1), ("done", "i1-p1-a4-resume")]
+    assert loop.step() == (JobPhase.RUNNING, False, [], resumed)
     assert loop.ctl.checkpoints.block_state() is None
     loop.workers.events.append(GroupEvent("finished"))
     assert loop.step() == (JobPhase.FINISHED, False, [], [])
@@ -98,7 +109,7 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     loop.ack(snapshot, 81)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # the stop is not acknowledged yet
     loop.ack(stop, 81)
-    assert loop.step()[3] == [EndJob("escalated", "not a non-finite step")]
+    assert loop.step()[3] == [EndJob("escalated", "not a non-finite step"), ("done", "i1-p1-a0-escalate")]
     assert not loop.ctl.phase.is_terminal  # it ends once the workers are down
     loop.workers.events.append(GroupEvent("finished"))
     assert loop.step()[0] is JobPhase.ESCALATED

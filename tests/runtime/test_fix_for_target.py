@@ -35,7 +35,7 @@ def runner_at_apply(
     store.finish(ev.id, result={"to_step": used, "onset_step": 80, "from_step": 90})
     issued: list[Any] = []
     rt = SimpleNamespace(current_step=90, issue=issued.append, batch_range=lambda a, b: (a, b))
-    runner = PlanRunner(store, lambda effect: None)
+    runner = PlanRunner(store)
     return runner, active, store, issued, rt
 
 
