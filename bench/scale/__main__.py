@@ -261,7 +261,7 @@ def _print(args: argparse.Namespace, f: dict[str, Any]) -> None:
     print(f"ranks {f['ranks']}  steps {f['steps']}  hosts {f['hosts']}  step time {f['step_time_s']} s  "
           f"phase {f['phase']} ({f['reason']})  wall {f['wall_s']} s")  # fmt: skip
     print(
-        f"  ingest (free steps)     {f['ingest_records_per_s']:,} records/s, {f['calls']} ingest_many calls"
+        f"  ingest (free steps)     {f['ingest_records_per_s']:,} records/s, {f['calls']} ingest_packed calls"
     )
     print(f"  ingest lag              made->accepted p50 {_fmt(lag['accept_p50'], '.3f')} s p99 "
           f"{_fmt(lag['accept_p99'], '.3f')} s; made->durable p50 {_fmt(lag['ack_p50'], '.3f')} s p99 "

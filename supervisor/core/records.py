@@ -69,6 +69,11 @@ class Record:
             self.grad_norm is not None and not math.isfinite(self.grad_norm)
         )
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field by its record-table name, read as ``dict.get`` reads a record dict: the runtime's
+        bookkeeping reads records decoded from the wire (``sdk/wire.py``) and record dicts alike."""
+        return getattr(self, name, default)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         """Build from a JSON object; raises ValueError/TypeError/KeyError on unusable input."""

@@ -8,8 +8,10 @@ speaks the protocol a real rank's link speaks (``runtime/channel.py``, ``sdk/ste
   fingerprint every 50 steps), numbered per link (one link id per rank, as one link per rank
   process) and kept until the supervisor has *durably* accepted it; a ``resend_from`` answer
   sends again from there; a full buffer drops the oldest, counted;
-- the records of all its ranks leave in one ``ingest_many`` call per interval (one call in
-  flight, as a link keeps one), the lever that makes a host's cost one Ray call, not one per rank;
+- the records of all its ranks leave as one packed batch (``sdk/wire.py``: columns, one group
+  per link) in one ``ingest_packed`` call per interval (one call in flight, as a link keeps one),
+  the lever that makes a host's cost one Ray call, not one per rank, and the supervisor's decoding
+  one pass over columns, not a dict per record;
 - directives are long-polled by the host of rank 0, as rank 0 does, and every rank of every host
   acts on them at the same step boundary (the hosts step in lock-step: host 0 hands each step's
   directives to the others, as the SDK's broadcast does); acknowledgements go out as control
@@ -48,6 +50,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.names import NAMESPACE, supervisor_name
 from supervisor.runtime.restarts import GroupEvent
+from supervisor.sdk.wire import pack
 
 log = get_logger("supervisor.drills.emulator")
 
@@ -415,7 +418,7 @@ class EmulatorHost:
                     link.dropped += 1
             self.produced += len(items)
 
-    # -- the link: one ingest_many call in flight -------------------------------------------------
+    # -- the link: one ingest_packed call in flight -------------------------------------------------
     def _send_loop(self) -> None:
         last_call = 0.0
         while not self._stop.is_set() or any(x.backlog for x in self.links):
@@ -428,7 +431,7 @@ class EmulatorHost:
                     batch = list(x.backlog)
                     x.backlog.clear()
                     held = ((x.unacked or batch)[0][0], (batch or x.unacked)[-1][0])
-                    calls.append((x.rank, [r for _, r in batch], [s for s, _ in batch], x.id, held))
+                    calls.append((x.rank, x.id, held, [s for s, _ in batch], [r for _, r in batch]))
                     batches.append((x, batch))
             if not calls:
                 if self._stop.wait(self.cfg.flush_s):
@@ -436,7 +439,7 @@ class EmulatorHost:
                 continue
             last_call = time.monotonic()
             try:
-                replies = ray.get(self._supervisor.ingest_many.remote(calls), timeout=60)
+                replies = ray.get(self._supervisor.ingest_packed.remote(pack(calls)), timeout=60)
             except (RayActorError, GetTimeoutError) as exc:
                 with self._lock:
                     for x, batch in batches:
@@ -445,6 +448,12 @@ class EmulatorHost:
                 self._stop.wait(1.0)
                 continue
             took = time.monotonic() - last_call
+            if isinstance(replies, dict):  # refused as malformed: never accepted, counted as dropped
+                log.warning("emulator_batch_refused", why=replies.get("refused"))
+                with self._lock:
+                    for x, batch in batches:
+                        x.dropped += len(batch)
+                continue
             self._on_replies(batches, replies)
             if any(r.get("busy") for r in replies):  # the supervisor's queue is full: keep them, ask later
                 took -= 0.2

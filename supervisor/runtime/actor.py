@@ -19,6 +19,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
+from supervisor.sdk.wire import WireError, tidy, unpack
 
 
 class SupervisorActor:
@@ -35,6 +36,9 @@ class SupervisorActor:
         self.node_id = ray.get_runtime_context().get_node_id()  # shown by `status`: where the supervisor runs
         self.ctl = Controller(spec, runtime_settings, attach=attach or restarted,
                               workers=self._worker_supervision(spec, runtime_settings))  # fmt: skip
+        self.refused = 0
+        """Record batches refused as malformed (``sdk/wire.py``); their senders count the records dropped."""
+        self._dicts = self.ctl.settings.trace_path is not None  # the trace writes records as sent
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
         self.thread.start()
@@ -67,14 +71,27 @@ class SupervisorActor:
         link: str | None = None,
         held: tuple[int, int] | None = None,
     ) -> dict[str, Any]:
-        """Queue a batch; answers the link's durable mark (and ``resend_from`` when it must resend)."""
-        return self.ctl.ingest_batch(rank, batch, seqs, link, held)
+        """Queue a batch of record dicts; answers the link's durable mark (and ``resend_from`` when it
+        must resend). A batch that is no list of records is refused (``refused``), never queued."""
+        if not _well_formed(rank, batch, seqs, link, held):
+            return self._refuse(WireError("(rank, [record], [seq] or None, link id or None, held) expected"))
+        return self.ctl.ingest_batch(rank, [tidy(r) for r in batch], seqs, link, held)
 
-    def ingest_many(self, calls: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-        """Several links' batches in one call (``(rank, batch, seqs, link, held)`` each), answered
-        in order: one Ray call per process and interval instead of one per rank."""
+    def ingest_packed(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
+        """A packed batch of several links' records (``sdk/wire.py``), decoded in bulk: one answer per
+        link, in order, as ``ingest`` answers; a malformed batch is refused whole (``refused``: why)."""
+        try:
+            groups = unpack(batch, as_dicts=self._dicts)
+        except WireError as exc:
+            return self._refuse(exc)
         ingest = self.ctl.ingest_batch
-        return [ingest(*call) for call in calls]
+        return [ingest(rank, records, seqs, link, held) for rank, link, held, seqs, records in groups]
+
+    def _refuse(self, exc: Exception) -> dict[str, Any]:
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+            self.log.warning("record_batch_refused", error=str(exc), refused_total=self.refused)
+        return {"refused": str(exc), "acked": 0}
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Directives after ``after_seq``; a long poll of up to ``wait_s`` when there are none yet."""
@@ -83,6 +100,7 @@ class SupervisorActor:
     def status(self) -> dict[str, Any]:
         out = self.ctl.status()
         out["supervisor_node"] = self.node_id
+        out["batches_refused"] = self.refused
         if self.error:
             out["error"] = self.error
         return out
@@ -97,3 +115,20 @@ class SupervisorActor:
         """Block until the job reaches a terminal phase (or the timeout); returns the status."""
         self.done.wait(timeout_s)
         return self.status()
+
+
+def _well_formed(rank: Any, batch: Any, seqs: Any, link: Any, held: Any) -> bool:
+    """The shape the control loop relies on (a malformed call must never reach its inbox)."""
+    return (
+        type(rank) is int
+        and type(batch) is list
+        and (
+            seqs is None
+            or (type(seqs) is list and len(seqs) == len(batch) and all(type(s) is int for s in seqs))
+        )
+        and (link is None or type(link) is str)
+        and (
+            held is None
+            or (type(held) in (tuple, list) and len(held) == 2 and all(type(x) is int for x in held))
+        )
+    )

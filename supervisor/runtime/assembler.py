@@ -62,25 +62,18 @@ class StepAssembler:
         self._started = clock()
         self.last_step: dict[int, int] = {}
 
-    def add(self, rank: int, raw: dict[str, Any], tag: Tag | None = None) -> None:
-        """Take one record (as sent by a worker); unusable records are counted and skipped."""
+    def add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None = None) -> None:
+        """Take one record (a dict as sent by a worker, or a ``Record`` decoded from a packed batch,
+        its rank already its link's when it named none); unusable records are counted and skipped."""
         if not self._add(rank, raw, tag) and tag is not None:
             self.on_release(tag)
 
-    def _add(self, rank: int, raw: dict[str, Any], tag: Tag | None) -> bool:
+    def _add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None) -> bool:
         """True when the record now waits for its step."""
-        if raw.get("control"):  # an SDK control message (acks while frozen): a heartbeat, not a step
-            self.last_seen[int(raw.get("rank", rank))] = self.clock()
+        rec = raw if type(raw) is Record else self._parse(rank, raw)
+        if rec is None:
             return False
-        try:
-            rec = Record.from_dict(raw)
-        except (KeyError, TypeError, ValueError):
-            self.skipped += 1
-            return False
-        if "rank" in raw:
-            rank = rec.rank
-        else:
-            rec.rank = rank
+        rank = rec.rank
         self.last_seen[rank] = self.clock()
         if self._resync_at is not None and rank not in self._synced:
             if rec.step > self._resync_at + 1:
@@ -97,6 +90,19 @@ class StepAssembler:
             self._tags.setdefault(rec.step, {})[rank] = tag
         self._first_seen.setdefault(rec.step, self.clock())
         return True
+
+    def _parse(self, rank: int, raw: dict[str, Any]) -> Record | None:
+        if raw.get("control"):  # an SDK control message (acks while frozen): a heartbeat, not a step
+            self.last_seen[int(raw.get("rank", rank))] = self.clock()
+            return None
+        try:
+            rec = Record.from_dict(raw)
+        except (KeyError, TypeError, ValueError):
+            self.skipped += 1
+            return None
+        if "rank" not in raw:
+            rec.rank = rank
+        return rec
 
     def ready(self, *, final: bool = False) -> list[tuple[int, list[Record]]]:
         """Steps ready for the detector, oldest first. ``final``: no record will come any more

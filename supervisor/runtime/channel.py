@@ -28,6 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from supervisor.logging import get_logger
 from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.sdk.wire import pack
 
 log = get_logger("supervisor.runtime.channel")
 
@@ -190,9 +191,15 @@ class SupervisorLink:
                     self._backlog.extendleft(reversed(batch))  # resend later, in order
                     self._forget_handle()
                 else:
-                    self.sent += len(batch)
-                    self._unacked.extend(batch)
-                    self._on_reply(reply)
+                    if isinstance(reply, dict) and "refused" in reply:  # malformed: never accepted, counted
+                        self.dropped += len(batch)
+                        log.warning(
+                            "records_refused", rank=self.rank, records=len(batch), why=reply["refused"]
+                        )
+                    else:
+                        self.sent += len(batch)
+                        self._unacked.extend(batch)
+                    self._on_reply(reply[0] if isinstance(reply, list) and reply else reply)
             handle = self._supervisor()
             if handle is None:
                 return
@@ -203,9 +210,9 @@ class SupervisorLink:
             self._backlog.clear()
             self._last_call = time.monotonic()
             held = (self._unacked or batch)[0][0], (batch or self._unacked)[-1][0]
-            call = handle.ingest.remote(
-                self.rank, [r for _, r in batch], [s for s, _ in batch], self.link_id, held
-            )
+            # One packed batch (sdk/wire.py): columns the supervisor decodes in bulk.
+            wire = pack([(self.rank, self.link_id, held, [s for s, _ in batch], [r for _, r in batch])])
+            call = handle.ingest_packed.remote(wire)
             self._in_flight = (call, batch)
 
     def _on_reply(self, reply: Any) -> None:
@@ -213,6 +220,8 @@ class SupervisorLink:
         if not isinstance(reply, dict):
             return
         self.answers += 1
+        if "refused" in reply:
+            return
         self.acked = max(self.acked, int(reply.get("acked", 0)))
         while self._unacked and self._unacked[0][0] <= self.acked:
             self._unacked.popleft()
