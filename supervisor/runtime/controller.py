@@ -9,9 +9,11 @@
         persist()          # then tell the workers which records are durable
 
 The controller is the one writer of the job's phase (``set_phase`` logs old -> new and the
-reason). Worker supervision (``machinery.py``) and the restart policy (``restarts.py``)
-return values; the action executors read the job (``actions.base.Runtime``) and return effects,
-which ``apply`` alone carries out.
+reason) and makes every incident's move. Worker supervision (``machinery.py``) and the restart
+policy (``restarts.py``) return values; the incident flow (``incidents.py``, given the job's
+moment as ``incidents.Now``), the plan runner (``plans.py``) and the action executors (reading the
+job through ``actions.base.Runtime``, passed per call) return effects, which ``apply`` alone
+carries out.
 
 Ray actor threads call ``ingest_batch`` / ``directives_after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
@@ -41,10 +43,10 @@ from supervisor.runtime.actions.checkpoints import in_force as rollback_in_force
 from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.group import WorkerStartError
-from supervisor.runtime.incidents import IncidentFlow
+from supervisor.runtime.incidents import IncidentFlow, Now
 from supervisor.runtime.machinery import WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
-from supervisor.runtime.plans import PlanRunner, action_id, move
+from supervisor.runtime.plans import action_id, move
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, RestartSettings, decide
 from supervisor.runtime.settings import RuntimeSettings, open_traces
@@ -113,7 +115,7 @@ class Controller:
         self.workers = workers or WorkerSupervision(job, self.settings)
         self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
                                          job.checkpoint.keep)  # fmt: skip
-        self.flow = IncidentFlow(self, PlanRunner(self.incidents))
+        self.flow = IncidentFlow(job, self.policy, self.incidents, self.state, self.checkpoints)
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
         self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0
@@ -315,7 +317,7 @@ class Controller:
         self.history.append(aggregate(step, records))
         self.current_step = step
         self.time_lost.on_step(step, records)
-        self.flow.observe(step, records)
+        self.apply_all(self.flow.observe(step, records, self._now()))
         self.observability.on_step(step, records, self.history[-1])
         self.observability.metrics.on_time_lost(self.time_lost.summary(self.downtime_now()))
 
@@ -366,7 +368,7 @@ class Controller:
         self.ended = True
         self.workers.shutdown()
         self._analyse_ready(final=True)
-        self.flow.finalize_open()
+        self._finalize_open()
         self.log.info("workers_finished", step=self.current_step, pending_incident=not self.flow.idle)
 
     def settle_end(self) -> None:
@@ -374,14 +376,14 @@ class Controller:
         if self.phase.is_terminal or self.restarting is not None:
             return
         if self.ended:
-            if self.flow.idle and not self.flow.finalize_open():
+            if self.flow.idle and not self._finalize_open():
                 self._finish_job()
             return
         held = self.state.held_at
         if len(held) < self.world_size or not held:
             return
         last = max(held.values())
-        if self.assembler.watermark < last or self.flow.finalize_open() or not self.flow.idle:
+        if self.assembler.watermark < last or self._finalize_open() or not self.flow.idle:
             return  # steps still to analyse, or an incident to handle while the workers wait
         release = f"finish-g{self.state.generation}-s{last}"
         if self._finish_sent != release:
@@ -403,7 +405,7 @@ class Controller:
         self._end(phase, reason)
 
     def _end(self, phase: JobPhase, reason: str) -> None:
-        self.flow.close_at_end(phase, reason)
+        self.apply_all(self.flow.close_at_end(phase, reason, self.current_step))
         self.close_time_lost()
         self.set_phase(phase, reason)
 
@@ -667,17 +669,18 @@ class Controller:
         next waiting incident's when none runs), the runner steps it and returns its effects, carried
         out here, then the flow settles a failed action or a finished plan. True when an action
         started or finished."""
-        active = self.flow.begin()
+        active, fx = self.flow.begin(self._now())
+        self.apply_all(fx)
         if active is None:
             return False
         runner = self.flow.runner
         before = (active.plan_no, active.index, runner.transitions)
         step = runner.advance(active, self)
         self.apply_all(step.effects)
-        if step.again:  # re-started by this supervisor: polled once its start's effects are carried out
+        while step.again:  # begun: started once its event is on disk; re-started: polled after its start
             step = runner.advance(active, self)
             self.apply_all(step.effects)
-        self.flow.settle(active, step.failed)
+        self.apply_all(self.flow.settle(active, step.failed, self._now()))
         now = self.state.active
         return now is None or before != (now.plan_no, now.index, runner.transitions)
 
@@ -709,8 +712,29 @@ class Controller:
                 self.log.warning("workers_killed", reason=reason, step=self.current_step)
                 self.workers.shutdown()
                 self.ended = True
+            case effects.BeginAction(incident, kind, step, payload, aid):
+                self.incidents.begin(
+                    incident, kind, actor="supervisor", step=step, payload=payload, action_id=aid
+                )
             case effects.FinishAction(event_id, result, failed):
                 self.incidents.finish(event_id, result=result, failed=failed)
+            case effects.MoveIncident(incident, to, reason, step):
+                move(self.incidents, incident, to, reason, step)
+            case effects.RecordEvent(incident, kind, step, payload, actor):
+                self.incidents.record(incident, kind, actor=actor, step=step, payload=payload)
+            case effects.SetPhase(phase, reason, only_from) if only_from in (None, self.phase):
+                self.set_phase(phase, reason)
+            case effects.Persist():
+                self.persist(force=True)
+
+    def _now(self) -> Now:
+        """What the incident flow reads of the job at this moment (``incidents.Now``)."""
+        return Now(self.current_step, self.history, self.downtime_now(), self.stop_requested)
+
+    def _finalize_open(self) -> bool:
+        judged, fx = self.flow.finalize_open(self._now())
+        self.apply_all(fx)
+        return judged
 
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property
@@ -756,7 +780,7 @@ class Controller:
         active = None if machinery else self.state.active
         self.time_lost.on_rewind(to_step, self.current_step, active.incident_id if active else None)
         self.assembler.rewind(to_step)
-        self.flow.notify_rollback(to_step, reason)
+        self.apply_all(self.flow.notify_rollback(to_step, reason, self._now()))
         if not key.startswith("restart:"):
             self.state.restart_resumed_at = None  # a rollback: the group had trained past its resume point
         self.current_step = to_step

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.incidents import EventKind, IncidentState
+from supervisor.runtime.state import JobPhase
+
 
 @dataclass(frozen=True)
 class Rewind:
@@ -66,6 +69,18 @@ class KillWorkers:
 
 
 @dataclass(frozen=True)
+class BeginAction:
+    """The ``pending`` timeline event of a plan's action, keyed by its action id, with what it is
+    started with (its parameters and memo): on disk before the action starts."""
+
+    incident: int
+    kind: EventKind
+    step: int
+    payload: dict[str, Any]
+    action_id: str
+
+
+@dataclass(frozen=True)
 class FinishAction:
     """The timeline event of a plan's action is marked done (or failed) with ``result``: after the
     effects of its outcome, so a supervisor killed in between polls the action again."""
@@ -75,6 +90,55 @@ class FinishAction:
     failed: bool
 
 
+@dataclass(frozen=True)
+class MoveIncident:
+    """Incident ``incident`` moves to ``to`` when the move is valid from its state then (a no-op
+    otherwise, e.g. frozen -> frozen); the store records the reason with the move."""
+
+    incident: int
+    to: IncidentState
+    reason: str
+    step: int | None
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """An event (a note: a plan made, what was skipped, the downtime) in an incident's timeline."""
+
+    incident: int
+    kind: EventKind
+    step: int | None
+    payload: dict[str, Any]
+    actor: str = "supervisor"
+
+
+@dataclass(frozen=True)
+class SetPhase:
+    """The job's phase becomes ``phase`` (``Controller.set_phase`` logs old -> new and the reason);
+    with ``only_from``, only while the phase is that one when the effect is carried out."""
+
+    phase: JobPhase
+    reason: str
+    only_from: JobPhase | None = None
+
+
+@dataclass(frozen=True)
+class Persist:
+    """The state is on disk now (a plan made is written before its first action begins)."""
+
+
 Effect = (
-    Rewind | NoteOverrides | SetFrozen | ReleaseLatest | RestartGroup | EndJob | KillWorkers | FinishAction
+    Rewind
+    | NoteOverrides
+    | SetFrozen
+    | ReleaseLatest
+    | RestartGroup
+    | EndJob
+    | KillWorkers
+    | BeginAction
+    | FinishAction
+    | MoveIncident
+    | RecordEvent
+    | SetPhase
+    | Persist
 )

@@ -19,9 +19,9 @@ Guarantees kept here:
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from supervisor.config.job import JobSpec
 from supervisor.core.analysis import StreamingAnalyzer
@@ -34,9 +34,10 @@ from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
-from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime import effects
+from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.observe import StepStats, baseline
-from supervisor.runtime.plans import PlanRunner, action_id, move
+from supervisor.runtime.plans import PlanRunner, action_id, can_move
 from supervisor.runtime.replay import has_replay_hooks
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
@@ -101,42 +102,58 @@ def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
     return a.top_cause is b.top_cause and b.severity.rank >= Severity.MEDIUM.rank
 
 
-class FlowHost(Runtime, Protocol):
-    """What the incident flow needs from the loop that drives it, beside what its plan's executors
-    read (``Runtime``)."""
+@dataclass(frozen=True)
+class Now:
+    """What the incident flow reads of the job at one call, passed in by the controller (the flow
+    keeps no reference to the controller): the analysed step, the per-step aggregates, the downtime
+    so far and why a person asked the job to stop (None: nobody did)."""
 
-    policy: Policy
-    incidents: Any  # IncidentStore
-    state: RuntimeState
-    history: deque[StepStats]
+    step: int
+    history: Sequence[StepStats]
+    downtime_s: float
+    stop_reason: str | None = None
 
-    def set_phase(self, phase: JobPhase, reason: str) -> None: ...
-    def downtime_now(self) -> float: ...
-    def persist(self, force: bool = False) -> None: ...
+
+Effects = list[effects.Effect]
 
 
 class IncidentFlow:
-    def __init__(self, host: FlowHost, runner: PlanRunner) -> None:
-        self.host = host
-        self.state = host.state
-        self.store = host.incidents
-        self.analyzer = make_analyzer(host.job, host.state.analyzer)
-        self.runner = runner
+    """Incidents from the detector's updates, and the plans that handle them. The calls that may
+    change the job return what it must do as effects (an incident's move, a note in its timeline, the
+    job's phase, the state on disk, `latest` released), which the controller alone carries out, in
+    order, once the call returns."""
+
+    def __init__(
+        self, job: JobSpec, policy: Policy, store: Any, state: RuntimeState, checkpoints: Any
+    ) -> None:
+        self.job = job
+        self.policy = policy
+        self.store = store  # IncidentStore
+        self.state = state
+        self.checkpoints = checkpoints  # CheckpointStore, or None
+        self.analyzer = make_analyzer(job, state.analyzer)
+        self.runner = PlanRunner(store)
+        self._out: Effects = []
         self.unfinished: str | None = None
         """Set when training ended before an incident's fix could be carried out."""
         self._diagnosis: Diagnosis | None = None
         self._opened_at: list[tuple[int, int]] = []  # (step, incident id) of incidents opened this run
         self._dismiss_after = False
         self._plan_unsaved = False
-        self.can_replay = has_replay_hooks(host.job.entrypoint)
+        self.can_replay = has_replay_hooks(job.entrypoint)
         """False: the job defines no ``replay_hooks`` (the policy then excludes without replay)."""
 
     # -- detector side ------------------------------------------------------------------------
-    def observe(self, step: int, records: list[Record]) -> None:
-        for update in self.analyzer.observe_step(step, records):
-            self._on_update(update.kind, update.key, update.diagnosis, step)
+    def _take(self) -> Effects:
+        out, self._out = self._out, []
+        return out
 
-    def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int) -> None:
+    def observe(self, step: int, records: list[Record], now: Now) -> Effects:
+        for update in self.analyzer.observe_step(step, records):
+            self._on_update(update.kind, update.key, update.diagnosis, step, now)
+        return self._take()
+
+    def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int, now: Now) -> None:
         key = str(key_)
         incident_id = self.state.incident_keys.get(key)
         again = (
@@ -157,9 +174,9 @@ class IncidentFlow:
             self.state.note_onset(d.onset_step)  # a refinement may date the fault further back
         active = self.state.active
         if active is not None and incident_id == active.incident_id:
-            self._maybe_replan(active, d)
+            self._maybe_replan(active, d, now)
             self._diagnosis = d
-        if kind == "ready" and self.host.job.mode == "supervised" and key not in self.state.ready_keys:
+        if kind == "ready" and self.job.mode == "supervised" and key not in self.state.ready_keys:
             self.state.ready_keys.append(key)
             acting_on = active is not None and incident_id == active.incident_id  # its plan is running
             if (
@@ -173,7 +190,7 @@ class IncidentFlow:
         # A supervisor killed after it recorded this incident but before its state reached disk
         # left it in the store: the same records give the same key, so it is the same incident
         # (a reopened one carries the new key too).
-        existing = self.store.find(self.host.job.name, key)
+        existing = self.store.find(self.job.name, key)
         if existing is not None and existing.state.is_active and existing.onset_step == d.onset_step:
             log.info("incident_found_again", incident=existing.id, key=key, why="recorded before a restart")
             return int(existing.id)
@@ -184,7 +201,7 @@ class IncidentFlow:
         if again is not None:
             incident_id = self._reopen(again, d, key, step)
         else:
-            incident_id = int(self.store.open_incident(self.host.job.name, d, key=key, step=step).id)
+            incident_id = int(self.store.open_incident(self.job.name, d, key=key, step=step).id)
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
         self.state.note_incident(step, d.onset_step)
@@ -279,11 +296,11 @@ class IncidentFlow:
         """The resolved incident this one repeats, and why (``recurrence.reopen_within_steps`` of its
         onset or of the end of its observation window: ``core.policy.recurrence.reopens`` decides)
         -- among resolved incidents of the same fault (``same_fault``), never an unrelated one."""
-        rec = getattr(self.host.policy, "recurrence", None)
+        rec = getattr(self.policy, "recurrence", None)
         if rec is None or not getattr(rec, "reopen_within_steps", 0):
             return None
         resolved = []
-        for inc in self.store.list_incidents(job=self.host.job.name, state=IncidentState.RESOLVED):
+        for inc in self.store.list_incidents(job=self.job.name, state=IncidentState.RESOLVED):
             if inc.onset_step is None or inc.diagnosis is None or not same_fault(inc.diagnosis, d):
                 continue
             obs = self.store.last_done(inc.id, EventKind.OBSERVATION)
@@ -292,42 +309,43 @@ class IncidentFlow:
             resolved.append(Resolved(int(inc.id), int(inc.onset_step), window, attempts))
         return reopens(resolved, d.onset_step, rec)
 
-    def finalize_open(self) -> bool:
+    def finalize_open(self, now: Now) -> tuple[bool, Effects]:
         """No more steps will come: an incident the detector still holds open is judged now
         (it would have become ready a few steps later). True when one was."""
         inc = self.analyzer.open
         if inc is None:
-            return self._judge_end()
+            return self._judge_end(now), self._take()
         if str(inc.key) in self.state.ready_keys:
-            return False
+            return False, []
         d = inc.diagnosis(self.analyzer.settings)
         log.warning("incident_ready_at_end", key=inc.key, onset=d.onset_step,
                     why="training reached its last step before the incident was confirmed")  # fmt: skip
-        self._on_update("ready", inc.key, d, self.host.current_step)
-        return True
+        self._on_update("ready", inc.key, d, now.step, now)
+        return True, self._take()
 
-    def _judge_end(self) -> bool:
+    def _judge_end(self, now: Now) -> bool:
         """Nothing open at the last step: what no later step can confirm is judged as it stands
         (``core.run_end``), before the final checkpoint is marked. True when an incident opened."""
         from supervisor.core.run_end import judge_end
 
         updates = judge_end(self.analyzer)
         for u in updates:
-            self._on_update(u.kind, u.key, u.diagnosis, self.host.current_step)
+            self._on_update(u.kind, u.key, u.diagnosis, now.step, now)
         if updates:
             d = updates[-1].diagnosis
             log.warning("incident_at_end", key=updates[-1].key, onset=d.onset_step,
                         why="the update ratio left its band in the last steps; no step follows to confirm it")  # fmt: skip
         return bool(updates)
 
-    def notify_rollback(self, to_step: int, reason: str) -> None:
+    def notify_rollback(self, to_step: int, reason: str, now: Now) -> Effects:
         """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
         updates = self.analyzer.notify_rollback(
-            to_step, from_step=self.host.current_step, reason=reason, observe_steps=self._observe_steps()
+            to_step, from_step=now.step, reason=reason, observe_steps=self._observe_steps()
         )
         for u in updates:
-            self._on_update(u.kind, u.key, u.diagnosis, to_step)
+            self._on_update(u.kind, u.key, u.diagnosis, to_step, now)
         self._abandon_after(to_step)
+        return self._take()
 
     def _abandon_after(self, to_step: int) -> None:
         """Incidents that began after ``to_step`` happened on a timeline training no longer has:
@@ -341,7 +359,7 @@ class IncidentFlow:
             if incident_id != active and inc.onset_step is not None and inc.onset_step > to_step:
                 why = (f"abandoned timeline: training went back to step {to_step}, before its onset "
                        f"{inc.onset_step}" + (f" (while incident {active} was handled)" if active else ""))  # fmt: skip
-                move(self.store, incident_id, IncidentState.DISMISSED, why, to_step)
+                self._move(incident_id, IncidentState.DISMISSED, why, to_step)
                 log.info("incident_abandoned", incident=incident_id, why=why)
             else:
                 keep.append(incident_id)
@@ -394,7 +412,7 @@ class IncidentFlow:
         fault. Returns the reasons of the fixes noted again."""
         done = [
             ev
-            for inc in self.store.list_incidents(job=self.host.job.name)
+            for inc in self.store.list_incidents(job=self.job.name)
             for ev in self.store.timeline(inc.id)
             if ev.status is EventStatus.DONE and ev.kind in _EFFECTS
         ]
@@ -434,24 +452,25 @@ class IncidentFlow:
             self._diagnosis = d
         return self._diagnosis
 
-    def begin(self) -> ActivePlan | None:
-        """The plan to step now (``Controller.advance_plan``), on disk: the next waiting incident's
-        plan starts when none runs. None: nothing to act on."""
-        if self.state.active is None and not self._next():
-            return None
+    def begin(self, now: Now) -> tuple[ActivePlan | None, Effects]:
+        """The plan to step now (``Controller.advance_plan``) and what puts it on disk first: the
+        next waiting incident's plan starts when none runs. None: nothing to act on."""
+        if self.state.active is None and not self._next(now):
+            return None, self._take()
         if self._plan_unsaved:  # here, not where the plan was made: that may be amid a batch of steps
-            self.host.persist(force=True)
+            self._out.append(effects.Persist())
             self._plan_unsaved = False
-        return self.state.active
+        return self.state.active, self._take()
 
-    def settle(self, active: ActivePlan, failed: Outcome | None) -> None:
+    def settle(self, active: ActivePlan, failed: Outcome | None, now: Now) -> Effects:
         """After the runner's step: a failed action's follow-up, or the plan closed once all ran."""
         if failed is not None:
-            self._on_failure(active, failed)
+            self._on_failure(active, failed, now)
         elif active.index >= len(active.plan.actions):
-            self._close_plan(active)
+            self._close_plan(active, now)
+        return self._take()
 
-    def _next(self) -> bool:
+    def _next(self, now: Now) -> bool:
         """Start the plan of the next waiting incident that still needs one."""
         while self.state.waiting:
             incident_id = self.state.waiting.pop(0)
@@ -459,7 +478,7 @@ class IncidentFlow:
             if incident.state.is_terminal or incident.diagnosis is None:
                 log.info("not_replanned", incident=incident_id, state=incident.state.value)
                 continue
-            self._start_plan(incident_id, incident.diagnosis, plan_no=self._plans_so_far(incident_id) + 1,
+            self._start_plan(incident_id, incident.diagnosis, now, plan_no=self._plans_so_far(incident_id) + 1,
                              observation_failures=0)  # fmt: skip
             return True
         return False
@@ -467,34 +486,33 @@ class IncidentFlow:
     def _plans_so_far(self, incident_id: int) -> int:
         return sum(1 for a in self.store.artifacts(incident_id) if a.kind == "plan")
 
-    def _start_plan(self, incident_id: int, d: Diagnosis, *, plan_no: int, observation_failures: int) -> None:
-        host = self.host
-        js = self._job_state(incident_id, d, observation_failures)
-        p = plan(d, js, host.policy)
+    def _start_plan(
+        self, incident_id: int, d: Diagnosis, now: Now, *, plan_no: int, observation_failures: int
+    ) -> None:
+        js = self._job_state(incident_id, d, observation_failures, now)
+        p = plan(d, js, self.policy)
         rule = p.rule or "fallback"
         attempt = self._count_attempt(incident_id, rule, +1)
-        pre = [h for h in host.history if h.step < d.onset_step][-200:]
+        pre = [h for h in now.history if h.step < d.onset_step][-200:]
         base = baseline(pre)
         # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
         # ``rule_attempt``: the rule's own count, which its cooldown may have started over.
         note = {"plan": f"rule {rule}: {', '.join(p.action_names)}", "why": p.matched_because,
                 "escalate": p.escalate_reason, "attempt": attempt, "rule_attempt": p.attempt}  # fmt: skip
-        self.store.record(incident_id, EventKind.NOTE, actor="policy", step=host.current_step, payload=note)
+        self._note(incident_id, now.step, note, actor="policy")
         self.store.add_artifact(incident_id, "plan", f"plan-{plan_no}",
                                 {"plan": p.to_json(), "job_state": js.to_json(),
                                  "baseline": base.to_json() if base else None})  # fmt: skip
-        self._attach_series(incident_id, d)
+        self._attach_series(incident_id, d, now.history)
         previous = self.state.active
-        since = (
-            previous.downtime_from
-            if previous and previous.incident_id == incident_id
-            else host.downtime_now()
-        )
+        since = previous.downtime_from if previous and previous.incident_id == incident_id else now.downtime_s
         self.state.active = ActivePlan(downtime_from=since, incident_id=incident_id, plan_no=plan_no, plan=p,
                                        baseline=base.to_json() if base else None,
                                        observation_failures=observation_failures)  # fmt: skip
         self._diagnosis = d
-        host.set_phase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})")
+        self._out.append(
+            effects.SetPhase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})")
+        )
         log.info(
             "plan", incident=incident_id, rule=p.rule, actions=p.action_names, escalate=p.escalate_reason
         )
@@ -515,47 +533,46 @@ class IncidentFlow:
         )
         return n
 
-    def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int) -> JobState:
+    def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now) -> JobState:
         """The job as the policy engine sees it now: what it runs (LR, LR override, clip, grad
         norm), its checkpoints, this incident's attempts, the rank-local incidents before it
         (repeat offenders), and whether it can replay."""
-        host = self.host
         last = self.state.last_incident_step
         refs = None
-        if host.checkpoints is not None:
-            refs = tuple((m.step, m.health) for m in host.checkpoints.manifests())
-        pre = [h for h in host.history if h.step < d.onset_step]
+        if self.checkpoints is not None:
+            refs = tuple((m.step, m.health) for m in self.checkpoints.manifests())
+        pre = [h for h in now.history if h.step < d.onset_step]
         grads = sorted(h.grad_norm for h in pre[-200:] if h.grad_norm is not None)
         return JobState(
-            step=host.current_step,
+            step=now.step,
             attempts=self.state.attempts,
             observation_failures=observation_failures,
-            steps_since_last_incident=None if last is None else host.current_step - last,
+            steps_since_last_incident=None if last is None else now.step - last,
             checkpoints=refs,
             state_maybe_nonfinite=d.nonfinite,
             lr=next((h.lr for h in reversed(pre) if h.lr is not None), None),
             # the supervisor's own LR override in force (a fix is relative to it)
-            lr_scale=float(self.analyzer.lr_multiplier(host.current_step + 1)),
-            grad_clip=self._grad_clip(),
+            lr_scale=float(self.analyzer.lr_multiplier(now.step + 1)),
+            grad_clip=self._grad_clip(now.step),
             grad_norm=grads[len(grads) // 2] if grads else None,
             incident_attempt=self.state.attempts_of.get(str(incident_id), 0),
             rank_incidents=self._rank_incidents(incident_id, d),
             earlier_onsets=self._earlier_onsets(incident_id, d),
             can_replay=self.can_replay,
-            checkpoint_every=host.job.checkpoint.every_steps,
-            max_steps=host.job.max_steps,
+            checkpoint_every=self.job.checkpoint.every_steps,
+            max_steps=self.job.max_steps,
         )
 
-    def _grad_clip(self) -> float | None:
+    def _grad_clip(self, step: int) -> float | None:
         """The clip in force: the supervisor's newest clip override still on this timeline, else the
         clip the job reports (``attrs.grad_clip`` in its records, or ``grad_clip`` in job.yaml's
         ``config:``); None: not known."""
         for iv in reversed(self.analyzer.interventions):
-            if iv.kind == "override" and iv.grad_clip is not None and iv.step <= self.host.current_step:
+            if iv.kind == "override" and iv.grad_clip is not None and iv.step <= step:
                 return float(iv.grad_clip)
         if self.state.reported_grad_clip is not None:
             return self.state.reported_grad_clip
-        clip = dict(self.host.job.config or {}).get("grad_clip")
+        clip = dict(self.job.config or {}).get("grad_clip")
         return float(clip) if isinstance(clip, int | float) and not isinstance(clip, bool) else None
 
     def _rank_incidents(self, incident_id: int, d: Diagnosis) -> tuple[tuple[int, int], ...]:
@@ -563,9 +580,9 @@ class IncidentFlow:
         reopened incident counts -- except dismissed ones (not a fault of the rank) and this one."""
         out = []
         dismissed = {
-            i.id for i in self.store.list_incidents(job=self.host.job.name, state=IncidentState.DISMISSED)
+            i.id for i in self.store.list_incidents(job=self.job.name, state=IncidentState.DISMISSED)
         }
-        for inc_id, seen in self.store.detections(self.host.job.name):
+        for inc_id, seen in self.store.detections(self.job.name):
             if inc_id in dismissed or not seen.rank_local or seen.first_rank is None:
                 continue
             if inc_id == incident_id and seen.onset_step == d.onset_step:
@@ -577,11 +594,11 @@ class IncidentFlow:
         """Onsets of this incident's occurrences before ``d``'s (each reopen, each one met again
         inside a window): a rollback before one re-runs that occurrence's data."""
         return tuple(
-            sorted({seen.onset_step for inc_id, seen in self.store.detections(self.host.job.name)
+            sorted({seen.onset_step for inc_id, seen in self.store.detections(self.job.name)
                     if inc_id == incident_id and seen.onset_step < d.onset_step})
         )  # fmt: skip
 
-    def _maybe_replan(self, active: ActivePlan, d: Diagnosis) -> None:
+    def _maybe_replan(self, active: ActivePlan, d: Diagnosis, now: Now) -> None:
         """Re-make the plan when the diagnosis changed so that the policy now plans differently,
         before anything irreversible ran (``core.policy.recurrence.replan_reason``)."""
         if active.irreversible:
@@ -590,12 +607,12 @@ class IncidentFlow:
         # the same counts, a re-made plan is the same attempt (never one that uses up the bound).
         old_rule = active.plan.rule or "fallback"
         self._count_attempt(active.incident_id, old_rule, -1)
-        new = plan(d, self._job_state(active.incident_id, d, active.observation_failures), self.host.policy)
+        new = plan(d, self._job_state(active.incident_id, d, active.observation_failures, now), self.policy)
         why = replan_reason(active.plan, new, active.index)
         if why is None:
             self._count_attempt(active.incident_id, old_rule, +1)
             return
-        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
+        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=now.step,
                           payload={"plan_remade": why})  # fmt: skip
         log.warning("plan_remade", incident=active.incident_id, why=why)
         prefix = f"i{active.incident_id}-p{active.plan_no}-"
@@ -603,10 +620,10 @@ class IncidentFlow:
             if (ev.action_id or "").startswith(prefix):
                 self.store.finish(ev.id, result={"reason": f"superseded by plan {active.plan_no + 1}: {why}"},
                                   failed=True)  # fmt: skip
-        self._start_plan(active.incident_id, d, plan_no=active.plan_no + 1,
+        self._start_plan(active.incident_id, d, now, plan_no=active.plan_no + 1,
                          observation_failures=active.observation_failures)  # fmt: skip
 
-    def _attach_series(self, incident_id: int, d: Diagnosis) -> None:
+    def _attach_series(self, incident_id: int, d: Diagnosis, history: Sequence[StepStats]) -> None:
         """The per-step aggregates around the onset, each row into the timeline it was trained on:
         ``replay`` 0 for the original run, n for steps re-run after this incident's n-th rollback
         (a re-plan after a rollback must never overwrite the abandoned timeline's rows)."""
@@ -616,24 +633,25 @@ class IncidentFlow:
             if e.kind is EventKind.ROLLED_BACK and e.status is EventStatus.DONE and (e.result or {}).get("to_step") is not None
         ]  # fmt: skip
         by_replay: dict[int, list[dict[str, Any]]] = {}
-        for h in self.host.history:
+        for h in history:
             if h.step >= d.onset_step - 200:
                 by_replay.setdefault(timeline_of(h.step, targets), []).append(h.to_json())
         for replay, rows in sorted(by_replay.items()):
             self.store.attach_series(incident_id, rows, replay=replay)
 
-    def _on_failure(self, active: ActivePlan, out: Outcome) -> None:
+    def _on_failure(self, active: ActivePlan, out: Outcome, now: Now) -> None:
         """An action failed: skipped at the end of training, a failed observation, or on_failure."""
         pa = active.plan.actions[active.index]
         log.warning("action_failed", incident=active.incident_id, action=pa.name, reason=out.reason,
                     on_failure=pa.on_failure, skipped=out.skipped)  # fmt: skip
         if out.skipped:
-            self._skipped_at_end(active, pa, out.reason)
+            self._skipped_at_end(active, pa, out.reason, now)
             return
         if pa.name == "observe":
-            move(self.store, active.incident_id, IncidentState.ACTING, f"observation failed: {out.reason}",
-                 self.host.current_step)  # fmt: skip
-            self._start_plan(active.incident_id, self.active_diagnosis, plan_no=active.plan_no + 1,
+            self._move(
+                active.incident_id, IncidentState.ACTING, f"observation failed: {out.reason}", now.step
+            )
+            self._start_plan(active.incident_id, self.active_diagnosis, now, plan_no=active.plan_no + 1,
                              observation_failures=active.observation_failures + 1)  # fmt: skip
             return
         if pa.on_failure == "continue":
@@ -645,28 +663,28 @@ class IncidentFlow:
         active.plan = replace(active.plan, actions=active.plan.actions[: active.index + 1] + (rest,))
         active.index += 1
 
-    def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str) -> None:
+    def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str, now: Now) -> None:
         """Training ended under the plan: what was left is recorded as skipped, never as done."""
         left = [a.name for a in active.plan.actions[active.index :]]
-        stop = self.host.stop_reason()
-        if stop is not None:
-            self._stopped_mid_plan(active, left, stop, reason)
+        if now.stop_reason is not None:
+            self._stopped_mid_plan(active, left, now.stop_reason, reason, now.step)
         elif pa.name == "observe" or not (set(left) & NEEDS_WORKERS):
             why = f"every fix applied; {pa.name} skipped: {reason} (the fix is unverified)"
-            move(self.store, active.incident_id, IncidentState.RESOLVED, why, self.host.current_step)
-            self._release_block(active.incident_id)
+            self._move(active.incident_id, IncidentState.RESOLVED, why, now.step)
+            self._out.append(effects.ReleaseLatest(active.incident_id))
         else:
             why = f"training ended before the fix could be carried out; skipped: {', '.join(left)} ({reason})"
-            if not move(self.store, active.incident_id, IncidentState.ESCALATED, why, self.host.current_step):
-                self.store.record(
-                    active.incident_id, EventKind.NOTE, actor="supervisor", payload={"unfinished": why}
-                )
+            if can_move(self.store, active.incident_id, IncidentState.ESCALATED):
+                self._move(active.incident_id, IncidentState.ESCALATED, why, now.step)
+            else:
+                self._note(active.incident_id, None, {"unfinished": why})
             self.unfinished = f"incident {active.incident_id}: {why}"
-        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
-                          payload={"skipped": left, "reason": reason})  # fmt: skip
-        self._end_plan()
+        self._note(active.incident_id, now.step, {"skipped": left, "reason": reason})
+        self._end_plan(now)
 
-    def _stopped_mid_plan(self, active: ActivePlan, left: list[str], stop: str, reason: str) -> None:
+    def _stopped_mid_plan(
+        self, active: ActivePlan, left: list[str], stop: str, reason: str, step: int
+    ) -> None:
         """A person stopped the job while the plan ran: the incident is recorded as stopped, with
         what was done and what was not -- never as resolved (an unobserved fix is unverified) --
         and left to a person (``stopped``: final, nothing acts on it again)."""
@@ -678,50 +696,55 @@ class IncidentFlow:
         unverified = " (the fix is unverified)" if "apply" in done else ""
         why = (f"stopped on request ({stop}) during the plan: done {', '.join(done) or 'nothing'}; "
                f"not done {', '.join(left)}{unverified}")  # fmt: skip
-        move(self.store, active.incident_id, IncidentState.STOPPED, why, self.host.current_step)
-        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
-                          payload={"stopped": {"reason": stop, "done": done, "not_done": left, "why": reason}})  # fmt: skip
+        self._move(active.incident_id, IncidentState.STOPPED, why, step)
+        self._note(active.incident_id, step, {"stopped": {"reason": stop, "done": done, "not_done": left,
+                                                          "why": reason}})  # fmt: skip
         log.warning("incident_stopped", incident=active.incident_id, done=done, not_done=left, why=stop)
 
-    def _close_plan(self, active: ActivePlan) -> None:
+    def _close_plan(self, active: ActivePlan, now: Now) -> None:
         names = [a.name for a in active.plan.actions]
-        step = self.host.current_step
+        step = now.step
         if names and names[-1] in TERMINAL:
-            move(
-                self.store, active.incident_id, IncidentState.ESCALATED, f"plan ended with {names[-1]}", step
-            )
+            self._move(active.incident_id, IncidentState.ESCALATED, f"plan ended with {names[-1]}", step)
         elif self._dismiss_after:
-            move(self.store, active.incident_id, IncidentState.DISMISSED, "metric artifact: alert only", step)
+            self._move(active.incident_id, IncidentState.DISMISSED, "metric artifact: alert only", step)
         else:
-            move(self.store, active.incident_id, IncidentState.RESOLVED, "every planned action done", step)
-            self._release_block(active.incident_id)
-        self._end_plan()
+            self._move(active.incident_id, IncidentState.RESOLVED, "every planned action done", step)
+            self._out.append(effects.ReleaseLatest(active.incident_id))
+        self._end_plan(now)
 
-    def _release_block(self, incident_id: int) -> None:
-        if self.host.checkpoints is not None:
-            self.host.checkpoints.unblock(incident_id)
-
-    def _end_plan(self) -> None:
+    def _end_plan(self, now: Now) -> None:
         active = self.state.active
         if active is not None:
-            self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=self.host.current_step,
-                              payload={"downtime_s": round(self.host.downtime_now() - active.downtime_from, 2),
-                                       "why": "wall time training did not advance while this incident was "
-                                              "handled (frozen, restarting, held at the end)"})  # fmt: skip
+            self._note(active.incident_id, now.step, {
+                "downtime_s": round(now.downtime_s - active.downtime_from, 2),
+                "why": "wall time training did not advance while this incident was handled (frozen, "
+                       "restarting, held at the end)"})  # fmt: skip
         self._dismiss_after = False
         self.state.active = None
         self._diagnosis = None
-        if self.state.phase is JobPhase.INCIDENT:
-            self.host.set_phase(JobPhase.RUNNING, "no incident is being acted on")
+        self._out.append(
+            effects.SetPhase(JobPhase.RUNNING, "no incident is being acted on", JobPhase.INCIDENT)
+        )
 
-    def close_at_end(self, phase: JobPhase, reason: str) -> None:
+    def close_at_end(self, phase: JobPhase, reason: str, step: int) -> Effects:
         """The job ends: no incident stays open or observing without a recorded reason."""
         # Stopped on request: each incident still open is recorded as stopped, nothing done for it.
         to = IncidentState.STOPPED if phase is JobPhase.STOPPED else IncidentState.ESCALATED
-        for incident in self.store.active(self.host.job.name):
+        for incident in self.store.active(self.job.name):
             why = f"job ended ({phase.value}: {reason}) before the incident was handled"
-            if move(self.store, incident.id, to, why, self.host.current_step):
+            if can_move(self.store, incident.id, to):
+                self._move(incident.id, to, why, step)
                 log.warning("incident_left_for_a_person", incident=incident.id, why=why)
+        return self._take()
+
+    def _move(self, incident_id: int, to: IncidentState, reason: str, step: int | None) -> None:
+        self._out.append(effects.MoveIncident(incident_id, to, reason, step))
+
+    def _note(
+        self, incident_id: int, step: int | None, payload: dict[str, Any], actor: str = "supervisor"
+    ) -> None:
+        self._out.append(effects.RecordEvent(incident_id, EventKind.NOTE, step, payload, actor))
 
     def summary(self) -> dict[str, Any] | None:
         active = self.state.active

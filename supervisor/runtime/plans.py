@@ -2,7 +2,8 @@
 
 Every action: (1) ``prepare`` its memo, (2) write the ``pending`` event with that memo,
 (3) ``start`` it, (4) ``poll`` until it has an outcome, (5) mark the event ``done`` or
-``failed``. The event is keyed by an action id made of (incident, plan number, index,
+``failed``. The runner writes nothing itself: (2) and (5) are effects it returns
+(``BeginAction``, ``FinishAction``), which the controller carries out before it steps again. The event is keyed by an action id made of (incident, plan number, index,
 name), so after a restart an action whose event is ``done`` is skipped and one that is
 ``pending`` is polled (and idempotently re-started) rather than run again.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventStatus, IncidentState
+from supervisor.incidents.states import REOPEN, can_transition
 from supervisor.logging import get_logger
 from supervisor.runtime import effects
 from supervisor.runtime.actions import entry
@@ -31,8 +33,9 @@ def action_id(active: ActivePlan, index: int, name: str) -> str:
 @dataclass(frozen=True)
 class Step:
     """One transition of the active plan: the effects the controller carries out, in order; the
-    failed action's outcome, if one failed; and whether to step again once they are carried out (an
-    action a restarted supervisor re-started is polled after its start's effects, as it was)."""
+    failed action's outcome, if one failed; and whether to step again at once, after them (an action
+    begun starts once its pending event is on disk; one a restarted supervisor re-started is polled
+    once its start's effects are carried out)."""
 
     effects: tuple[effects.Effect, ...] = ()
     failed: Outcome | None = None
@@ -48,6 +51,7 @@ class PlanRunner:
     def __init__(self, incidents: Any) -> None:
         self.incidents = incidents
         self._started: set[str] = set()
+        self._begun: set[str] = set()  # begun in the step before: its start comes next
         self.transitions = 0
         self.began: dict[str, float] = {}
         """Wall time each action began in this process (``status``: how long the current one runs)."""
@@ -63,30 +67,29 @@ class PlanRunner:
         event = self.incidents.event_for_action(active.incident_id, aid)
         # What the action was started with (recorded in its pending event) is what it goes on with.
         params = dict(event.payload.get("params") or pa.params) if event is not None else dict(pa.params)
-        if event is None:
+        if event is None:  # 1. it begins: the incident's move and its pending event, carried out first
             params = self._for_target_used(active, active.index, params)
-            if reg.state is not None:
-                move(
-                    self.incidents,
-                    active.incident_id,
-                    reg.state,
-                    f"action {pa.name} begins",
-                    rt.current_step,
-                )
             memo = ex.prepare(rt, params, aid)
             payload = {"action": pa.name, "params": params, "reason": pa.reason, "memo": memo}
             payload |= reg.report(params, memo)
-            self.incidents.begin(active.incident_id, reg.event, actor="supervisor", step=rt.current_step,
-                                 payload=payload, action_id=aid)  # fmt: skip
+            begins: tuple[effects.Effect, ...] = ()
+            if reg.state is not None:
+                begins = (effects.MoveIncident(active.incident_id, reg.state, f"action {pa.name} begins",
+                                               rt.current_step),)  # fmt: skip
+            begins += (effects.BeginAction(active.incident_id, reg.event, rt.current_step, payload, aid),)
             active.irreversible |= ACTIONS[pa.name].irreversible
             self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             self.transitions += 1
-            return Step(self._start(ex, rt, params, memo, aid))
+            self._begun.add(aid)
+            return Step(begins, again=True)
+        if aid in self._begun:  # 2. ... then it starts, with what its pending event holds
+            self._begun.discard(aid)
+            return Step(self._start(ex, rt, params, memo_of(event), aid))
         if event.status is EventStatus.DONE:
             active.index += 1
             return Step()
-        memo = event.payload.get("memo") or {}
+        memo = memo_of(event)
         if event.status is EventStatus.FAILED and (event.result or {}).get("moot"):
             active.index += 1  # it could no longer matter (e.g. the state it was to save is gone)
             return Step()
@@ -158,12 +161,19 @@ class PlanRunner:
         return params
 
 
+def memo_of(event: Any) -> dict[str, Any]:
+    return dict(event.payload.get("memo") or {})
+
+
+def can_move(incidents: Any, incident_id: int, target: IncidentState) -> bool:
+    """Whether ``move`` would transition the incident (valid from its current state, not a reopen)."""
+    current = incidents.get(incident_id).state
+    return current != target and can_transition(current, target) and (current, target) != REOPEN
+
+
 def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:
     """Transition when valid from the current state (a no-op otherwise, e.g. frozen -> frozen)."""
-    from supervisor.incidents.states import REOPEN, can_transition
-
-    current = incidents.get(incident_id).state
-    if current == target or not can_transition(current, target) or (current, target) == REOPEN:
+    if not can_move(incidents, incident_id, target):
         return False
     incidents.transition(incident_id, target, reason, actor="supervisor", step=step)
     return True

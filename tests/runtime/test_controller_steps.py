@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.runtime.controller import Controller
-from supervisor.runtime.effects import EndJob, FinishAction, NoteOverrides, ReleaseLatest, SetFrozen
+from supervisor.runtime.effects import (
+    BeginAction,
+    EndJob,
+    FinishAction,
+    MoveIncident,
+    NoteOverrides,
+    Persist,
+    RecordEvent,
+    ReleaseLatest,
+    SetFrozen,
+    SetPhase,
+)
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
@@ -21,6 +32,24 @@ from tests.runtime.harness import FakeWorkers
 from tests.runtime.test_controller import record
 
 STEPS = str(Path(__file__).parent / "policies" / "steps.yaml")
+
+
+def planned(rule: str) -> list[Any]:
+    """The flow's effects when incident 1's first plan is made: its note, the phase, then the plan
+    on disk before its first action begins."""
+    return [("note", "plan"), SetPhase(JobPhase.INCIDENT, f"incident 1: plan 1 ({rule})"), Persist()]
+
+
+def begins(action: str, state: str | None = None) -> list[Any]:
+    """The runner's effects when an action begins: the incident's move, then its pending event."""
+    return ([("move", state)] if state else []) + [("begin", action)]
+
+
+def closed(state: str, *then: Any) -> list[Any]:
+    """The flow's effects when incident 1's plan ends: its move, what comes with it, the downtime
+    note, and the job runs on (were it still in the incident)."""
+    phase = SetPhase(JobPhase.RUNNING, "no incident is being acted on", only_from=JobPhase.INCIDENT)
+    return [("move", state), *then, ("note", "downtime_s"), phase]
 
 
 class Loop:
@@ -50,12 +79,17 @@ class Loop:
         return self.ctl.phase, self.ctl.state.frozen, new, [self.shown(e) for e in self.ctl.effects_applied]
 
     def shown(self, effect: Any) -> Any:
-        """An action's event marked done or failed, by its action id (the event's id is the store's)."""
-        if isinstance(effect, FinishAction):
-            return (
-                "failed" if effect.failed else "done",
-                self.ctl.incidents.event(effect.event_id).action_id,
-            )
+        """The incident store's effects in short: an action's event begun, or marked done or failed,
+        by its action id; an incident's move by its target; a note by its payload's first key."""
+        match effect:
+            case FinishAction(event_id, _, failed):
+                return ("failed" if failed else "done", self.ctl.incidents.event(event_id).action_id)
+            case BeginAction(action_id=aid):
+                return ("begin", aid)
+            case MoveIncident(to=to):
+                return ("move", to.value)
+            case RecordEvent(payload=payload):
+                return ("note", next(iter(payload)))
         return effect
 
 
@@ -67,26 +101,30 @@ def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_
     assert loop.step() == (JobPhase.RUNNING, False, [], [])
     loop.records(81, 81, loss=math.nan)
     # The incident is ready at once: its plan starts and its first action issues the freeze.
-    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], [])
+    first = planned("nonfinite") + begins("i1-p1-a0-freeze", "frozen")
+    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], first)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # waiting for the rank
     loop.ack("i1-p1-a0-freeze", 81)
     assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True), ("done", "i1-p1-a0-freeze")])
-    assert loop.step()[2:] == ([], [])  # block_latest begins (a store call, no directive)
+    # block_latest begins (a store call, no directive)
+    assert loop.step()[2:] == ([], begins("i1-p1-a1-block_latest", "frozen"))
     assert loop.ctl.checkpoints.block_state() is not None
     assert loop.step()[2:] == ([], [("done", "i1-p1-a1-block_latest")])  # ... and is done
-    assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], [])
+    assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], begins("i1-p1-a2-apply", "acting"))
     loop.ack("i1-p1-a2-apply", 81)
     fix = NoteOverrides(81, {"grad_clip": 0.5}, "fix of incident 1")
     assert loop.step() == (JobPhase.INCIDENT, True, [], [fix, ("done", "i1-p1-a2-apply")])
     # The observation releases the freeze as it starts, then waits for its 50 steps.
-    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a3-observe-release"], [SetFrozen(False)])
+    observe = [*begins("i1-p1-a3-observe", "observing"), SetFrozen(False)]
+    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a3-observe-release"], observe)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])
     loop.records(82, 131)
     # The window passed: observe done.
     assert loop.step() == (JobPhase.INCIDENT, False, [], [("done", "i1-p1-a3-observe")])
-    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], [])
+    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], begins("i1-p1-a4-resume"))
     loop.ack("i1-p1-a4-resume", 131)
     resumed = [SetFrozen(False), ReleaseLatest(1), ("done", "i1-p1-a4-resume")]
+    resumed += closed("resolved", ReleaseLatest(1))
     assert loop.step() == (JobPhase.RUNNING, False, [], resumed)
     assert loop.ctl.checkpoints.block_state() is None
     loop.workers.events.append(GroupEvent("finished"))
@@ -103,13 +141,16 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     loop.ctl.ingest_batch(0, [spike])
     loop.records(82, 90)  # the steps that confirm it
     phase, _, issued, effects = loop.step()
-    assert phase is JobPhase.INCIDENT and effects == []
+    assert phase is JobPhase.INCIDENT
+    assert effects == planned("fallback") + begins("i1-p1-a0-escalate")
     snapshot, stop = issued
     assert snapshot.endswith("-escalate-snapshot") and stop.endswith("-escalate-stop")
     loop.ack(snapshot, 81)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # the stop is not acknowledged yet
     loop.ack(stop, 81)
-    assert loop.step()[3] == [EndJob("escalated", "not a non-finite step"), ("done", "i1-p1-a0-escalate")]
+    ended = [EndJob("escalated", "not a non-finite step"), ("done", "i1-p1-a0-escalate")]
+    ended += closed("escalated")
+    assert loop.step()[3] == ended
     assert not loop.ctl.phase.is_terminal  # it ends once the workers are down
     loop.workers.events.append(GroupEvent("finished"))
     assert loop.step()[0] is JobPhase.ESCALATED

@@ -14,7 +14,8 @@ from typing import Any
 from supervisor.core.policy.plan import Plan, PlannedAction
 from supervisor.incidents import EventKind, IncidentStore
 from supervisor.runtime.controller import _machinery_diagnosis
-from supervisor.runtime.plans import PlanRunner, action_id
+from supervisor.runtime.effects import BeginAction, MoveIncident
+from supervisor.runtime.plans import PlanRunner, action_id, move
 from supervisor.runtime.state import ActivePlan
 
 
@@ -39,9 +40,23 @@ def runner_at_apply(
     return runner, active, store, issued, rt
 
 
+def advance(runner: PlanRunner, active: ActivePlan, rt: Any, store: IncidentStore) -> None:
+    """One step of the runner, with the incident store's effects carried out as the controller does."""
+    while True:
+        step = runner.advance(active, rt)
+        for e in step.effects:
+            if isinstance(e, MoveIncident):
+                move(store, e.incident, e.to, e.reason, e.step)
+            elif isinstance(e, BeginAction):
+                store.begin(e.incident, e.kind, actor="supervisor", step=e.step, payload=e.payload,
+                            action_id=e.action_id)  # fmt: skip
+        if not step.again:
+            return
+
+
 def test_the_rewarm_is_recomputed_for_the_older_target_the_rollback_used(tmp_path: Path) -> None:
     runner, active, store, issued, rt = runner_at_apply(tmp_path, used=40)
-    runner.advance(active, rt)
+    advance(runner, active, rt, store)
     event = store.event_for_action(active.incident_id, action_id(active, 1, "apply"))
     assert event is not None and event.payload["params"]["warmup_steps"] == 40  # 80 - 40, not 80 - 60
     assert event.payload["params"]["recomputed_for_target"]["planned_target"] == 60
@@ -52,6 +67,6 @@ def test_the_rewarm_is_recomputed_for_the_older_target_the_rollback_used(tmp_pat
 def test_a_rollback_to_the_planned_target_or_a_rewarm_of_its_own_length_is_left_alone(tmp_path: Path) -> None:
     for used, warmup, sub in ((60, 20, "same"), (40, 15, "own")):
         runner, active, store, issued, rt = runner_at_apply(tmp_path / sub, used=used, warmup=warmup)
-        runner.advance(active, rt)
+        advance(runner, active, rt, store)
         event = store.event_for_action(active.incident_id, action_id(active, 1, "apply"))
         assert event is not None and event.payload["params"] == {"lr_scale": 0.5, "warmup_steps": warmup}

@@ -140,7 +140,8 @@ def test_a_plan_remade_before_it_acted_is_the_same_attempt(tmp_path: Path) -> No
     first_rule = active.plan.rule
     d = ctl.flow.active_diagnosis
     for flip in (Severity.LOW if first_rule == "big" else Severity.CRITICAL, d.severity):  # there and back
-        ctl.flow._maybe_replan(ctl.state.active, replace(d, severity=flip))
+        ctl.flow._maybe_replan(ctl.state.active, replace(d, severity=flip), ctl._now())
+        ctl.apply_all(ctl.flow._take())  # its effects (the plan's note), as the loop carries them out
     assert ctl.state.active.plan_no == 3  # both re-makes happened
     assert ctl.state.attempts_of[str(active.incident_id)] == 1
     assert ctl.state.attempts.get(first_rule) == 1 and sum(ctl.state.attempts.values()) == 1
