@@ -70,7 +70,7 @@ class StepAssembler:
 
     def _add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None) -> bool:
         """True when the record now waits for its step."""
-        rec = raw if type(raw) is Record else self._parse(rank, raw)
+        rec = raw if isinstance(raw, Record) else self._parse(rank, raw)
         if rec is None:
             return False
         rank = rec.rank
