@@ -50,7 +50,7 @@ from supervisor.runtime.plans import action_id, move
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, RestartSettings, decide
 from supervisor.runtime.settings import RuntimeSettings, open_traces
-from supervisor.runtime.state import JobPhase, RuntimeState, write_state
+from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, write_state
 from supervisor.runtime.stores import (
     open_checkpoint_store,
     open_incident_store,
@@ -712,12 +712,17 @@ class Controller:
                 self.log.warning("workers_killed", reason=reason, step=self.current_step)
                 self.workers.shutdown()
                 self.ended = True
-            case effects.BeginAction(incident, kind, step, payload, aid):
+            case effects.BeginAction(incident, kind, step, payload, aid, irreversible):
                 self.incidents.begin(
                     incident, kind, actor="supervisor", step=step, payload=payload, action_id=aid
                 )
+                if (active := self._plan_of(incident, None)) is not None:
+                    active.irreversible |= irreversible
             case effects.FinishAction(event_id, result, failed):
                 self.incidents.finish(event_id, result=result, failed=failed)
+            case effects.NextAction(incident, plan_no, index):
+                if (active := self._plan_of(incident, plan_no)) is not None and active.index == index:
+                    active.index += 1
             case effects.MoveIncident(incident, to, reason, step):
                 move(self.incidents, incident, to, reason, step)
             case effects.RecordEvent(incident, kind, step, payload, actor):
@@ -726,6 +731,13 @@ class Controller:
                 self.set_phase(phase, reason)
             case effects.Persist():
                 self.persist(force=True)
+
+    def _plan_of(self, incident: int, plan_no: int | None) -> ActivePlan | None:
+        """The active plan, if it is incident ``incident``'s (and its plan ``plan_no``)."""
+        active = self.state.active
+        if active is None or active.incident_id != incident or plan_no not in (None, active.plan_no):
+            return None
+        return active
 
     def _now(self) -> Now:
         """What the incident flow reads of the job at this moment (``incidents.Now``)."""

@@ -78,6 +78,8 @@ class BeginAction:
     step: int
     payload: dict[str, Any]
     action_id: str
+    irreversible: bool = False
+    """Once it began, a changed diagnosis no longer re-makes the plan (``ActivePlan.irreversible``)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,16 @@ class FinishAction:
     event_id: int
     result: dict[str, Any]
     failed: bool
+
+
+@dataclass(frozen=True)
+class NextAction:
+    """The active plan (incident ``incident``'s plan ``plan_no``) moves past its action ``index``:
+    done, or moot."""
+
+    incident: int
+    plan_no: int
+    index: int
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,7 @@ Effect = (
     | KillWorkers
     | BeginAction
     | FinishAction
+    | NextAction
     | MoveIncident
     | RecordEvent
     | SetPhase

@@ -612,14 +612,13 @@ class IncidentFlow:
         if why is None:
             self._count_attempt(active.incident_id, old_rule, +1)
             return
-        self.store.record(active.incident_id, EventKind.NOTE, actor="supervisor", step=now.step,
-                          payload={"plan_remade": why})  # fmt: skip
+        self._note(active.incident_id, now.step, {"plan_remade": why})
         log.warning("plan_remade", incident=active.incident_id, why=why)
         prefix = f"i{active.incident_id}-p{active.plan_no}-"
         for ev in self.store.pending_events(active.incident_id):  # the old plan's action in flight
             if (ev.action_id or "").startswith(prefix):
-                self.store.finish(ev.id, result={"reason": f"superseded by plan {active.plan_no + 1}: {why}"},
-                                  failed=True)  # fmt: skip
+                superseded = {"reason": f"superseded by plan {active.plan_no + 1}: {why}"}
+                self._out.append(effects.FinishAction(ev.id, superseded, failed=True))
         self._start_plan(active.incident_id, d, now, plan_no=active.plan_no + 1,
                          observation_failures=active.observation_failures)  # fmt: skip
 

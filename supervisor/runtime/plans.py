@@ -46,7 +46,8 @@ class PlanRunner:
     """Advances the active plan by at most one action transition per call. The executors read the
     job through ``rt`` (passed per call) and return what they do to it as effects; the runner
     returns them (``Step``) and the controller carries them out -- an outcome's before the
-    ``FinishAction`` that marks its action done."""
+    ``FinishAction`` that marks its action done and the ``NextAction`` that moves the plan on. The
+    runner changes neither the incident store nor the plan itself."""
 
     def __init__(self, incidents: Any) -> None:
         self.incidents = incidents
@@ -67,6 +68,8 @@ class PlanRunner:
         event = self.incidents.event_for_action(active.incident_id, aid)
         # What the action was started with (recorded in its pending event) is what it goes on with.
         params = dict(event.payload.get("params") or pa.params) if event is not None else dict(pa.params)
+        if event is None and aid in self._begun:  # never step it again blind: that would loop
+            raise RuntimeError(f"action {aid} began, but its pending event is not in the incident store")
         if event is None:  # 1. it begins: the incident's move and its pending event, carried out first
             params = self._for_target_used(active, active.index, params)
             memo = ex.prepare(rt, params, aid)
@@ -76,8 +79,8 @@ class PlanRunner:
             if reg.state is not None:
                 begins = (effects.MoveIncident(active.incident_id, reg.state, f"action {pa.name} begins",
                                                rt.current_step),)  # fmt: skip
-            begins += (effects.BeginAction(active.incident_id, reg.event, rt.current_step, payload, aid),)
-            active.irreversible |= ACTIONS[pa.name].irreversible
+            begins += (effects.BeginAction(active.incident_id, reg.event, rt.current_step, payload, aid,
+                                           ACTIONS[pa.name].irreversible),)  # fmt: skip
             self.began[aid] = time.time()
             log.info("action_started", incident=active.incident_id, action=pa.name, reason=pa.reason, id=aid)
             self.transitions += 1
@@ -86,13 +89,12 @@ class PlanRunner:
         if aid in self._begun:  # 2. ... then it starts, with what its pending event holds
             self._begun.discard(aid)
             return Step(self._start(ex, rt, params, memo_of(event), aid))
+        next_action = effects.NextAction(active.incident_id, active.plan_no, active.index)
         if event.status is EventStatus.DONE:
-            active.index += 1
-            return Step()
+            return Step((next_action,))
         memo = memo_of(event)
         if event.status is EventStatus.FAILED and (event.result or {}).get("moot"):
-            active.index += 1  # it could no longer matter (e.g. the state it was to save is gone)
-            return Step()
+            return Step((next_action,))  # it could no longer matter (e.g. the state it was to save is gone)
         if event.status is EventStatus.FAILED:
             result = event.result or {}
             reason = str(result.get("reason", "failed"))
@@ -120,8 +122,7 @@ class PlanRunner:
         # The outcome's effects before the event is marked done: a restart never skips one.
         finish = effects.FinishAction(event.id, result, failed=not out.ok)
         if out.ok:
-            active.index += 1
-            return Step((*out.effects, finish))
+            return Step((*out.effects, finish, next_action))
         return Step((*out.effects, finish), failed=out)
 
     def _start(

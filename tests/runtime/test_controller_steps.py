@@ -18,6 +18,7 @@ from supervisor.runtime.effects import (
     EndJob,
     FinishAction,
     MoveIncident,
+    NextAction,
     NoteOverrides,
     Persist,
     RecordEvent,
@@ -43,6 +44,11 @@ def planned(rule: str) -> list[Any]:
 def begins(action: str, state: str | None = None) -> list[Any]:
     """The runner's effects when an action begins: the incident's move, then its pending event."""
     return ([("move", state)] if state else []) + [("begin", action)]
+
+
+def done(action: str) -> list[Any]:
+    """The runner's effects when an action is done: its event marked done, then the plan moves past it."""
+    return [("done", action), ("next", int(action.split("-")[2][1:]))]
 
 
 def closed(state: str, *then: Any) -> list[Any]:
@@ -80,10 +86,13 @@ class Loop:
 
     def shown(self, effect: Any) -> Any:
         """The incident store's effects in short: an action's event begun, or marked done or failed,
-        by its action id; an incident's move by its target; a note by its payload's first key."""
+        by its action id; the plan moving past an action by its index; an incident's move by its
+        target; a note by its payload's first key."""
         match effect:
             case FinishAction(event_id, _, failed):
                 return ("failed" if failed else "done", self.ctl.incidents.event(event_id).action_id)
+            case NextAction(index=index):
+                return ("next", index)
             case BeginAction(action_id=aid):
                 return ("begin", aid)
             case MoveIncident(to=to):
@@ -105,25 +114,25 @@ def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], first)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # waiting for the rank
     loop.ack("i1-p1-a0-freeze", 81)
-    assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True), ("done", "i1-p1-a0-freeze")])
+    assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True), *done("i1-p1-a0-freeze")])
     # block_latest begins (a store call, no directive)
     assert loop.step()[2:] == ([], begins("i1-p1-a1-block_latest", "frozen"))
     assert loop.ctl.checkpoints.block_state() is not None
-    assert loop.step()[2:] == ([], [("done", "i1-p1-a1-block_latest")])  # ... and is done
+    assert loop.step()[2:] == ([], done("i1-p1-a1-block_latest"))  # ... and is done
     assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], begins("i1-p1-a2-apply", "acting"))
     loop.ack("i1-p1-a2-apply", 81)
     fix = NoteOverrides(81, {"grad_clip": 0.5}, "fix of incident 1")
-    assert loop.step() == (JobPhase.INCIDENT, True, [], [fix, ("done", "i1-p1-a2-apply")])
+    assert loop.step() == (JobPhase.INCIDENT, True, [], [fix, *done("i1-p1-a2-apply")])
     # The observation releases the freeze as it starts, then waits for its 50 steps.
     observe = [*begins("i1-p1-a3-observe", "observing"), SetFrozen(False)]
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a3-observe-release"], observe)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])
     loop.records(82, 131)
     # The window passed: observe done.
-    assert loop.step() == (JobPhase.INCIDENT, False, [], [("done", "i1-p1-a3-observe")])
+    assert loop.step() == (JobPhase.INCIDENT, False, [], done("i1-p1-a3-observe"))
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], begins("i1-p1-a4-resume"))
     loop.ack("i1-p1-a4-resume", 131)
-    resumed = [SetFrozen(False), ReleaseLatest(1), ("done", "i1-p1-a4-resume")]
+    resumed = [SetFrozen(False), ReleaseLatest(1), *done("i1-p1-a4-resume")]
     resumed += closed("resolved", ReleaseLatest(1))
     assert loop.step() == (JobPhase.RUNNING, False, [], resumed)
     assert loop.ctl.checkpoints.block_state() is None
@@ -148,7 +157,7 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     loop.ack(snapshot, 81)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # the stop is not acknowledged yet
     loop.ack(stop, 81)
-    ended = [EndJob("escalated", "not a non-finite step"), ("done", "i1-p1-a0-escalate")]
+    ended = [EndJob("escalated", "not a non-finite step"), *done("i1-p1-a0-escalate")]
     ended += closed("escalated")
     assert loop.step()[3] == ended
     assert not loop.ctl.phase.is_terminal  # it ends once the workers are down
