@@ -723,6 +723,11 @@ class Controller:
             case effects.NextAction(incident, plan_no, index):
                 if (active := self._plan_of(incident, plan_no)) is not None and active.index == index:
                     active.index += 1
+            case effects.AmendPlan(incident, plan_no, plan):
+                if (active := self._plan_of(incident, plan_no)) is not None:
+                    active.plan = plan
+            case effects.EndPlan():
+                self.state.active = None
             case effects.MoveIncident(incident, to, reason, step):
                 move(self.incidents, incident, to, reason, step)
             case effects.RecordEvent(incident, kind, step, payload, actor):

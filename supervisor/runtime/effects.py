@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.core.policy import Plan
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.state import JobPhase
 
@@ -103,6 +104,21 @@ class NextAction:
 
 
 @dataclass(frozen=True)
+class AmendPlan:
+    """The active plan (incident ``incident``'s plan ``plan_no``) goes on as ``plan`` (after a failed
+    action, its ``on_failure`` follow-up in place of the rest)."""
+
+    incident: int
+    plan_no: int
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class EndPlan:
+    """No plan is active any more: no incident is acted on until the next one's plan is made."""
+
+
+@dataclass(frozen=True)
 class MoveIncident:
     """Incident ``incident`` moves to ``to`` when the move is valid from its state then (a no-op
     otherwise, e.g. frozen -> frozen); the store records the reason with the move."""
@@ -150,6 +166,8 @@ Effect = (
     | BeginAction
     | FinishAction
     | NextAction
+    | AmendPlan
+    | EndPlan
     | MoveIncident
     | RecordEvent
     | SetPhase

@@ -653,14 +653,15 @@ class IncidentFlow:
             self._start_plan(active.incident_id, self.active_diagnosis, now, plan_no=active.plan_no + 1,
                              observation_failures=active.observation_failures + 1)  # fmt: skip
             return
+        past = effects.NextAction(active.incident_id, active.plan_no, active.index)
         if pa.on_failure == "continue":
-            active.index += 1
+            self._out.append(past)
             return
         follow = "stop" if pa.on_failure == "stop" else "escalate"
         rest = PlannedAction(follow, {"message": f"{pa.name} failed: {out.reason}"},
                              f"on_failure={pa.on_failure} of action {pa.name}", "stop")  # fmt: skip
-        active.plan = replace(active.plan, actions=active.plan.actions[: active.index + 1] + (rest,))
-        active.index += 1
+        amended = replace(active.plan, actions=active.plan.actions[: active.index + 1] + (rest,))
+        self._out += [effects.AmendPlan(active.incident_id, active.plan_no, amended), past]
 
     def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str, now: Now) -> None:
         """Training ended under the plan: what was left is recorded as skipped, never as done."""
@@ -720,11 +721,11 @@ class IncidentFlow:
                 "why": "wall time training did not advance while this incident was handled (frozen, "
                        "restarting, held at the end)"})  # fmt: skip
         self._dismiss_after = False
-        self.state.active = None
         self._diagnosis = None
-        self._out.append(
-            effects.SetPhase(JobPhase.RUNNING, "no incident is being acted on", JobPhase.INCIDENT)
-        )
+        self._out += [
+            effects.EndPlan(),
+            effects.SetPhase(JobPhase.RUNNING, "no incident is being acted on", JobPhase.INCIDENT),
+        ]
 
     def close_at_end(self, phase: JobPhase, reason: str, step: int) -> Effects:
         """The job ends: no incident stays open or observing without a recorded reason."""

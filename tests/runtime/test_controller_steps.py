@@ -16,6 +16,7 @@ from supervisor.runtime.controller import Controller
 from supervisor.runtime.effects import (
     BeginAction,
     EndJob,
+    EndPlan,
     FinishAction,
     MoveIncident,
     NextAction,
@@ -53,9 +54,9 @@ def done(action: str) -> list[Any]:
 
 def closed(state: str, *then: Any) -> list[Any]:
     """The flow's effects when incident 1's plan ends: its move, what comes with it, the downtime
-    note, and the job runs on (were it still in the incident)."""
+    note, the plan ended, and the job runs on (were it still in the incident)."""
     phase = SetPhase(JobPhase.RUNNING, "no incident is being acted on", only_from=JobPhase.INCIDENT)
-    return [("move", state), *then, ("note", "downtime_s"), phase]
+    return [("move", state), *then, ("note", "downtime_s"), EndPlan(), phase]
 
 
 class Loop:
