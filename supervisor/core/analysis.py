@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
-from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, Incident, lr_still_raised
+from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, IncidentTrack, lr_still_raised
 from supervisor.core.extremes import Extreme, RunExtremes
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.learning import SourceLearning, Stall
@@ -107,8 +107,8 @@ class StreamingAnalyzer:
         self.settings = settings or DetectorSettings()
         self.detector = Detector(self.settings)
         self.recent: deque[Signals] = deque(maxlen=self.settings.lookback + 8)
-        self.incidents: list[Incident] = []
-        self.open: Incident | None = None
+        self.incidents: list[IncidentTrack] = []
+        self.open: IncidentTrack | None = None
         self.benign: list[BenignShift] = []
         self.watch = ShiftWatch(self.settings)
         self.last_step: int | None = None
@@ -165,8 +165,6 @@ class StreamingAnalyzer:
         self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, raw)
         self.extremes.push(step, sig.lr_norm, upd, raw)
         self.last_step = step
-        if self.known.skipped(step):
-            return updates  # the supervisor set this batch aside: neither evidence nor baseline
         ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize
         missing = ranks < self.rank_count and _ranks_missing(records)
         if not missing:
@@ -338,7 +336,7 @@ class StreamingAnalyzer:
             return None
         return trig
 
-    def _continue(self, inc: Incident, sig: Signals) -> list[IncidentUpdate]:
+    def _continue(self, inc: IncidentTrack, sig: Signals) -> list[IncidentUpdate]:
         st = self.settings
         inc.observe(sig, self._in_band(inc, sig), st)
         updates: list[IncidentUpdate] = []
@@ -360,7 +358,7 @@ class StreamingAnalyzer:
             updates.append(self._update("refined", inc))
         return updates
 
-    def _close(self, inc: Incident) -> list[IncidentUpdate]:
+    def _close(self, inc: IncidentTrack) -> list[IncidentUpdate]:
         inc.closed = True
         self.open = None
         if not inc.ready:
@@ -389,7 +387,7 @@ class StreamingAnalyzer:
         d = self.detector.intervals
         return max(1, int(round(d.median()))) if len(d) else 1
 
-    def _in_band(self, inc: Incident, sig: Signals) -> bool:
+    def _in_band(self, inc: IncidentTrack, sig: Signals) -> bool:
         s, band = sig.summary, self.settings.band_z
         if s.nonfinite:
             return False
@@ -419,7 +417,7 @@ class StreamingAnalyzer:
             return False  # the LR that jumped is still up and the updates show it: not over yet
         return not (sig.loss_z >= band)
 
-    def _new_incident(self, sig: Signals, trig: Trigger) -> Incident:
+    def _new_incident(self, sig: Signals, trig: Trigger) -> IncidentTrack:
         st = self.settings
         s = sig.summary
         first = locate_first(self.recent, st, trig.rule, self.detector_interval())
@@ -456,7 +454,7 @@ class StreamingAnalyzer:
             elif self._stall is not None and self._stall.name == trig.source:
                 facts.source_offset = self._stall.offset
                 facts.source_stall = (self._stall.own_fall, self._stall.others_fall)
-        inc = Incident(
+        inc = IncidentTrack(
             key=len(self.incidents) + 1,
             onset_step=first.step,
             detected_step=s.step,
@@ -527,7 +525,7 @@ class StreamingAnalyzer:
             z=round(z, 2) if math.isfinite(z) else None,
         )
 
-    def _localize(self, inc: Incident, sig: Signals, first_rank: int | None) -> None:
+    def _localize(self, inc: IncidentTrack, sig: Signals, first_rank: int | None) -> None:
         """rank_local / first_rank and the suspect samples (that rank's batch at the first abnormal step)."""
         st, s, f = self.settings, sig.summary, inc.facts
         if s.checksum_minority:
@@ -565,7 +563,7 @@ class StreamingAnalyzer:
             rec = onset_sig.summary.records[0]
         inc.suspect_samples = list(rec.samples or [])[:MAX_SUSPECTS] if rec is not None else []
 
-    def _update(self, kind: UpdateKind, inc: Incident) -> IncidentUpdate:
+    def _update(self, kind: UpdateKind, inc: IncidentTrack) -> IncidentUpdate:
         diag = inc.diagnosis(self.settings)
         self._emitted[inc.key] = _fingerprint(diag)
         # Debug level: offline analysis of a long trace must not flood stderr; the runtime logs its own.
@@ -583,7 +581,7 @@ class StreamingAnalyzer:
         )
         return IncidentUpdate(kind, inc.key, diag)
 
-    def _changed(self, inc: Incident) -> bool:
+    def _changed(self, inc: IncidentTrack) -> bool:
         diag = inc.diagnosis(self.settings)
         return self._emitted.get(inc.key) != _fingerprint(diag)
 
@@ -663,11 +661,6 @@ class StreamingAnalyzer:
             self._arm_lr_fault()
         self._observe(step, observe_steps)
 
-    def note_skipped(self, first: int, last: int | None = None, *, reason: str = "") -> None:
-        """Steps ``first``..``last`` train on batches the supervisor set aside (skipped or excluded):
-        any records of them neither open an incident nor enter a baseline."""
-        self.known.add(Intervention("skip", first, last=last if last is not None else first, reason=reason))
-
     def lr_multiplier(self, step: int) -> float:
         """The supervisor's own LR factor at ``step`` (1.0 when it changed nothing)."""
         return self.known.lr_multiplier(step)
@@ -739,7 +732,7 @@ class StreamingAnalyzer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
-        self.incidents = [Incident.from_state(d) for d in state["incidents"]]
+        self.incidents = [IncidentTrack.from_state(d) for d in state["incidents"]]
         key = state.get("open")
         self.open = next((i for i in self.incidents if i.key == key), None)
         self.benign = [BenignShift(**b) for b in state.get("benign", [])]

@@ -16,7 +16,7 @@ from supervisor.core.model import Cause, CauseScore, Phenotype
 from supervisor.core.trigger import SOURCE_PERSIST
 
 
-def typical_step(inc: Incident) -> int:
+def typical_step(inc: IncidentTrack) -> int:
     """The usual distance between logged steps of an incident (1 for per-step telemetry)."""
     steps = [p.step for p in inc.trajectory]
     gaps = sorted(b - a for a, b in zip(steps, steps[1:], strict=False) if b > a)
@@ -24,7 +24,7 @@ def typical_step(inc: Incident) -> int:
 
 
 if TYPE_CHECKING:
-    from supervisor.core.diagnose import Incident
+    from supervisor.core.diagnose import IncidentTrack
 
 #: Weight of each piece of evidence (one row per rule in ``rank_causes``).
 W = {
@@ -53,14 +53,13 @@ W = {
     "no_history": 0.1,
 }
 
-_PRIOR = {
+#: The cause each phenotype lends its prior to; its first evidence sentence describes the curve.
+PHENOTYPE_PRIOR = {
     Phenotype.TRANSIENT: Cause.DATA,
     Phenotype.PERIODIC: Cause.DATA,
     Phenotype.SLOW_RECOVERY: Cause.OPTIMIZER,
     Phenotype.DIVERGENCE: Cause.OPTIMIZER,
 }
-#: The cause each phenotype lends its prior to; its first evidence sentence describes the curve.
-PHENOTYPE_PRIOR = _PRIOR
 
 
 def _g(x: float) -> str:
@@ -102,13 +101,15 @@ def _lr_back_text(back: tuple[int, float, float, int | None], before: tuple[int,
     )
 
 
-def rank_causes(inc: Incident, phen: Phenotype, settings: DetectorSettings | None = None) -> list[CauseScore]:
+def rank_causes(
+    inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings | None = None
+) -> list[CauseScore]:
     from supervisor.core.diagnose import persistent_rank_fault
 
     settings = settings or DetectorSettings()
     f = inc.facts
     b = _Board()
-    prior = _PRIOR[phen]
+    prior = PHENOTYPE_PRIOR[phen]
     if f.lr_back is not None:  # the first abnormal quantity, and why the fix did not hold
         b.add(Cause.OPTIMIZER, "lr_back", _lr_back_text(f.lr_back, f.lr_before))
     b.add(prior, "phenotype", _phenotype_text(inc, phen))
@@ -205,7 +206,7 @@ THIN = (
 )
 
 
-def _phenotype_text(inc: Incident, phen: Phenotype) -> str:
+def _phenotype_text(inc: IncidentTrack, phen: Phenotype) -> str:
     f = inc.facts
     base, peak = f.baseline_loss, f.peak_loss
     shape = f"loss {_g(base)} -> {_g(peak)} at step {inc.peak_step}" if base and peak else "loss spike"
@@ -221,7 +222,7 @@ def _phenotype_text(inc: Incident, phen: Phenotype) -> str:
     return f"{shape}; back in band within {max(0, (inc.end_step or inc.peak_step) - inc.peak_step)} steps"
 
 
-def calm_grads(inc: Incident) -> bool:
+def calm_grads(inc: IncidentTrack) -> bool:
     """Grad norm and update ratio stayed normal from onset to the loss peak (only when they are logged)."""
     f = inc.facts
     if not f.grad_known or f.update_spike is not None or f.nonfinite_step is not None:
@@ -232,7 +233,7 @@ def calm_grads(inc: Incident) -> bool:
     return bool(ratios) and max(ratios) < 2.0
 
 
-def _grad_lead(inc: Incident) -> str | None:
+def _grad_lead(inc: IncidentTrack) -> str | None:
     """Grad norm out of band before the loss peaked: the BLOOM-31219 pattern (instability builds up first)."""
     before = [p for p in inc.trajectory if p.step < inc.peak_step and p.grad is not None]
     first = next((p for p in before if p.grad is not None and p.grad >= 3.0), None)
@@ -245,7 +246,7 @@ def _grad_lead(inc: Incident) -> str | None:
     return text
 
 
-def _numeric(inc: Incident, b: _Board) -> None:
+def _numeric(inc: IncidentTrack, b: _Board) -> None:
     f = inc.facts
     if f.nonfinite_step is not None:
         where = f" in `{f.nonfinite_at}`" if f.nonfinite_at else ""
@@ -288,7 +289,7 @@ def _numeric(inc: Incident, b: _Board) -> None:
             )
 
 
-def _metric(inc: Incident, b: _Board, calm: bool) -> None:
+def _metric(inc: IncidentTrack, b: _Board, calm: bool) -> None:
     f = inc.facts
     if f.misreport is not None:
         step, rank, rep, true = f.misreport

@@ -1,6 +1,6 @@
 """One incident from onset to close: the facts gathered step by step, and the diagnosis made of them.
 
-An ``Incident`` only accumulates facts (numbers, steps, ranks) as ``Signals`` arrive; the
+An ``IncidentTrack`` only accumulates facts (numbers, steps, ranks) as ``Signals`` arrive; the
 phenotype (``classify``), the ranked causes (``supervisor.core.causes``) and the severity are
 pure functions of those facts, recomputed whenever a diagnosis is asked for. That is what lets
 the preliminary diagnosis at "opened" be refined into the final one without special cases.
@@ -93,8 +93,9 @@ class Facts:
 
 
 @dataclass(slots=True)
-class Incident:
-    """The mutable state of one incident (one key), open or closed."""
+class IncidentTrack:
+    """The detector's mutable state of one incident (one key), open or closed; the stored record
+    of an incident, with its timeline, is ``supervisor.incidents.Incident``."""
 
     key: int
     onset_step: int
@@ -212,11 +213,8 @@ class Incident:
             return min(self.onset_step, self.facts.rise_from)
         return self.onset_step
 
-    def classify(self, settings: DetectorSettings) -> Phenotype:
-        return classify(self, settings)
-
     def diagnosis(self, settings: DetectorSettings) -> Diagnosis:
-        phen = self.classify(settings)
+        phen = classify(self, settings)
         causes = rank_causes(self, phen, settings)
         nonfinite = self.facts.nonfinite_step is not None
         return Diagnosis(
@@ -244,7 +242,7 @@ class Incident:
         return d
 
     @classmethod
-    def from_state(cls, d: dict[str, Any]) -> Incident:
+    def from_state(cls, d: dict[str, Any]) -> IncidentTrack:
         d = dict(d)
         d["first_anomaly"] = FirstAnomaly(**d["first_anomaly"])
         facts = dict(d["facts"])
@@ -344,7 +342,7 @@ def _note_source(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         f.source = (name, z, sig.summary.sources[name][1])
 
 
-def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
+def classify(inc: IncidentTrack, settings: DetectorSettings) -> Phenotype:
     """The phenotype from the trajectory after onset (the shape of the curve, not its cause)."""
     if inc.period is not None:
         return Phenotype.PERIODIC
@@ -398,7 +396,7 @@ def classify(inc: Incident, settings: DetectorSettings) -> Phenotype:
 LR_RAISED = 1.5
 
 
-def lr_still_raised(inc: Incident) -> bool:
+def lr_still_raised(inc: IncidentTrack) -> bool:
     """The LR rose by ``LR_RAISED``x or more against the step before onset, and the latest step of
     the incident still runs at that raised LR: the loss coming back does not end the fault. An LR
     that fell back from its raised value by half the rise or more (in log units) is back on its
@@ -413,7 +411,7 @@ def lr_still_raised(inc: Incident) -> bool:
     return last >= f.lr_before[1] * math.sqrt(f.lr_rise[1])
 
 
-def source_persisting(inc: Incident, settings: DetectorSettings) -> bool:
+def source_persisting(inc: IncidentTrack, settings: DetectorSettings) -> bool:
     """A source-local incident (rule ``source``) whose source is still out of its band at most of
     the last ``transient_steps`` steps: one noisy appearance back in band (a source has few samples
     a step) is no recovery."""
@@ -427,7 +425,7 @@ def source_persisting(inc: Incident, settings: DetectorSettings) -> bool:
 PERSIST_STEPS = 20
 
 
-def persistent_rank_fault(inc: Incident, settings: DetectorSettings) -> bool:
+def persistent_rank_fault(inc: IncidentTrack, settings: DetectorSettings) -> bool:
     """The incident's rank has stood out from the others at (nearly) every step since onset, for
     ``PERSIST_STEPS`` steps and up to now: a failing rank, not a bad batch."""
     if not inc.rank_local:
@@ -472,7 +470,7 @@ def _never_recovering(traj: list[Point], onset: int) -> bool:
     return m1 > 0 and m3 >= 0.8 * m1
 
 
-def _abrupt(traj: list[Point], recovered: Point, inc: Incident) -> bool:
+def _abrupt(traj: list[Point], recovered: Point, inc: IncidentTrack) -> bool:
     """The step before returning to band was still at >= half the peak excess: input-driven, not model decay.
 
     Only when that step is the previous logged one: across a gap in the log the path is unknown.
@@ -489,7 +487,7 @@ BLIP_MAX_JUMP = math.log(1.5)
 BLIP_MAX_GRAD = 10.0
 
 
-def _blip(inc: Incident) -> bool:
+def _blip(inc: IncidentTrack) -> bool:
     """Only the peak step rose, the next logged step is back in band, no rank stood out,
     nothing was non-finite, and neither the loss nor the gradients moved by much."""
     f = inc.facts
@@ -510,7 +508,7 @@ def _blip(inc: Incident) -> bool:
     return after[0].step - inc.peak_step <= typical_step(inc)
 
 
-def acted_on(inc: Incident) -> str | None:
+def acted_on(inc: IncidentTrack) -> str | None:
     """The first specific finding a policy acts on whatever the size of the loss's reaction, or None:
     non-finite values, an LR jump or rise, an update-ratio jump, disagreeing replicas, a rank or a
     source that deviated on its own, a restore just before the onset, a collapsing loss scale. Each names where the fault is
@@ -529,7 +527,7 @@ def acted_on(inc: Incident) -> str | None:
     return next((name for name, hit in found if hit), None)
 
 
-def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
+def severity(inc: IncidentTrack, phen: Phenotype, top: str | None) -> Severity:
     """How bad it is for training (not how sure we are): drives what a policy may do. ``low`` is a
     note; ``medium`` and above mean the policy will act, so a specific finding (``acted_on``) is
     never below ``medium``, however small the loss's reaction (a 30x LR under Adam can leave the
@@ -540,7 +538,7 @@ def severity(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
     return Severity.MEDIUM
 
 
-def _severity_of_shape(inc: Incident, phen: Phenotype, top: str | None) -> Severity:
+def _severity_of_shape(inc: IncidentTrack, phen: Phenotype, top: str | None) -> Severity:
     """Severity from the curve's shape and size alone."""
     if top == "metric_artifact":
         return Severity.LOW

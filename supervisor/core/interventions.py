@@ -4,13 +4,10 @@ The supervisor changes a run on purpose: it rolls back, scales the LR, re-warms 
 number of steps, changes the clip, excludes or skips batches. Each of these moves a metric
 the detector watches (a re-warm ramps the LR and with it the update ratio; a new clip moves
 the update norm). ``Interventions`` keeps these known changes, in timeline order, and answers
-the two questions the detector asks of every step:
-
-* ``lr_multiplier(step)``: by how much the supervisor scaled this step's LR. The detector
-  divides it out of the logged LR and update ratio, so an intended ramp is never an LR jump
-  and the update ratio stays comparable with its healthy baseline.
-* ``skipped(step)``: the supervisor told the workers not to train on this step's batch; the
-  step neither opens an incident nor enters a baseline.
+the question the detector asks of every step, ``lr_multiplier(step)``: by how much the
+supervisor scaled this step's LR. The detector divides it out of the logged LR and update
+ratio, so an intended ramp is never an LR jump and the update ratio stays comparable with its
+healthy baseline.
 
 The multiplier mirrors the SDK's steering (``supervisor.sdk.steering.Steering.lr_multiplier``):
 ``lr_scale * min(1, (step - from_step) / warmup_steps)``, where the latest ``lr_scale`` and the
@@ -23,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-InterventionKind = Literal["rollback", "override", "skip"]
+InterventionKind = Literal["rollback", "override"]
 
 #: Interventions kept (oldest dropped first): a runaway loop must not grow the saved state.
 MAX_KEPT = 256
@@ -42,7 +39,6 @@ class Intervention:
     warmup_steps: int | None = None
     grad_clip: float | None = None
     data: bool = False  # exclusions or skipped batches changed what data the run sees
-    last: int | None = None  # "skip": the last step of the skipped range (``step`` is the first)
     from_step: int | None = None  # "rollback": the step training was at
     reason: str = ""
 
@@ -83,22 +79,12 @@ class Interventions:
             scale *= min(1.0, (step - warm[0]) / warm[1])
         return scale
 
-    def ramping(self, step: int) -> bool:
-        """A re-warm is still raising this step's LR."""
-        for x in reversed(self.log):
-            if x.kind == "override" and x.warmup_steps and x.step < step:
-                return step - x.step < x.warmup_steps
-        return False
-
     def ramp_left(self, step: int) -> int:
         """Steps of a re-warm still to run after ``step`` (0 when none is ramping)."""
         for x in reversed(self.log):
             if x.kind == "override" and x.warmup_steps and x.step <= step:
                 return max(0, x.step + x.warmup_steps - step)
         return 0
-
-    def skipped(self, step: int) -> bool:
-        return any(x.kind == "skip" and x.step <= step <= (x.last or x.step) for x in self.log)
 
     def state_dict(self) -> list[dict[str, Any]]:
         return [x.to_json() for x in self.log]

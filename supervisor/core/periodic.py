@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from supervisor.core.detect import DetectorSettings
-from supervisor.core.diagnose import MAX_SUSPECTS, Incident
+from supervisor.core.diagnose import MAX_SUSPECTS, IncidentTrack
 
 #: Shortest period we call periodic: anything closer is one incident's aftershock (or a burst).
 MIN_PERIOD = 20
@@ -34,12 +34,12 @@ LIKENESS = 0.5
 
 
 def attach_periodic(
-    incidents: list[Incident],
-    new: Incident,
+    incidents: list[IncidentTrack],
+    new: IncidentTrack,
     st: DetectorSettings,
     excursions: Sequence[Excursion] = (),
     interval: int = 1,
-) -> tuple[Incident, list[Incident]]:
+) -> tuple[IncidentTrack, list[IncidentTrack]]:
     """Returns (the incident the new occurrence belongs to, incidents merged away into it)."""
     # Only earlier onsets: after a rollback the abandoned timeline's incidents lie ahead of a
     # re-run step, and a fault that recurs at its old step is a recurrence, not a period.
@@ -72,9 +72,9 @@ def attach_periodic(
 
 
 def _chain(
-    head: Incident, others: list[Incident], new: Incident, period: int,
+    head: IncidentTrack, others: list[IncidentTrack], new: IncidentTrack, period: int,
     excursions: Sequence[Excursion], tol: int,
-) -> Incident:  # fmt: skip
+) -> IncidentTrack:  # fmt: skip
     head.period = period
     head.facts.occurrences = [head.onset_step, *(o.onset_step for o in others)]
     for o in others:
@@ -85,7 +85,7 @@ def _chain(
     return head
 
 
-def _extend_back(head: Incident, excursions: Sequence[Excursion], tol: int, like: Incident) -> None:
+def _extend_back(head: IncidentTrack, excursions: Sequence[Excursion], tol: int, like: IncidentTrack) -> None:
     """``like``: the weakest occurrence seen as an incident; an excursion must look like it."""
     # Earlier excursions on the chain's spacing are its first occurrences: the onset moves back.
     while True:
@@ -96,7 +96,7 @@ def _extend_back(head: Incident, excursions: Sequence[Excursion], tol: int, like
         head.onset_step = hit
 
 
-def _excursion_at(excursions: Sequence[Excursion], step: int, tol: int, like: Incident) -> int | None:
+def _excursion_at(excursions: Sequence[Excursion], step: int, tol: int, like: IncidentTrack) -> int | None:
     size = like.peak_excess if like.peak_excess > 0 else 0.0
     for s, rank, excess in excursions:
         if abs(s - step) > tol or excess < LIKENESS * size:
@@ -110,14 +110,14 @@ def _fits(gap: int, period: int, tol: int) -> bool:
     return abs(gap - period) <= tol
 
 
-def _alike(a: Incident, b: Incident) -> bool:
+def _alike(a: IncidentTrack, b: IncidentTrack) -> bool:
     """Occurrences of one fault: rank-local ones on the same rank (others are not told apart)."""
     if a.rank_local and b.rank_local:
         return a.first_rank == b.first_rank
     return True
 
 
-def _absorb(head: Incident, other: Incident) -> None:
+def _absorb(head: IncidentTrack, other: IncidentTrack) -> None:
     if other.peak_excess > head.peak_excess:
         head.peak_excess, head.peak_step = other.peak_excess, other.peak_step
         head.facts.peak_loss = other.facts.peak_loss
@@ -128,7 +128,7 @@ def _absorb(head: Incident, other: Incident) -> None:
     _take_occurrence(head, other)
 
 
-def _take_occurrence(head: Incident, occ: Incident) -> None:
+def _take_occurrence(head: IncidentTrack, occ: IncidentTrack) -> None:
     """The chain's suspects are every occurrence's, the latest first: a recurring bad shard serves
     other samples each time, so an exclusion of the first occurrence's alone would let the next
     ones through. The chain is detected again where this occurrence was (its dates never invert)."""
@@ -137,7 +137,7 @@ def _take_occurrence(head: Incident, occ: Incident) -> None:
     head.detected_step = max(head.detected_step, occ.detected_step)
 
 
-def _reopen(head: Incident, new: Incident) -> None:
+def _reopen(head: IncidentTrack, new: IncidentTrack) -> None:
     """Attach a new occurrence: the head is open again until this occurrence is back in band."""
     head.facts.occurrences.append(new.onset_step)
     head.closed = False

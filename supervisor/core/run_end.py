@@ -15,15 +15,20 @@ is nothing at the end to judge: a grad norm alone, clipped, is no oversized upda
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from supervisor.core.detect import Signals
 from supervisor.core.trigger import Trigger
+
+if TYPE_CHECKING:
+    from supervisor.core.analysis import IncidentUpdate, StreamingAnalyzer
 
 #: Steps out of band that rule 8 (``trigger.decide``: the gradients for 3 steps in a row) needs.
 GRAD_RUN = 3
 
 
-def trailing_update_run(recent: Any, threshold: float) -> int:
+def trailing_update_run(recent: Iterable[Signals], threshold: float) -> int:
     """How many steps in a row, up to the last one, have the update ratio at or above ``threshold``."""
     run, prev = 0, None
     for sig in reversed(list(recent)):
@@ -34,17 +39,16 @@ def trailing_update_run(recent: Any, threshold: float) -> int:
     return run
 
 
-def judge_end(analyzer: Any) -> list[Any]:
-    """``analyzer`` (a ``StreamingAnalyzer``) has seen the last step: open the incident its trailing
-    evidence makes, ready at once; returns the updates (none when the end is clean)."""
+def judge_end(analyzer: StreamingAnalyzer) -> list[IncidentUpdate]:
+    """``analyzer`` has seen the last step: open the incident its trailing evidence makes, ready at
+    once; returns the updates (none when the end is clean)."""
     st = analyzer.settings
     if analyzer.open is not None or not analyzer.recent:
         return []
     sig = analyzer.recent[-1]
     if sig.step != analyzer.last_step or not sig.ready:
         return []  # the last step was set aside (a skipped batch), or too little history to judge
-    observing = getattr(analyzer, "observing", None)
-    if observing is not None and observing(sig.step):
+    if analyzer.observing(sig.step):
         return []
     run = trailing_update_run(analyzer.recent, st.grad_z_threshold)
     if not 0 < run < GRAD_RUN:

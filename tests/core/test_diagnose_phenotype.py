@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 
 from supervisor.core.detect import DetectorSettings
-from supervisor.core.diagnose import Facts, Incident, Point, classify
+from supervisor.core.diagnose import Facts, IncidentTrack, Point, classify
 from supervisor.core.model import FirstAnomaly, Phenotype
 
 ST = DetectorSettings()
 
 
-def _incident(excess: list[float], steps: list[int] | None = None, band: float = 0.1) -> Incident:
+def _incident(excess: list[float], steps: list[int] | None = None, band: float = 0.1) -> IncidentTrack:
     steps = steps or list(range(100, 100 + len(excess)))
-    inc = Incident(1, steps[0], steps[0], FirstAnomaly(steps[0], "loss"), 0.0, Facts())
+    inc = IncidentTrack(1, steps[0], steps[0], FirstAnomaly(steps[0], "loss"), 0.0, Facts())
     for s, e in zip(steps, excess, strict=True):
         nonfinite = math.isinf(e)
         inb = e < band and not nonfinite

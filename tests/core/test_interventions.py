@@ -117,20 +117,6 @@ def test_clip_change_reanchors_the_update_ratio() -> None:
     assert a.finish().incidents == []
 
 
-def test_skipped_steps_open_nothing_and_are_not_learned() -> None:
-    steps = _steps(7, 300)
-    a = StreamingAnalyzer()
-    a.note_skipped(200, 201, reason="excluded batch")
-    for step, batch in steps:
-        if step in (200, 201):
-            for r in batch:
-                set_loss(r, r.loss * 4)
-                r.grad_norm = (r.grad_norm or 1.0) * 20
-        a.observe_step(step, batch)
-    assert a.finish().incidents == []
-    assert all(s not in (200, 201) for s, _, _ in a.detector.loss._hist)
-
-
 def test_rollback_drops_overrides_of_the_abandoned_timeline() -> None:
     known = Interventions()
     known.add(Intervention("override", 100, lr_scale=0.5))
@@ -168,7 +154,6 @@ def test_interventions_round_trip_through_state_dict() -> None:
         a.observe_step(step, batch)
     a.notify_rollback(150)
     a.note_overrides(150, warmup_steps=REWARM, grad_clip=0.5)
-    a.note_skipped(160)
     steps = _steps(9)  # the re-run sees the healthy data again
     for step, batch in steps[150:170]:
         _rewarmed(batch, min(1.0, (step - 150) / REWARM))

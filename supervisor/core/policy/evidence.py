@@ -13,8 +13,9 @@ are measured facts that do not flip with timing. A plan follows the facts:
   AMP scaler): no weights changed, so the state is not suspect and the batch alone is the fix.
 
 The detector states evidence as sentences (supervisor.core.causes); the patterns below read
-the ones it writes, and tests/policy/test_evidence.py runs the real detector on traces with
-each fault so a rewording cannot silently break the link.
+the ones it writes, and tests/core (test_run_extremes.py, test_warmup_schedule.py,
+test_stalled_source.py) run the real detector on traces with a fault and read its findings, so
+a rewording cannot silently break the link.
 """
 
 from __future__ import annotations

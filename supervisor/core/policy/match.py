@@ -19,13 +19,9 @@ from supervisor.core.policy.evidence import Finding, findings
 Attribute = Literal["nonfinite", "rank_local", "after_resume", "source_local"]
 
 
-def _span(d: Diagnosis) -> int:
-    return (d.end_step if d.end_step is not None else d.peak_step) - d.onset_step
-
-
 #: Diagnosis quantities a rule may compare (name -> extractor; None means "not known": no match).
 METRICS: dict[str, Callable[[Diagnosis], float | None]] = {
-    "duration_steps": lambda d: float(_span(d)),
+    "duration_steps": lambda d: float((d.end_step if d.end_step is not None else d.peak_step) - d.onset_step),
     "rise_steps": lambda d: float(d.peak_step - d.onset_step),
     "detection_gap": lambda d: None if d.detected_step is None else float(d.detected_step - d.onset_step),
     "first_anomaly_z": lambda d: d.first_anomaly.z if d.first_anomaly else None,
