@@ -90,4 +90,6 @@ class Interventions:
         return [x.to_json() for x in self.log]
 
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
-        self.log = [Intervention.from_json(d) for d in state]
+        # A state saved by an older supervisor may hold a "skip" entry (a kind since retired: a
+        # loader skip is an override with ``data``); it says nothing the detector still reads.
+        self.log = [Intervention.from_json(d) for d in state if d.get("kind") != "skip"]

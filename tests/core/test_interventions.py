@@ -168,3 +168,15 @@ def test_interventions_round_trip_through_state_dict() -> None:
             x.observe_step(step, [Record(**{k: getattr(r, k) for k in r.__slots__}) for r in batch])
     assert b.finish().to_json() == a.finish().to_json()
     assert len(b.finish().incidents) == 1
+
+
+def test_a_saved_skip_entry_of_an_older_supervisor_loads_without_it() -> None:
+    saved = [
+        {"kind": "rollback", "step": 150, "from_step": 257},
+        {"kind": "skip", "step": 160, "last": 162, "data": True},
+        {"kind": "override", "step": 150, "warmup_steps": 40},
+    ]
+    iv = Interventions()
+    iv.load_state_dict(saved)
+    assert [x.kind for x in iv.log] == ["rollback", "override"]
+    assert iv.lr_multiplier(170) == 0.5
