@@ -40,7 +40,8 @@ def test_with_no_supervisor_answering_a_nonfinite_loss_holds_the_rank(dataset: A
 
     # Defined here: Ray ships it by value (the workers need not import this test module).
     class StubSupervisor:
-        """Answers ``ingest`` and ``directives`` like the supervisor actor; keeps the events it got."""
+        """Answers ``ingest``, ``ingest_packed`` and ``directives`` like the supervisor actor; keeps the
+        events it got."""
 
         def __init__(self) -> None:
             self.events: list[str] = []
@@ -54,6 +55,15 @@ def test_with_no_supervisor_answering_a_nonfinite_loss_holds_the_rank(dataset: A
                 if not rec.get("control") and isinstance(rec.get("step"), int):
                     self.steps.append(rec["step"])
             return {"acked": max(seqs) if seqs else 0, "incarnation": "stub"}
+
+        def ingest_packed(self, wire: Any) -> list[dict[str, Any]]:
+            from supervisor.sdk.wire import unpack
+
+            groups = unpack(wire, as_dicts=True)
+            return [
+                self.ingest(rank, recs, seqs or [], link or "", held)
+                for rank, link, held, seqs, recs in groups
+            ]
 
         def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
             time.sleep(min(wait_s, 0.2))
