@@ -1,18 +1,14 @@
 """The streaming analyzer: all ranks' records of a step in, incident updates out.
 
-Online the runtime calls ``observe_step`` after every step and acts on "ready" updates;
-offline ``analyze_records`` feeds a trace through the very same object. Per step:
+Online the runtime calls ``observe_step`` after every step and acts on "ready" updates; offline
+``analyze_records`` feeds a trace through the same object. Per step: summarize and score the
+ranks' records; with an incident open, add the step to it, else ask ``trigger.decide`` (or the
+benign-shift watch); learn the step only while no incident is open, so a divergence never
+becomes the new normal.
 
-1. summarize the ranks' records (``detect.summarize``) and score them against history;
-2. with an incident open, add the step to it and re-diagnose; otherwise ask ``trigger.decide``
-   whether to open one (or whether a calm-gradient level change is a benign shift);
-3. learn the step into the rolling windows only while no incident is open, so a divergence
-   never becomes the new normal.
-
-An incident's life: "opened" (preliminary diagnosis, at the detection step) -> "ready"
-(``confirm_steps`` later; at once for facts such as non-finite values or fingerprint
-mismatches) -> "refined" whenever phenotype, top cause or severity change -> "closed" (back in
-band for ``close_steps`` steps, a gap in the log, a rollback, or ``max_incident_steps``).
+An incident's life: "opened" (at detection) -> "ready" (``confirm_steps`` later; at once for
+facts) -> "refined" whenever phenotype, top cause or severity change -> "closed" (back in band
+for ``close_steps`` steps, a gap in the log, a rollback, or ``max_incident_steps``).
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Literal
 
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
@@ -58,18 +55,16 @@ OPTIMIZER_DERIVED = ("update", "lr")
 #: nothing without the loss or a non-finite value (its own fix moves exactly these signals).
 OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
 
-#: An LR fault under observation comes back when the LR (the supervisor's own factor divided out)
-#: jumps, or stands above the LR before the fault's onset, by at least this share of the fault's own
-#: size in log units (``sqrt``: a x25 fault is back at x5), and never by less than ``LR_BACK_MIN``x,
-#: more than any schedule moves in one step (a linear warm-up doubles the LR once, at its 2nd step).
+#: An LR fault under observation is back when the LR (own factor divided out) jumps, or stands above
+#: the LR before its onset, by this share of the fault's size in log units (a x25 fault at x5), and
+#: by ``LR_BACK_MIN``x at least: more than a schedule moves in a step (a warm-up doubles it once).
 LR_BACK_SHARE = 0.5
-#: The AMP scaler halves its scale at each overflow it skips: this many overflowed steps in a row
-#: (the scale down 2**N), or a scale below ``SCALE_FLOOR``, is no longer the scaler finding its
-#: level but a loss scale collapsing -- the fp16 overflow phenotype. Counted once the detector has
-#: its history (at the start of a run the scaler searches down from its initial scale).
+LR_BACK_MIN = 2.5
+#: The AMP scaler halves its scale at each overflow it skips: this many in a row once the detector
+#: has its history (a run's start searches down from the initial scale), or a scale below
+#: ``SCALE_FLOOR``, is a loss scale collapsing, no longer the scaler finding its level.
 OVERFLOW_RUN = 6
 SCALE_FLOOR = 1.0
-LR_BACK_MIN = 2.5
 
 #: Logged steps before onset whose step-to-step LR ratio gives the schedule's own ramp (``Facts.lr_ramp``).
 LR_RAMP_STEPS = 3
@@ -114,32 +109,26 @@ class StreamingAnalyzer:
         self.last_step: int | None = None
         self.last_resume: int | None = None
         self.known = Interventions()
-        #: The supervisor's own restores and windows (``notify_rollback`` / ``note_overrides``):
-        #: the target of its last rollback (a ``resumed`` event right after it is its own verified
-        #: restore, never evidence of a lost state) and the steps up to which it observes its fix
-        #: (a new incident there needs the loss or a non-finite value to confirm it).
+        #: The target of the supervisor's last rollback (a ``resumed`` right after it is its own
+        #: verified restore, no lost state) and the end of the window it observes its fix in (a new
+        #: incident there needs the loss or a non-finite value).
         self.own_restore: int | None = None
         self.observe_until: int | None = None
         self.ramp_end: int | None = None
-        #: The LR fault the supervisor is handling (its onset, its size, the LR before it), armed by
-        #: its interventions: inside their window the LR coming back is that fault again.
+        #: The LR fault being handled (onset, size, LR before it): its return inside the window.
         self.lr_fault: tuple[int, float, float] | None = None
         #: The first step of the current run of overflowed (scaler-skipped) steps, and its length.
         self.overflow_run: tuple[int, int] | None = None
-        #: Ranks that reported the last complete step (a step with fewer, and fewer than the job's
-        #: world size, lost a rank's records).
+        #: Ranks that reported the last complete step (fewer later: a rank's records were lost).
         self.rank_count = 0
-        #: Steps whose loss (or one rank's) left its band, opened or not: earlier occurrences of a
-        #: periodic fault that stayed under the alarm threshold are found here.
+        #: Steps whose loss (or one rank's) left its band, opened or not: a periodic fault's
+        #: earlier occurrences under the alarm threshold.
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
         #: (step, loss z) of recent steps, for dating a slow rise from where it began.
         self.loss_zs: deque[tuple[int, float]] = deque(maxlen=RISE_HISTORY)
-        #: Each source's first and recent losses against the others': a source that does not learn
-        #: while the others do (``learning.SourceLearning``).
         self.learning = SourceLearning()
         self._stall: Stall | None = None
-        #: The run's LR and update-ratio maxima: an LR or an update far above every earlier one is
-        #: evidence with no history of mean and noise (``extremes``); this step's verdict.
+        #: The run's LR and update-ratio maxima (``extremes``), and this step's verdict.
         self.extremes = RunExtremes()
         self._extreme: Extreme | None = None
         self._emitted: dict[int, tuple[Any, ...]] = {}
@@ -187,23 +176,17 @@ class StreamingAnalyzer:
             self.detector.learn(summary, mult)
         self._reanchor_on_events(summary.events, step)
         if self.ramp_end is not None and step >= self.ramp_end:
-            # The re-warm is over: Adam's update per unit of LR drifted while the steps were small
-            # (|m| / sqrt(v) grows when consecutive gradients agree); the regime after the ramp is
-            # judged against itself, not against the ramp. The LR reference stays: the ramp's factor
-            # is divided out, so a jump at the ramp's end (a persistent bug at the onset the re-warm
-            # was sized to) is a jump.
+            # The re-warm is over: Adam's update per unit of LR drifted while the steps were small,
+            # so the regime after it is judged against itself. The LR reference stays: the ramp's
+            # factor is divided out, so a jump at its end (a bug at the onset it was sized to) is one.
             self.ramp_end = None
             self.detector.reanchor(step, ("update",))
         return updates
 
     def _on_resume(self, events: set[str], step: int) -> None:
-        """A restore: the supervisor's own verified rollback, or a resume of the run's own.
-
-        A ``resumed`` event within ``resume_window`` steps after the target of the supervisor's own
-        rollback is that rollback: it restored every component from a checkpoint it verified, so it
-        is no evidence of a lost state (its optimizer-derived baselines are re-anchored instead). A
-        ``resume_incomplete`` event is a fact seen where the state was loaded, whatever the
-        optimizer's dynamics show (``checkpoint.training_state.resume_check``)."""
+        """A restore. Within ``resume_window`` steps of the supervisor's own rollback target it is
+        that verified rollback: no evidence of a lost state, its optimizer baselines re-anchored. A
+        ``resume_incomplete`` event is a fact, whatever the optimizer's dynamics show."""
         own = self.own_restore is not None and 0 < step - self.own_restore <= self.settings.resume_window + 1
         if incomplete_resume(events) or not own:
             self.last_resume = step
@@ -267,12 +250,9 @@ class StreamingAnalyzer:
         return updates
 
     def _lr_back(self, sig: Signals) -> bool:
-        """Inside the window of an intervention on an LR fault, the LR the job runs (the supervisor's
-        own factor divided out) jumped, or stands at or after the fault's onset far above the LR
-        before it: the fault is back, whatever the loss does yet. An LR is a fact of the recipe,
-        not an optimizer dynamic: the supervisor knows its own factor exactly, so nothing of its own
-        fix moves it. (SGD at a re-warmed LR can carry a x20 LR for many steps before the loss
-        shows it; a bug in the last steps of a run leaves no step for the loss to show it.)"""
+        """Inside the window of a fix of an LR fault, the LR (own factor divided out, exactly known)
+        jumped, or stands at or after the onset far above the LR before it: the fault is back,
+        whatever the loss does yet (SGD can carry a x20 LR for many steps before the loss shows it)."""
         if self.lr_fault is None or sig.lr_norm is None or not self.observing(sig.step):
             return False
         onset, size, before = self.lr_fault
@@ -296,9 +276,8 @@ class StreamingAnalyzer:
         return None if run is None else run[0] + (run[1] - 1) * self.detector_interval()
 
     def _scale_collapsing(self, sig: Signals) -> bool:
-        """Overflow after overflow: the scaler lowers its scale at each and the gradients still
-        overflow (``OVERFLOW_RUN`` in a row once the run has its history, or the scale under
-        ``SCALE_FLOOR``). One overflow now and then is the scaler working and opens nothing."""
+        """``OVERFLOW_RUN`` overflows in a row once the run has its history, or the scale under
+        ``SCALE_FLOOR``; one overflow now and then is the scaler working."""
         run, s = self.overflow_run, sig.summary
         if run is None:
             return False
@@ -306,25 +285,20 @@ class StreamingAnalyzer:
         return floor or (sig.ready and run[1] >= OVERFLOW_RUN)
 
     def _arm_lr_fault(self) -> None:
-        """The newest incident is the one the supervisor acts on: when its evidence is an LR that
-        jumped or rose (upward), its return is watched for inside the intervention's window."""
+        """When the incident acted on (the newest) has an LR that jumped or rose, watch for its return."""
         self.lr_fault = None
         inc = self.open or (self.incidents[-1] if self.incidents else None)
         before = inc.facts.lr_before if inc is not None else None
         if inc is None or before is None or before[1] <= 0:
             return
         f = inc.facts
-        size = max(
-            f.lr_jump[1] if f.lr_jump is not None else 0.0, f.lr_rise[1] if f.lr_rise is not None else 0.0
-        )
+        size = max(f.lr_jump[1] if f.lr_jump else 0.0, f.lr_rise[1] if f.lr_rise else 0.0)
         if size >= LR_RAISED:
             self.lr_fault = (inc.onset_step, size, before[1])
 
     def _vetted(self, trig: Trigger | None, sig: Signals) -> Trigger | None:
-        """Drop a trigger the supervisor's own intervention explains. An update-ratio jump after a
-        restore is evidence of a lost state only when the restore was not the supervisor's own
-        verified rollback (or said it was incomplete); inside an observation window an
-        optimizer-only signal needs the loss or a non-finite value to confirm it."""
+        """Drop a trigger the supervisor's own intervention explains: an update-ratio jump after its
+        own verified rollback, an optimizer-only signal inside its observation window."""
         if trig is None or trig.immediate:
             return trig
         step = sig.step
@@ -346,9 +320,7 @@ class StreamingAnalyzer:
         if inc.in_band_run >= st.close_steps:
             inc.end_step = inc.trajectory[-inc.in_band_run].step
             return updates + self._close(inc)
-        persisting = (
-            inc.trajectory and inc.trajectory[-1].rank_out
-        )  # a failing rank: one incident while it lasts
+        persisting = inc.trajectory and inc.trajectory[-1].rank_out  # a failing rank: one incident
         if sig.step - inc.facts.occurrences[-1] > st.max_incident_steps and not persisting:
             updates += self._close(inc)
             self.detector.reset()  # a level that never came back is the new normal; relearn it
@@ -503,8 +475,8 @@ class StreamingAnalyzer:
         return back[-1].step if back else None
 
     def _source_onset(self, name: str, first: FirstAnomaly) -> FirstAnomaly:
-        """Where the source left its band: the first of its latest appearances in a row out of band
-        (the loss of the mixture may have stayed in band all along); ``first`` if that is earlier."""
+        """The first of the source's latest appearances in a row out of its band (the mixture's loss
+        may have stayed in band), unless ``first`` is earlier."""
         band = self.settings.band_z
         start: Signals | None = None
         for r in reversed(self.recent):
@@ -594,12 +566,9 @@ class StreamingAnalyzer:
         reason: str = "",
         observe_steps: int | None = None,
     ) -> list[IncidentUpdate]:
-        """Training went back to checkpoint ``to_step``; returns the updates (an open incident closes).
-
-        Steps after ``to_step`` are taken back from every baseline, so the re-run steps are compared
-        with the healthy history before the target, never with the abandoned timeline; overrides
-        noted at or after ``to_step`` are dropped (the workers restore the target's own).
-        """
+        """Training went back to checkpoint ``to_step`` (an open incident closes). Later steps are
+        taken back from every baseline, so re-run steps meet the history before the target, and
+        overrides noted at or after it are dropped (the workers restore the target's own)."""
         self.known.add(
             Intervention("rollback", to_step, from_step=from_step or self.last_step, reason=reason)
         )
@@ -636,12 +605,9 @@ class StreamingAnalyzer:
         reason: str = "",
         observe_steps: int | None = None,
     ) -> None:
-        """The supervisor applied overrides after step ``step`` (the last completed step), as the
-        SDK's ``ApplyOverrides`` does: from ``step + 1`` on the LR is scaled by ``lr_scale`` and
-        re-warmed linearly over ``warmup_steps``; ``grad_clip`` changed the clip; ``data``: batches
-        or samples were excluded or skipped. The detector divides its own LR factor out of the LR
-        and update ratio, and re-anchors the baselines the change moves (update ratio on a new
-        clip, tokens on other data)."""
+        """The supervisor applied overrides after step ``step``, as the SDK's ``ApplyOverrides``
+        does (``data``: batches or samples excluded or skipped). Its LR factor is divided out of the
+        LR and update ratio, and the baselines the change moves are re-anchored."""
         iv = Intervention(
             "override", step, lr_scale=lr_scale, warmup_steps=warmup_steps, grad_clip=grad_clip,
             data=data, reason=reason,
@@ -761,17 +727,10 @@ def _ranks_missing(records: list[Record]) -> bool:
     return bool(sizes) and len({r.rank for r in records}) < max(sizes)
 
 
-def _fingerprint(d: Diagnosis) -> tuple[Any, ...]:
-    return (
-        d.phenotype,
-        d.top_cause,
-        d.severity,
-        d.rank_local,
-        d.source_local,
-        d.nonfinite,
-        d.period,
-        d.end_step,
-    )
+#: What makes a diagnosis worth a "refined" update.
+_fingerprint = attrgetter(
+    "phenotype", "top_cause", "severity", "rank_local", "source_local", "nonfinite", "period", "end_step"
+)
 
 
 def group_steps(records: Iterable[Record]) -> Iterable[tuple[int, list[Record]]]:
@@ -789,12 +748,8 @@ def group_steps(records: Iterable[Record]) -> Iterable[tuple[int, list[Record]]]
 
 
 def trace_order(records: Iterable[Record]) -> list[Record]:
-    """Records in the order to feed them: as written, unless the file is written rank by rank.
-
-    A (rank, step) pair seen twice means the run replayed steps (a rollback): keep file order so
-    the replay is seen as one. Otherwise a step number going back means per-rank blocks (e.g.
-    concatenated per-rank files): order by step, stably.
-    """
+    """Records in the order to feed them: as written when a (rank, step) pair repeats (a replay
+    after a rollback), else by step, stably (a step going back means per-rank blocks)."""
     recs = list(records)
     seen: set[tuple[int, int]] = set()
     monotonic, last = True, None

@@ -1,17 +1,10 @@
 """Per-step detection: all ranks' records of one step -> a summary -> robust signals.
 
-Two kinds of comparison, both linear in the number of ranks:
-
-* temporal, on aggregates only: the global token-weighted loss (recomputed from per-rank
-  ``loss_sum``/``tokens``), the reported loss, grad norm, update ratio, effective tokens and
-  each data source's loss each have one ``LevelTracker`` (log space: these are multiplicative);
-* cross-rank, within the step: each rank's loss against the median of all ranks, scaled by the
-  typical cross-rank spread (one rolling window of one number per step);
-* the rank that stands out, against its own past: the per-rank losses of the last ``RANK_OWN``
-  learned steps are kept (the step's own dict, one append per step), and the band of a rank's own
-  loss (the median of its last ``level_window`` values, the MAD of its residuals) is computed for
-  the worst rank only, at the steps where it stands out. A split between ranks says that they differ, not which one
-  moved: with 2 ranks, one rank drawing an easy batch makes the other the "worst" rank.
+Comparisons, all linear in the number of ranks: temporal, on aggregates only (token-weighted and
+reported loss, grad norm, update ratio, tokens, each source's loss: one ``LevelTracker`` each, in
+log space); cross-rank, each rank's loss against the median of all, scaled by the typical spread;
+and the rank that stands out against its own band (its losses of the last ``RANK_OWN`` learned
+steps), computed for the worst rank only, where it stands out.
 
 ``Detector.score`` reads; ``Detector.learn`` writes. The analyzer decides what is learned
 (nothing while an incident is open, so a divergence never becomes the new normal).
@@ -34,29 +27,23 @@ from supervisor.core.summary import StepSummary, summarize
 __all__ = ["Detector", "DetectorSettings", "Signals", "StepSummary", "rank_rose", "summarize"]
 
 
-#: A single-signal alarm (loss alone, or one rank alone) must also beat the largest residual in the
-#: window by this factor: heavy-tailed but healthy losses produce big robust-z values routinely,
-#: never values far beyond everything seen in the last ``window`` steps. No effect on Gaussian noise
-#: (its window maximum is ~3.2 sigma; 1.5x that is below the 6-sigma threshold).
+#: A single-signal alarm (loss alone, or one rank alone) must also beat the window's largest residual
+#: by this factor: heavy-tailed healthy losses produce big robust z routinely, never values far beyond
+#: all of the last ``window`` steps. No effect on Gaussian noise (window maximum ~3.2 sigma).
 TAIL_MARGIN = 1.5
 
-#: Learned steps whose per-rank losses are kept: a rank's last ``level_window`` values are its
-#: level, the residuals of the rest (each against the median of the ``level_window`` values before
-#: it) are its own noise.
+#: Learned steps whose per-rank losses are kept for each rank's own band (``own_band``).
 RANK_OWN = 64
 #: Fewest residuals of its own before a rank's band is trusted; with fewer it is unknown.
 RANK_OWN_MIN_RESID = 8
-#: Most per-rank values written into the checkpointed state (64 steps of 256 ranks; the state is
-#: written every half second). Beyond it they are left out and re-learned after a restore: until
-#: then a rank's own band is unknown and the split between ranks decides alone, as it did before.
+#: Most per-rank values in the saved state (64 steps of 256 ranks; it is written every half second).
+#: Beyond it they are re-learned after a restore, the split between ranks deciding alone meanwhile.
 RANK_OWN_STATE = 16_384
 
 
 class DetectorSettings(DetectorKnobs):
-    """Detection and diagnosis thresholds. Robust-z means |x - level| / (1.4826 MAD of residuals).
-
-    The knobs a job.yaml sets (window, min_history, the z thresholds) are ``DetectorKnobs``'s, one
-    definition for both; the rest are the engine's own."""
+    """Detection and diagnosis thresholds (robust z: |x - level| / (1.4826 MAD of residuals)); the
+    job.yaml knobs are ``DetectorKnobs``'s, one definition for both, the rest the engine's own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     band_z: float = Field(default=3.0, gt=0, description="A quantity is out of its band above this robust-z.")
@@ -135,9 +122,8 @@ class Signals:
     source_z: dict[str, float]
     lr_ratio: float | None  # this step's lr / the previous step's, the supervisor's own scaling divided out
     lr_norm: float | None = None  # this step's lr with the supervisor's own scaling divided out
-    #: log(lr) over its level at the steps the update ratio's level was measured on (aligned with
-    #: ``update_excess``: the update of every optimizer family follows the LR), and the update
-    #: ratio's robust z per unit of LR (its excess less that of the LR, where the LR rose).
+    #: log(lr) over its level at the steps the update ratio's level was measured on (every optimizer's
+    #: update follows the LR), and the update ratio's robust z per unit of LR (where the LR rose).
     lr_excess: float | None = None
     update_lr_z: float | None = None
     loss_trend: tuple[float, float, float] | None = None  # (level - level W ago, the W before, their noise)
@@ -149,9 +135,8 @@ class Signals:
     _own: tuple[tuple[float, float] | None] | None = None  # rank_own's result, once asked
 
     def rank_own(self, level_window: int, floor: float) -> tuple[float, float] | None:
-        """The worst rank's loss against its own band (``own_band``): (log excess over its own
-        level, robust z); None where its history is too short or the rank does not stand out.
-        Computed on first use: most steps' rules never ask."""
+        """``own_band`` of the worst rank where it stands out (None elsewhere), computed on first use:
+        most steps' rules never ask."""
         hist, w = self.rank_own_hist, self.summary.worst_rank
         if hist is None or w is None:
             return None
@@ -178,11 +163,10 @@ class Signals:
 
 
 def own_band(vals: list[float], x: float, level_window: int, floor: float) -> tuple[float, float] | None:
-    """(log excess over its own level, robust z) of ``x`` against one rank's own learned log
-    losses ``vals`` (oldest first): the level is the median of the last ``level_window``,
-    the noise the MAD of each earlier value's residual against the ``level_window`` before it,
-    centred on the residuals' median (a falling loss sits below its lagging level), as
-    ``LevelTracker.z`` does. None with fewer than ``RANK_OWN_MIN_RESID`` residuals."""
+    """(log excess over its own level, robust z) of ``x`` against one rank's learned log losses
+    ``vals`` (oldest first), as ``LevelTracker.z``: the level is the median of the last
+    ``level_window``, the noise the MAD of each earlier value's residual against the
+    ``level_window`` before it, centred on their median. None with too few residuals."""
     n = len(vals)
     if n < level_window + RANK_OWN_MIN_RESID:
         return None
@@ -199,11 +183,9 @@ def own_band(vals: list[float], x: float, level_window: int, floor: float) -> tu
 
 
 def rank_rose(sig: Signals, st: DetectorSettings) -> bool:
-    """The worst rank's own loss left its own band upward (``band_z`` and ``min_loss_jump`` above
-    its own level), or it has no band of its own yet (too few learned steps: the split alone must
-    do, as before). A split between ranks says they differ, not which one moved: when one of 2
-    ranks draws an unusually easy batch, the other becomes the "worst" rank at its usual loss.
-    Only a rank that rose is evidence of a fault, and only that rank is named."""
+    """The worst rank's own loss left its own band upward (``band_z`` and ``min_loss_jump``), or it
+    has no band yet. A split says ranks differ, not which one moved: when one of 2 ranks draws an
+    easy batch, the other becomes the "worst" at its usual loss. Only a rank that rose is named."""
     own = sig.rank_own(st.level_window, st.loss_floor)
     if own is None:
         return True
@@ -246,9 +228,8 @@ class Detector:
 
     # -- reading -------------------------------------------------------------------------
     def score(self, s: StepSummary, lr_mult: float = 1.0) -> Signals:
-        """``lr_mult``: the supervisor's own LR scaling at this step (a re-warm, ``lr_scale``); it is
-        divided out of the LR and the update ratio (which is proportional to the LR), so an intended
-        change never reads as a jump and the update ratio stays comparable with its baseline."""
+        """``lr_mult``: the supervisor's own LR factor at this step, divided out of the LR and the
+        update ratio (proportional to it), so an intended change never reads as a jump."""
         log_main = safe_log(s.loss_main)
         log_rep = safe_log(s.loss)
         lr, upd = _unscaled(s.lr, lr_mult), _unscaled(s.update_ratio, lr_mult)
@@ -316,8 +297,8 @@ class Detector:
         )
 
     def trend_start(self) -> int | None:
-        """Where a slow rise began: the last step whose level was still at the window's base (within
-        one noise unit), less half a level window (a median lags a rise by that much)."""
+        """Where a slow rise began: the last step whose level was at the window's base (within one
+        noise unit), less half a level window (a median lags a rise by that much)."""
         t = self._trend()
         if t is None:
             return None

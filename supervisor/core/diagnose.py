@@ -1,9 +1,8 @@
 """One incident from onset to close: the facts gathered step by step, and the diagnosis made of them.
 
-An ``IncidentTrack`` only accumulates facts (numbers, steps, ranks) as ``Signals`` arrive; the
-phenotype (``classify``), the ranked causes (``supervisor.core.causes``) and the severity are
-pure functions of those facts, recomputed whenever a diagnosis is asked for. That is what lets
-the preliminary diagnosis at "opened" be refined into the final one without special cases.
+An ``IncidentTrack`` only accumulates facts as ``Signals`` arrive; phenotype (``classify``), causes
+(``causes.rank_causes``) and severity are pure functions of them, recomputed on every diagnosis, so
+the preliminary diagnosis at "opened" is refined into the final one without special cases.
 """
 
 from __future__ import annotations
@@ -133,30 +132,17 @@ class IncidentTrack:
             off = source_offsets(sig, bad_source)
             if off is not None:
                 loss_in_band = not s.nonfinite and off[2] - self.facts.source_offset < YOUNG_JUMP / 2
+        rank = self.first_rank
+        worst = s.worst_rank == rank and sig.rank_z is not None and sig.rank_z >= settings.band_z
         rank_out = (
             self.rank_local
-            and self.first_rank is not None
+            and rank is not None
             and (
-                (
-                    s.worst_rank == self.first_rank
-                    and sig.rank_z is not None
-                    and sig.rank_z >= settings.band_z
-                    and rank_rose(sig, settings)  # still above its own band, not left there by another's dip
-                )
-                # Its replica disagrees and its loss shows it: in the step's loss, or in its own loss
-                # against the other ranks' (one rank's drift moves the mean by a 1/N share only).
-                or (
-                    self.first_rank in s.checksum_minority
-                    and (
-                        sig.loss_z >= settings.band_z
-                        or (
-                            s.worst_rank == self.first_rank
-                            and sig.rank_z is not None
-                            and sig.rank_z >= settings.band_z
-                        )
-                    )
-                )
-                or self.first_rank in s.nonfinite_ranks
+                (worst and rank_rose(sig, settings))  # above its own band, not left there by another's dip
+                # Its replica disagrees and its loss shows it: in the step's loss, or in its own against
+                # the other ranks' (one rank's drift moves the mean by a 1/N share only).
+                or (rank in s.checksum_minority and (sig.loss_z >= settings.band_z or worst))
+                or rank in s.nonfinite_ranks
             )
         )
         self.trajectory.append(
@@ -197,11 +183,8 @@ class IncidentTrack:
             f.nonfinite_steps += 1
             f.nonfinite_applied += not ("step_skipped_nonfinite" in s.events or s.overflow)
         if s.nonfinite and f.nonfinite_step is None:
-            f.nonfinite_step, f.nonfinite_at, f.nonfinite_ranks = (
-                s.step,
-                s.nonfinite_at,
-                list(s.nonfinite_ranks),
-            )
+            f.nonfinite_step, f.nonfinite_at = s.step, s.nonfinite_at
+            f.nonfinite_ranks = list(s.nonfinite_ranks)
             f.rose_before_nonfinite = self.onset_step < s.step - 1 and f.rising_steps >= 1
 
     # -- verdicts ------------------------------------------------------------------------
@@ -289,8 +272,8 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
             f.scale_drop_step = s.step
         lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
         f.loss_scale_drop = (before, lowest)
-    # A warm-up rises 1.5x and more in a step by design (2x at its second step): an upward jump
-    # counts only where it is faster than the schedule's own ramp before onset.
+    # A warm-up rises 1.5x and more in a step by design (2x at its second step): an upward jump or
+    # rise counts only at a step faster than the schedule's own ramp before onset.
     up = sig.lr_ratio is not None and sig.lr_ratio >= 1.5 and sig.lr_ratio > (f.lr_ramp or 1.0) * RAMP_TOL
     jumped = up or (sig.lr_ratio is not None and sig.lr_ratio <= 1 / 1.5)
     if (
@@ -299,8 +282,6 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         and (f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])))
     ):
         f.lr_jump = (s.step, sig.lr_ratio)
-    # A warm-up rises 1.5x and more over a few steps by design: only a step that rose faster than
-    # the schedule's ramp before onset is evidence of a rise (a decaying or flat LR that turns up).
     faster = sig.lr_ratio is not None and sig.lr_ratio > max(1.0, f.lr_ramp or 1.0)
     if faster and sig.lr_norm is not None and f.lr_before is not None and f.lr_before[1] > 0:
         rise = sig.lr_norm / f.lr_before[1]
@@ -308,9 +289,8 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
             f.lr_rise = (s.step, rise)
     z, excess = sig.update_z, sig.update_excess
     if lr_scheduled(f) and sig.lr_excess is not None and sig.lr_excess > 0 and excess is not None:
-        # Every optimizer family's update follows the LR (Lion's is lr * sign(.), Adam's about
-        # lr * m / sqrt(v), SGD's lr * buf): while the LR moves as the schedule did before onset, an
-        # update that rose with it is no jump; what counts is the update per unit of LR.
+        # Every optimizer family's update follows the LR (Lion lr * sign, Adam ~lr * m / sqrt(v), SGD
+        # lr * buf): while the LR moves as scheduled, what counts is the update per unit of LR.
         z, excess = sig.update_lr_z, excess - sig.lr_excess
     if z is not None and excess is not None and z >= settings.grad_z_threshold:
         ratio = math.exp(excess)
@@ -324,8 +304,7 @@ RAMP_TOL = 1.05
 
 
 def lr_scheduled(f: Facts) -> bool:
-    """The LR of the incident moved as the schedule did before the onset: its own ramp is known and
-    no step since rose faster than it or jumped (no ``lr_jump``, no ``lr_rise``)."""
+    """The incident's LR moved as the schedule did before onset (no ``lr_jump``, no ``lr_rise``)."""
     return f.lr_ramp is not None and f.lr_jump is None and f.lr_rise is None
 
 
@@ -363,17 +342,16 @@ def classify(inc: IncidentTrack, settings: DetectorSettings) -> Phenotype:
     after_peak = [p for p in traj if p.step > inc.peak_step]
     if all(p.loss_in_band for p in traj):
         # The loss never left its band (e.g. an update-ratio-only incident): a transient, unless the
-        # LR that jumped is still up. Then the cause is in place whatever the loss does yet (a sign
-        # update under a x20 LR makes a young run's loss fall faster for a while; SGD carries it for
-        # many steps): the next steps are not normal.
+        # LR that jumped is still up: the cause is in place whatever the loss does yet (SGD carries
+        # a x20 LR for many steps; a sign update makes a young run's loss fall faster for a while).
         return Phenotype.SLOW_RECOVERY if lr_still_raised(inc) else Phenotype.TRANSIENT
     recovered = next((p for p in after_peak if p.loss_in_band), None)
     if recovered is not None:
         quick = recovered.step - inc.peak_step <= settings.transient_steps or _abrupt(traj, recovered, inc)
         if quick and not lr_still_raised(inc):
             return Phenotype.TRANSIENT
-        # Slow to come back, or back while the learning rate that jumped stays up: the cause is still
-        # in place, so the next steps are not normal (a 30x LR under Adam: up, back, and on again).
+        # Slow to come back, or back while the LR that jumped stays up (a 30x LR under Adam: up, back,
+        # and on again): the cause is still in place.
         return Phenotype.SLOW_RECOVERY
     last = traj[-1]
     since_onset = last.step - inc.onset_step
@@ -397,11 +375,10 @@ LR_RAISED = 1.5
 
 
 def lr_still_raised(inc: IncidentTrack) -> bool:
-    """The LR rose by ``LR_RAISED``x or more against the step before onset, and the latest step of
-    the incident still runs at that raised LR: the loss coming back does not end the fault. An LR
-    that fell back from its raised value by half the rise or more (in log units) is back on its
-    schedule, even where a warm-up has since carried it ``LR_RAISED``x above the step before onset
-    (one step at x20 at step 6 of a linear warm-up: step 9 runs 1.5x step 5's LR as scheduled)."""
+    """The LR rose ``LR_RAISED``x or more against the step before onset and the incident's latest
+    step still runs at it: the loss coming back does not end the fault. An LR back down by half the
+    rise (log units) is on its schedule, even where a warm-up has since carried it ``LR_RAISED``x
+    above the step before onset (x20 at step 6 of a linear warm-up: step 9 runs 1.5x step 5's LR)."""
     f = inc.facts
     if f.lr_rise is None or f.lr_before is None or f.lr_before[1] <= 0 or not inc.trajectory:
         return False
@@ -412,9 +389,8 @@ def lr_still_raised(inc: IncidentTrack) -> bool:
 
 
 def source_persisting(inc: IncidentTrack, settings: DetectorSettings) -> bool:
-    """A source-local incident (rule ``source``) whose source is still out of its band at most of
-    the last ``transient_steps`` steps: one noisy appearance back in band (a source has few samples
-    a step) is no recovery."""
+    """A ``source`` incident whose source is out of its band at most of the last ``transient_steps``
+    steps: one noisy appearance back in band (a source has few samples a step) is no recovery."""
     if inc.facts.trigger != "source":
         return False
     tail = [p for p in inc.trajectory if p.step >= inc.onset_step][-settings.transient_steps :]
@@ -426,8 +402,8 @@ PERSIST_STEPS = 20
 
 
 def persistent_rank_fault(inc: IncidentTrack, settings: DetectorSettings) -> bool:
-    """The incident's rank has stood out from the others at (nearly) every step since onset, for
-    ``PERSIST_STEPS`` steps and up to now: a failing rank, not a bad batch."""
+    """The incident's rank stood out at (nearly) every step since onset, for ``PERSIST_STEPS`` steps
+    and up to now: a failing rank, not a bad batch."""
     if not inc.rank_local:
         return False
     traj = [p for p in inc.trajectory if p.step >= inc.onset_step]
@@ -471,10 +447,8 @@ def _never_recovering(traj: list[Point], onset: int) -> bool:
 
 
 def _abrupt(traj: list[Point], recovered: Point, inc: IncidentTrack) -> bool:
-    """The step before returning to band was still at >= half the peak excess: input-driven, not model decay.
-
-    Only when that step is the previous logged one: across a gap in the log the path is unknown.
-    """
+    """The logged step just before returning to band was still at >= half the peak excess:
+    input-driven, not model decay (across a gap in the log the path is unknown)."""
     prev = [p for p in traj if p.step < recovered.step]
     if not prev or not math.isfinite(prev[-1].excess) or prev[-1].excess < 0.5 * inc.peak_excess:
         return False
@@ -488,8 +462,7 @@ BLIP_MAX_GRAD = 10.0
 
 
 def _blip(inc: IncidentTrack) -> bool:
-    """Only the peak step rose, the next logged step is back in band, no rank stood out,
-    nothing was non-finite, and neither the loss nor the gradients moved by much."""
+    """Only the peak step rose and the next logged one is back; no rank, no NaN, nothing large."""
     f = inc.facts
     if f.nonfinite_step is not None or inc.rank_local or f.checksum is not None or inc.period is not None:
         return False
@@ -510,9 +483,7 @@ def _blip(inc: IncidentTrack) -> bool:
 
 def acted_on(inc: IncidentTrack) -> str | None:
     """The first specific finding a policy acts on whatever the size of the loss's reaction, or None:
-    non-finite values, an LR jump or rise, an update-ratio jump, disagreeing replicas, a rank or a
-    source that deviated on its own, a restore just before the onset, a collapsing loss scale. Each names where the fault is
-    and what to undo (roll back, exclude the rank's batch or the source), so none is a note."""
+    each names where the fault is and what to undo, so none is a note."""
     f = inc.facts
     found = (
         ("nonfinite", f.nonfinite_step is not None),
@@ -528,10 +499,9 @@ def acted_on(inc: IncidentTrack) -> str | None:
 
 
 def severity(inc: IncidentTrack, phen: Phenotype, top: str | None) -> Severity:
-    """How bad it is for training (not how sure we are): drives what a policy may do. ``low`` is a
-    note; ``medium`` and above mean the policy will act, so a specific finding (``acted_on``) is
-    never below ``medium``, however small the loss's reaction (a 30x LR under Adam can leave the
-    loss within its noise for steps while every update is 30x its size)."""
+    """How bad it is for training (not how sure we are). ``low`` is a note; ``medium`` and above mean
+    the policy will act, so a specific finding (``acted_on``) is ``medium`` at least, however small
+    the loss's reaction (a 30x LR under Adam can leave the loss within its noise for steps)."""
     size = _severity_of_shape(inc, phen, top)
     if top == "metric_artifact" or size is not Severity.LOW or acted_on(inc) is None:
         return size

@@ -1,15 +1,10 @@
 """Robust rolling statistics: exact median and MAD over a sliding window, and a trend-aware z-score.
 
-``RollingWindow`` keeps the last ``size`` values twice: in arrival order (to know which value
-leaves) and sorted (bisect-maintained). Insertion is a memmove of at most ``size`` floats; the
-median is an index, and the MAD is exact in O(log n): the deviations left and right of the
-median are two ascending sequences read straight off the sorted list, and the MAD is their
-merged middle element (a k-th-of-two-sorted-arrays search), so nothing is re-sorted per step.
-
-``LevelTracker`` turns a metric into robust z-scores that survive trends: the *level* is the
-median of the last few values (it follows a falling loss curve), and the *noise scale* is the
-MAD of the residuals ``x - level`` over the long window. A spike is a residual that is many
-robust standard deviations (1.4826 x MAD) above the residuals' median.
+``RollingWindow`` keeps the last ``size`` values in arrival order and sorted (bisect-maintained):
+the median is an index, and the MAD is exact in O(log n) (the deviations either side of the median
+are two ascending sequences of the sorted list; the MAD is their merged middle element), so
+nothing is re-sorted per step. ``LevelTracker``'s *level* is the median of the last few values (it
+follows a falling loss), its *noise* the MAD of the residuals ``x - level`` over the long window.
 """
 
 from __future__ import annotations
@@ -46,12 +41,10 @@ def sorted_mad(s: list[float], med: float | None = None) -> float:
 
 
 def _kth_deviation(s: list[float], m: float, p: int, k: int) -> float:
-    """The k-th smallest |x - m| of ascending ``s`` split at ``p`` (values below ``m`` are s[:p]).
-
-    A k-th-of-two-sorted-sequences search: the deviations below the median, ``m - s[p-1-i]``, and
-    those above, ``s[p+j] - m``, both ascend. Written out without accessor functions: this runs for
-    every tracker on every learned step, where the accessor calls were most of the detector's time.
-    """
+    """The k-th smallest |x - m| of ascending ``s`` split at ``p`` (values below ``m`` are s[:p]),
+    searched over the two ascending runs ``m - s[p-1-i]`` and ``s[p+j] - m``. Written out without
+    accessor functions: this runs for every tracker on every learned step, where the accessor calls
+    were most of the detector's time."""
     na, nb = p, len(s) - p
     lo, hi = max(0, k + 1 - nb), min(k + 1, na)
     while lo < hi:  # i = how many of the k+1 smallest come from below the median
@@ -69,11 +62,8 @@ def _kth_deviation(s: list[float], m: float, p: int, k: int) -> float:
 
 
 class RollingWindow:
-    """The last ``size`` finite values, with exact median and MAD.
-
-    The MAD is cached until the window changes: a step reads it several times (the z-score, the
-    excess, the trend's noise) but the window moves at most once per step.
-    """
+    """The last ``size`` finite values, with exact median and MAD (cached: a step reads it several
+    times, the window moves at most once)."""
 
     __slots__ = ("size", "_fifo", "_sorted", "_mad")
 
@@ -95,16 +85,13 @@ class RollingWindow:
         if len(self._fifo) > self.size:
             self._remove(self._fifo.popleft())
 
-    def pop_newest(self) -> float:
-        """Take back the most recent value (used when steps are replayed after a rollback)."""
-        x = self._fifo.pop()
-        self._remove(x)
-        return x
+    def pop_newest(self) -> None:
+        """Take back the most recent value (steps replayed after a rollback)."""
+        self._remove(self._fifo.pop())
 
     def _remove(self, x: float) -> None:
         self._mad = None
-        i = bisect.bisect_left(self._sorted, x)
-        del self._sorted[i]
+        del self._sorted[bisect.bisect_left(self._sorted, x)]
 
     def clear(self) -> None:
         self._mad = None
@@ -127,14 +114,10 @@ class RollingWindow:
 
 
 class LevelTracker:
-    """Robust z-scores of one metric against its recent level and its long-run residual noise.
-
-    ``level_size`` values define the level (their median); ``window`` residuals define the
-    noise. ``floor`` bounds the noise scale from below (in the metric's units — log units for
-    loss and grad norm), so a perfectly flat history does not turn a rounding difference into
-    an alarm. Values are pushed only by the caller's decision (windows freeze during incidents).
-    The last ``REWIND`` pushes are kept with their steps so a rollback can take them back exactly.
-    """
+    """Robust z-scores of one metric against its level (median of ``level_size`` values) and noise
+    (``window`` residuals). ``floor`` bounds the noise scale from below, so a flat history does not
+    turn a rounding difference into an alarm. The last ``REWIND`` pushes are kept with their steps
+    so a rollback can take them back exactly."""
 
     REWIND = 512
 
@@ -180,12 +163,9 @@ class LevelTracker:
         return self._settle > 0
 
     def reanchor(self, step: int) -> None:
-        """An intended change moved this metric: drop the level, keep the noise scale.
-
-        The level re-forms from the next ``max(3, level_size // 4)`` values; until then ``z`` and
-        ``excess`` are NaN (no alarm from this metric) and no residual is learned, so the jump
-        itself never widens the noise scale.
-        """
+        """An intended change moved this metric: drop the level, keep the noise scale. Until the
+        level re-forms (``max(3, level_size // 4)`` values) ``z`` and ``excess`` are NaN and no
+        residual is learned, so the jump never widens the noise scale."""
         self._level.clear()
         self._settle = max(3, self._level.size // 4)
         self._anchor = step
@@ -210,9 +190,7 @@ class LevelTracker:
 
     def forget_after(self, step: int) -> int:
         """Take back values pushed for steps > ``step`` (a rollback replays them); returns how many.
-
-        Exact for the last ``REWIND`` pushes; older history cannot be taken back and stays.
-        """
+        Exact for the last ``REWIND`` pushes; older history stays."""
         n = 0
         while self._hist and self._hist[-1][0] > step:
             _, _, has_resid = self._hist.pop()

@@ -1,13 +1,9 @@
 """One step across all ranks, reduced to aggregates and this step's outliers.
 
-Everything here is linear in the number of ranks (plus two sorts of one float per rank) and
-keeps no history: the temporal statistics live in ``detect.Detector``. Written as a handful of
-list comprehensions rather than one loop with many branches — at 1,024 ranks per step the
-per-record cost is what bounds throughput.
-
-Metric truth is computed here: the token-weighted loss recomputed from ``loss_sum``/``tokens``,
-ranks whose reported loss disagrees with it, ranks whose effective tokens collapsed, and the
-batch-mean vs token-weighted gap.
+Linear in the number of ranks (plus two sorts of one float per rank), no history (that is
+``detect.Detector``'s), and written as list comprehensions rather than one branchy loop: at 1,024
+ranks per step the per-record cost bounds throughput. Metric truth is computed here: the
+token-weighted loss from ``loss_sum``/``tokens``, and the ranks that disagree with it.
 """
 
 from __future__ import annotations
@@ -58,10 +54,7 @@ class StepSummary:
         return bool(self.nonfinite_ranks)
 
     def record_of(self, rank: int | None) -> Record | None:
-        for r in self.records:
-            if r.rank == rank:
-                return r
-        return None
+        return next((r for r in self.records if r.rank == rank), None)
 
 
 def summarize(step: int, records: list[Record]) -> StepSummary:
@@ -126,21 +119,22 @@ def scaler_skipped(r: Record) -> bool:
     """The AMP loss scaler found inf/NaN in this rank's scaled gradients, skipped the step and lowered
     its scale -- the fp16 loop working: the loss is finite, only the (scaled) gradients overflowed,
     and no weight changed. A loss that went non-finite, or a module the probe localised, is not."""
-    if (
-        not r.overflow
-        or not math.isfinite(r.loss)
-        or (r.loss_sum is not None and not math.isfinite(r.loss_sum))
-    ):
-        return False
-    return not r.nonfinite or r.nonfinite_at in (None, "grad_norm", "unknown")
+    return bool(r.overflow) and not _loss_nonfinite(r) and not _localised(r)
+
+
+def _loss_nonfinite(r: Record) -> bool:
+    return not math.isfinite(r.loss) or (r.loss_sum is not None and not math.isfinite(r.loss_sum))
+
+
+def _localised(r: Record) -> bool:
+    """The probe localised a non-finite value in this rank's own forward or backward."""
+    return bool(r.nonfinite) and r.nonfinite_at not in (None, "grad_norm", "unknown")
 
 
 def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str | None]:
     """Ranks with NaN/Inf in loss or grad norm, or flagged by the probe; and where it was seen first.
-
-    The ranks whose own quantities went non-finite come first: a grad norm is all-reduced, so one
-    rank's NaN makes every rank's grad norm NaN, while its loss (and the probe's localisation)
-    stays its own. The rank that moved first is the one whose loss went non-finite."""
+    Ranks whose own loss (or localised module) went non-finite come first: a grad norm is
+    all-reduced, so one rank's NaN makes every rank's grad norm NaN, while its loss stays its own."""
     grads_total = sum(r.grad_norm for r in records if r.grad_norm is not None)
     flagged = any(r.nonfinite for r in records)
     if math.isfinite(loss_total) and math.isfinite(grads_total) and not flagged:
@@ -148,33 +142,23 @@ def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str
     own: list[Record] = []
     shared: list[Record] = []
     for r in records:
-        if not math.isfinite(r.loss) or (r.loss_sum is not None and not math.isfinite(r.loss_sum)):
+        if _loss_nonfinite(r) or _localised(r):
             own.append(r)
-        elif r.nonfinite and r.nonfinite_at not in (None, "grad_norm", "unknown"):
-            own.append(r)  # the probe localised it in this rank's own forward or backward
         elif scaler_skipped(r):
             continue  # handled by the scaler (a collapsing scale is the detector's overflow rule)
         elif r.nonfinite or (r.grad_norm is not None and not math.isfinite(r.grad_norm)):
             shared.append(r)
     bad = sorted(own, key=lambda r: r.rank) + sorted(shared, key=lambda r: r.rank)
     where = None
-    for r in bad:
-        where = r.nonfinite_at or ("loss" if not math.isfinite(r.loss) else "grad_norm")
-        break
+    if bad:
+        where = bad[0].nonfinite_at or ("loss" if not math.isfinite(bad[0].loss) else "grad_norm")
     return [r.rank for r in bad], where
 
 
 def nonfinite_origin(s: StepSummary) -> list[int]:
     """The ranks whose own loss (or localised module) went non-finite, before any all-reduce."""
-    out = []
-    for rank in s.nonfinite_ranks:
-        r = s.record_of(rank)
-        if r is None:
-            continue
-        own_loss = not math.isfinite(r.loss) or (r.loss_sum is not None and not math.isfinite(r.loss_sum))
-        if own_loss or (r.nonfinite and r.nonfinite_at not in (None, "grad_norm", "unknown")):
-            out.append(rank)
-    return out
+    recs = [(rank, s.record_of(rank)) for rank in s.nonfinite_ranks]
+    return [rank for rank, r in recs if r is not None and (_loss_nonfinite(r) or _localised(r))]
 
 
 def _misreported(records: list[Record], own: list[float]) -> list[tuple[int, float, float]]:

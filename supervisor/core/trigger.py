@@ -1,37 +1,15 @@
 """When to open an incident, and where it really began.
 
-``decide`` looks at one step's signals (with no incident open) and returns a ``Trigger`` —
-a value naming the rule that fired — or None. ``locate_first`` walks back over the last few
-steps for the earliest step, rank and metric that left its band: the first abnormal quantity,
-which is often a grad norm or update ratio a few steps before the loss peak.
-
-Rules, in order (robust-z units; see ``DetectorSettings``):
-
-1. non-finite loss or grad norm on any rank (no history needed);
-2. param fingerprints that disagree between ranks (no history needed);
-3. loss above ``z_threshold`` and ``min_loss_jump``, confirmed by grad norm or update ratio
-   above ``grad_z_threshold`` (or by the update ratio of the step before, whose update this loss
-   was computed after) — or, with no grad metrics logged at all, beyond the heavy-tail guard;
-4. loss above threshold with calm gradients: only with metric-truth evidence (reported vs
-   recomputed loss, token collapse) or a jump of ``loss_only_jump``; otherwise it is watched as
-   a possible benign shift (heavy-tailed single-step noise never opens anything);
-5. the reported loss spikes while the recomputed one does not (a metric artifact);
-6. one rank far from the others' median and far out of its own band (``rank_alone``: its own
-   evidence, however little it moves the mean over N ranks); or beyond both the usual spread and the usual worst rank,
-   with this step's gradients out of band too (never the update of the step before: it moved every
-   rank alike), or two steps in a row (once alone is micro-batch noise),
-   or far enough to lift the step's loss ``min_loss_jump`` above the other ranks' (``_rank_split``:
-   within-step evidence that needs no co-moving gradient);
-7. the update ratio out of band within ``resume_window`` steps of a restore (lost optimizer state),
-   or at once a ``resume_incomplete`` event: the SDK saw a state component missing after a load;
-8. grad norm / update ratio above threshold for 3 consecutive steps with the loss still calm;
-9. the loss level rose over each of the last two level windows beyond its noise (``trend``): a
-   divergence too slow for any one step to stand out, with no gradient metric logged or with the
-   gradients out of band too;
-10. one data source's own loss out of its own band for ``SOURCE_PERSIST`` appearances in a row,
-   far out (``z_threshold``) at one of them, while the other sources stay in theirs (``source``; checked before the trend and rank rules).
-   A young run's source: ``young_source_jump`` here, and a source that does not learn while the
-   others do (``learning.SourceLearning``, asked by the analyzer when no rule here fired).
+``decide`` returns the ``Trigger`` (the rule that fired) for one step with no incident open, or
+None; ``locate_first`` walks back for the first abnormal quantity (earliest step, rank and metric
+out of band), often a grad norm or update ratio a few steps before the loss peak. The rules, in
+order, with their rationale: docs/detection.md, "When an incident opens". In short: non-finite
+values; disagreeing fingerprints; a restore that says it lost state; a rank split or a rank alone
+out of its own band; a young run's source jump; then, with history, the loss confirmed by the
+gradients (or beyond the heavy-tail guard with none logged), a metric artifact, a large loss-only
+jump, a source out of its own band, a slow ``trend``, one rank far out, an update-ratio jump after
+a restore, and grad norm / update ratio out of band 3 steps in a row. A source that does not learn
+(``learning.SourceLearning``) is asked by the analyzer when no rule here fired.
 """
 
 from __future__ import annotations
@@ -91,10 +69,8 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
     if sig.reported_z >= st.z_threshold and reported_jump and not loss_hi:
         return Trigger("metric", True)
     if _rank_far(sig, st):
-        # One micro-batch far out once is heavy-tailed noise, unless the gradients moved with it;
-        # the same rank twice in a row is not noise. Only this step's gradients can move with one
-        # rank's batch: the update of the step before changed every rank's weights alike, so it
-        # lifts every rank's loss, never one rank's alone (``_co_moving`` is for the loss of all).
+        # One micro-batch far out once is heavy-tailed noise, unless this step's gradients moved
+        # with it (the update before moved every rank alike) or the same rank is out twice in a row.
         if sig.rank_unprecedented and _ge(sig.co_z, st.band_z):
             return Trigger("rank", False)
         prev = list(recent)[-2] if len(recent) >= 2 else None
@@ -126,10 +102,9 @@ def incomplete_resume(events: set[str] | frozenset[str]) -> list[str]:
 
 
 def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
-    """The gradient-side z that confirms a loss at this step: this step's grad norm / update
-    ratio, or the update of the step just before. The loss of step s is computed on the weights
-    that update s - 1 produced, so an oversized update shows in the update ratio one step
-    before the loss it breaks; by then the gradients have often calmed down again."""
+    """The gradient-side z that confirms this step's loss: this step's grad norm / update ratio, or
+    the update of the step before (the loss of step s is computed on the weights update s - 1 made,
+    by when the gradients have often calmed again)."""
     co = sig.co_z
     prev = list(recent)[-2] if len(recent) >= 2 and recent[-1] is sig else None
     if prev is None or not _contiguous([prev, sig]) or prev.update_z is None or math.isnan(prev.update_z):
@@ -138,10 +113,9 @@ def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
 
 
 def _rising(sig: Signals, st: DetectorSettings) -> bool:
-    """The loss level rose over each of the last two level windows, each time beyond the noise of
-    a difference of medians, by >= 2x ``min_loss_jump`` in all, and this step is above the level:
-    a divergence too slow for any single step to stand out. A step change (a harder data mix) rises
-    over one window only; a heavy-tailed step barely moves a median."""
+    """The loss level rose over each of the last two level windows beyond the noise of a difference
+    of medians, by >= 2x ``min_loss_jump`` in all: a divergence too slow for any step to stand out.
+    A step change (a harder data mix) rises over one window only; one heavy step barely moves a median."""
     if sig.loss_trend is None or not sig.loss_excess > 0:
         return False
     d1, d2, se = sig.loss_trend
@@ -165,15 +139,13 @@ SPLIT_MIN = math.log(1.5)
 
 
 def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
-    """One rank far from the others at this step, beyond every split seen so far (``_rank_far``),
-    the step's loss out of its band in time, and the step lifted ``min_loss_jump`` above the other
-    ranks' median by it: evidence across ranks and in time at once, so no co-moving gradient is
-    needed (a garbage batch on 1 of 2 ranks moved the averaged grad norm 1.7x, within the noise
-    of a young run). The time band tells a rank that rose from ranks that dipped (with the loss
-    noise tripled, healthy 4-rank runs split 1.6-2x with the step's loss at or below its level);
-    the lift tells a bad batch on 1 of 2 ranks (half the update) from one heavy-tailed
-    micro-batch among 64 (a 64th of it). It needs ``min_history`` steps of splits, as the loss's
-    rules need of the loss: with fewer, the window's largest split underestimates the tail."""
+    """One rank far from the others beyond every split seen so far (``_rank_far``), the step's loss
+    out of its band, and lifted ``min_loss_jump`` above the other ranks' median by it: evidence
+    across ranks and in time at once, so no co-moving gradient is needed (a garbage batch on 1 of 2
+    ranks moved the averaged grad norm 1.7x, within a young run's noise). The time band tells a rank
+    that rose from ranks that dipped (healthy 4-rank runs split 1.6-2x with the loss at its level);
+    the lift tells a bad batch on 1 of 2 ranks from one heavy micro-batch among 64. It needs
+    ``min_history`` steps of splits: with fewer, the window's largest split underestimates the tail."""
     s = sig.summary
     if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
         return False
@@ -184,19 +156,12 @@ def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
 
 
 def rank_alone(sig: Signals, st: DetectorSettings) -> bool:
-    """One rank out of its own band and out of the cross-rank distribution at once: an incident on
-    that rank's own evidence, whatever the mean over all ranks does. One rank lifts the mean by
-    about (ratio - 1) / N, so any rule that also asks the mean to rise loses sensitivity with the
-    number of ranks; these three tests do not:
-
-    * across ranks: beyond the usual spread (``rank_z_threshold``), beyond the usual *worst* rank
-      of a step (``rank_tail_z`` >= ``z_threshold``: the maximum of N ranks has a tail that grows
-      with N, and this compares like with like) and beyond 1.5x every worst rank of the window;
-    * in time, on that rank alone: its loss ``z_threshold`` out of its own band and
-      ``min_loss_jump`` above its own level (not only ``band_z``: this is the rank's own alarm,
-      held to the loss's own threshold).
-
-    A rank with no band of its own yet (young run, after a gap) is left to the other rules."""
+    """One rank out of the cross-rank distribution (``_rank_far``: beyond the usual spread, the usual
+    worst rank, whose tail grows with N, and 1.5x every worst rank of the window) and
+    ``z_threshold`` out of its own band, ``min_loss_jump`` above its own level: an incident on that
+    rank's own evidence. One rank lifts the mean by about (ratio - 1) / N, so a rule that also asks
+    the mean to rise loses sensitivity with the number of ranks; this one does not. A rank with no
+    band of its own yet (young run, after a gap) is left to the other rules."""
     s = sig.summary
     if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
         return False
@@ -211,14 +176,11 @@ SOURCE_PERSIST = 3
 
 
 def source_off(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> str | None:
-    """The one source whose own loss is out of its own robust band (``band_z``, and
-    ``min_loss_jump`` above its level) at this step and at each of its previous
-    ``SOURCE_PERSIST - 1`` appearances, ``z_threshold`` out at one of them at least, while every
-    other source with a baseline of its own is in band at this step: a fault confined to that
-    source's data, whatever its share of the mixture. (Until an incident opens, the source's
-    level learns the bad values, so its z falls back after a few appearances: the strongest of the
-    run is the one to judge.) A mixture switch to a harder domain moves no source's own loss (a new
-    source has no baseline of its own and is no evidence here); one odd batch does not persist."""
+    """The one source out of its own band (``band_z`` and ``min_loss_jump`` over its level) at its
+    last ``SOURCE_PERSIST`` appearances, ``z_threshold`` out at one of them (its level learns the bad
+    values until an incident opens, so the strongest of the run is judged), while every other source
+    with a baseline of its own is in band: a fault confined to that source's data. A mixture switch
+    moves no source's own loss (a new source has no baseline); one odd batch does not persist."""
     own = sig.source_own
     if len(own) < 2:
         return None  # no other source to compare with
@@ -273,14 +235,11 @@ def source_offsets(sig: Signals, name: str) -> tuple[float, float, float] | None
 
 
 def young_source_jump(sig: Signals, recent: Sequence[Signals]) -> SourceJump | None:
-    """A source with no baseline of its own yet (a young run: the detector's history is short)
-    whose loss left the other sources' and its own earlier level at once, at each of its last
-    ``SOURCE_PERSIST`` appearances: its log offset to the median of the other sources (at least
-    two) jumped by ``YOUNG_JUMP`` and by ``YOUNG_NOISE`` robust units of its earlier offsets, its
-    own loss rose as much, and the others did not rise with it. Every source of a step is scored
-    on the same weights, so the model's state moves them together; differences in how fast the
-    sources are learned move their offsets slowly. A source new to the mix has no earlier
-    appearances and is no evidence."""
+    """A source with no baseline of its own yet (a young run) whose log offset to the other sources'
+    median (two at least) jumped by ``YOUNG_JUMP`` and ``YOUNG_NOISE`` robust units of its earlier
+    offsets at each of its last ``SOURCE_PERSIST`` appearances, its own loss rising as much and the
+    others not. Every source of a step is scored on the same weights, so the model's state moves
+    them together; different learning speeds move the offsets slowly."""
     srcs = sig.summary.sources
     if not 3 <= len(srcs) <= YOUNG_MAX_SOURCES or all(n in sig.source_own for n in srcs):
         return None
@@ -350,10 +309,8 @@ def _value(sig: Signals, metric: str) -> tuple[float | None, float | None, int |
 def locate_first(
     recent: Sequence[Signals], st: DetectorSettings, rule: str, interval: int = 1
 ) -> FirstAnomaly:
-    """The earliest step/metric of an unbroken out-of-band run ending at (or just before) detection.
-
-    ``interval`` is the usual distance between logged steps (1 for per-step telemetry).
-    """
+    """The earliest step/metric of an unbroken out-of-band run ending at (or just before) detection;
+    ``interval``: the usual distance between logged steps."""
     det = recent[-1]
     if rule == "nonfinite" and not _rose(recent, st):
         s = det.summary
@@ -421,13 +378,11 @@ def _rose(recent: Sequence[Signals], st: DetectorSettings) -> bool:
 #: A loss back below its level by this robust z ends a slow rise (the ``trend`` incident's band).
 RISE_Z = 1.0
 
-#: Page's CUSUM on the loss's robust z dates where a sustained rise began. ``CUSUM_K`` is the
-#: allowance (half the smallest shift worth dating, in noise units: 0.5 = a 1-sigma shift);
-#: ``CUSUM_CLIP`` caps one step's z, so a single heavy-tailed step adds at most CLIP - K and can
-#: neither start nor carry a run on its own; ``CUSUM_MIN`` is the sum the run must have reached at
-#: the onset to count as a rise rather than noise. A step below its level by ``CUSUM_BREAK`` noise
-#: units ends the run outright: the rise had not begun yet (a healthy bump earlier must not lend
-#: the sum its mass and pull the date back).
+#: Page's CUSUM on the loss's robust z dates where a sustained rise began: allowance ``CUSUM_K``
+#: (half the smallest shift worth dating: a 1-sigma shift); one step's z capped at ``CUSUM_CLIP``
+#: (one heavy step can neither start nor carry a run); the sum a rise must reach by the onset,
+#: ``CUSUM_MIN``; a step ``CUSUM_BREAK`` below its level ends the run (an earlier healthy bump must
+#: not lend the sum its mass and pull the date back).
 CUSUM_K = 0.5
 CUSUM_CLIP = 3.0
 CUSUM_MIN = 5.0
@@ -435,19 +390,13 @@ CUSUM_BREAK = 1.0
 
 
 def rise_start(zs: Iterable[tuple[int, float]], onset: int, interval: int = 1) -> int | None:
-    """The first step of the CUSUM run leading into ``onset`` (the step after the sum was last
-    zero), when that run had reached ``CUSUM_MIN`` by the step before ``onset``; None otherwise
-    (an abrupt jump at ``onset`` is its own start: the noise before it is no rise).
+    """The first step of the CUSUM run leading into ``onset``, when it had reached ``CUSUM_MIN`` by
+    the step before; None otherwise (an abrupt jump at ``onset`` is its own start).
 
-    ``zs`` are (step, loss z) in step order, each z against the level the detector had at that
-    step. They are first centred on their own median: the level of a falling loss lags it, so a
-    healthy stretch can sit a fraction of a noise unit above zero for hundreds of steps, and an
-    uncentred sum would drift up through it. Noise then keeps the sum near zero (its drift is -K);
-    a rise, even one too slow for any step to stand out and partly followed by the level, keeps it
-    climbing from where it began; a step clearly below the level (``CUSUM_BREAK``) resets it, as
-    does a gap wider than ``interval``. Used only when the incident turns out to be a sustained
-    rise first seen in the loss.
-    """
+    ``zs``: (step, loss z) in step order, each against the level the detector had then, centred on
+    their own median: the level of a falling loss lags it, so a healthy stretch can sit above zero
+    for hundreds of steps and an uncentred sum would drift up through it. A gap wider than
+    ``interval`` resets the sum."""
     seq = [(step, z) for step, z in zs if step < onset and not math.isnan(z)]
     if not seq:
         return None
