@@ -9,7 +9,8 @@
         persist()          # then tell the workers which records are durable
 
 The controller is the one writer of the job's phase (``set_phase`` logs old -> new and the
-reason) and makes every incident's move. Worker supervision (``machinery.py``) and the restart
+reason) and of its workers' lifecycle (``lifecycle.py``; ``set_lifecycle``, logged the same way),
+and makes every incident's move. Worker supervision (``machinery.py``) and the restart
 policy (``restarts.py``) return values; the incident flow (``incidents.py``, given the job's
 moment as ``incidents.Now``), the plan runner (``plans.py``) and the action executors (reading the
 job through ``actions.base.Runtime``, passed per call) return effects, which ``apply`` alone
@@ -27,6 +28,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
@@ -44,6 +46,7 @@ from supervisor.runtime.assembler import StepAssembler
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.group import WorkerStartError
 from supervisor.runtime.incidents import IncidentFlow, Now
+from supervisor.runtime.lifecycle import Ended, Ending, Lifecycle, Relaunching, Running, Stopping
 from supervisor.runtime.machinery import WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
@@ -112,6 +115,7 @@ class Controller:
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
+        """Why a person asked the job to stop; set by an actor thread, acted on by the loop (``Stopping``)."""
         self.workers = workers or WorkerSupervision(job, self.settings)
         self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
                                          job.checkpoint.keep)  # fmt: skip
@@ -120,13 +124,8 @@ class Controller:
         self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0
         """Wall time the current worker generation started (directive deadlines count from it)."""
-        self.ended = False
-        """The workers are gone (finished, stopped or failed): no record and no ack will come."""
-        self.ending: tuple[JobPhase, str] | None = None
-        self._stop_sent = 0.0
-        self._finish_sent: str | None = None
-        self.restarting: Restarting | None = None
-        """Set from a group's shutdown to its successor's launch: no plan step runs meanwhile."""
+        self.lifecycle: Lifecycle = Running()
+        """What the workers do and how the job ends once they are down (``lifecycle.py``)."""
         self._last_persist = 0.0
         self._written: str | None = None  # the state file's content as this controller last wrote it
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
@@ -145,6 +144,11 @@ class Controller:
         self.state.phase = phase
         self.state.reason = reason
         self.log.info("phase", old=old.value, new=phase.value, reason=reason, step=self.current_step)
+
+    def set_lifecycle(self, new: Lifecycle, reason: str) -> None:
+        old, self.lifecycle = self.lifecycle, new
+        if new != old:
+            self.log.info("lifecycle", old=repr(old), new=repr(new), reason=reason, step=self.current_step)
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> JobPhase:
@@ -167,14 +171,13 @@ class Controller:
         """One pass of the loop; True when it changed something (the loop then goes on at once)."""
         self.effects_applied = []
         busy = self.ingest()
-        if self.restarting is None:  # no plan step while no workers exist to carry it out
+        if not isinstance(self.lifecycle, Relaunching):  # no plan step while no workers exist to carry it out
             busy |= self.advance_plan()
         self._send_stop_if_asked()
-        if self.restarting is not None:
-            self._maybe_relaunch(self.restarting)
-        elif not self.ended:
-            event = self.workers.watch(self._silent_ranks())
-            if event is not None:
+        match self.lifecycle:
+            case Relaunching(restart, then) if time.monotonic() >= restart.due:
+                self._relaunch(restart, then)
+            case Running() if (event := self.workers.watch(self._silent_ranks())) is not None:
                 self.on_group_event(event)
         self.tend()
         self.settle_end()
@@ -191,9 +194,7 @@ class Controller:
             if found:
                 self._reacquire_acks()
             elif not self.phase.is_terminal:
-                self.on_group_event(
-                    GroupEvent("lost", (), "no workers found when the supervisor re-attached")
-                )
+                self._restart(GroupEvent("lost", (), "no workers found when the supervisor re-attached"))
             return
         if self.workers.exists_on_cluster():
             raise RuntimeBackendError(
@@ -210,10 +211,8 @@ class Controller:
         try:
             self._launch(resume, self.directives.last_seq)
         except SupervisorError as exc:
-            self.workers.shutdown()
-            self.ended = True
             self.state.exit_code = exc.exit_code
-            self._end(JobPhase.FAILED, exc.one_line())
+            self._end_now(JobPhase.FAILED, exc.one_line())
             return
         self._group_started()
 
@@ -300,7 +299,7 @@ class Controller:
                 self.assembler.add(rank, rec, tag)
             if self._trace is not None and fresh:
                 self._trace.write(fresh)
-        self._analyse_ready(final=self.ended)
+        self._analyse_ready(final=self.workers_gone())
         return took
 
     def _analyse_ready(self, *, final: bool) -> None:
@@ -365,20 +364,22 @@ class Controller:
     def _workers_finished(self) -> None:
         """Every rank returned. Whatever is still to analyse is analysed, and a pending incident
         still gets its plan (its worker actions are then recorded as skipped, never as done)."""
-        self.ended = True
-        self.workers.shutdown()
+        self._take_down("every rank returned")
         self._analyse_ready(final=True)
         self._finalize_open()
         self.log.info("workers_finished", step=self.current_step, pending_incident=not self.flow.idle)
 
     def settle_end(self) -> None:
         """Finish the job once nothing is left to handle; release workers held at their last step."""
-        if self.phase.is_terminal or self.restarting is not None:
+        if self.phase.is_terminal:
             return
-        if self.ended:
-            if self.flow.idle and not self._finalize_open():
-                self._finish_job()
-            return
+        match self.lifecycle:
+            case Ended(ending) if self.flow.idle and not self._finalize_open():
+                self._finish_job(ending)
+            case Running():
+                self._release_held()
+
+    def _release_held(self) -> None:
         held = self.state.held_at
         if len(held) < self.world_size or not held:
             return
@@ -386,14 +387,14 @@ class Controller:
         if self.assembler.watermark < last or self._finalize_open() or not self.flow.idle:
             return  # steps still to analyse, or an incident to handle while the workers wait
         release = f"finish-g{self.state.generation}-s{last}"
-        if self._finish_sent != release:
+        if isinstance(live := self.lifecycle, Running) and live.released != release:
             self.tend(final=True)
             self.issue(Finish(reason="no incident is left to handle", id=release))
-            self._finish_sent = release
+            self.set_lifecycle(replace(live, released=release), "ranks held at their last step released")
 
-    def _finish_job(self) -> None:
-        if self.ending is not None:
-            phase, reason = self.ending
+    def _finish_job(self, ending: Ending | None) -> None:
+        if ending is not None:
+            phase, reason = ending.phase, ending.reason
         elif self.flow.unfinished:
             phase, reason = JobPhase.UNFINISHED, self.flow.unfinished
         elif self.stop_requested:
@@ -409,20 +410,25 @@ class Controller:
         self.close_time_lost()
         self.set_phase(phase, reason)
 
+    def _take_down(self, why: str) -> None:
+        """The workers are gone from here on: no record and no ack will come."""
+        self.workers.shutdown()
+        self.set_lifecycle(self.lifecycle.taken_down(), why)
+
+    def _end_now(self, phase: JobPhase, reason: str) -> None:
+        self._take_down(reason)
+        self._end(phase, reason)
+
     def _send_stop_if_asked(self) -> None:
-        if self.stop_requested and not self._stop_sent and not self.ended:
+        """A stop asked for goes out once, as a directive; workers not down in time are killed."""
+        live, timeout = self.lifecycle.resumed(), self.settings.directive_timeout_s
+        if self.stop_requested and not isinstance(live, Stopping | Ended):
             self.issue(Stop(reason=self.stop_requested, id=f"stop-{int(time.time())}"))
-            self._stop_sent = time.monotonic()
-            self.ending = self.ending or (JobPhase.STOPPED, f"stopped on request: {self.stop_requested}")
-        elif (
-            self._stop_sent
-            and not self.ended
-            and time.monotonic() - self._stop_sent > self.settings.directive_timeout_s
-        ):
-            self.workers.shutdown()
-            self.ended = True
-            self._end(JobPhase.STOPPED, f"stop requested ({self.stop_requested}); workers killed after "
-                                        f"directive_timeout_s={self.settings.directive_timeout_s:g}s")  # fmt: skip
+            why = f"stopped on request: {self.stop_requested}"
+            self.set_lifecycle(self.lifecycle.stopping(why, time.monotonic()), "the stop directive went out")
+        elif isinstance(live, Stopping) and time.monotonic() - live.sent_at > timeout:
+            self._end_now(JobPhase.STOPPED, f"stop requested ({self.stop_requested}); workers killed after "
+                                            f"directive_timeout_s={timeout:g}s")  # fmt: skip
 
     # -- restarts ---------------------------------------------------------------------------------
     def _restart(self, event: GroupEvent) -> None:
@@ -432,11 +438,9 @@ class Controller:
         reached = self.assembler.reached()
         at = max(self.current_step, reached + 1 if reached is not None else self.current_step)
         resumed = self.state.restart_resumed_at
-        no_step = resumed is not None and at <= resumed + 1  # the restarted group trained no step
-        if no_step and resumed is not None and self._quarantined(resumed):
-            # The ranks' restore check refused the checkpoint it resumed from (and quarantined it):
-            # the next start resumes from another one, so this is no start-up error that repeats.
-            no_step = False
+        # The restarted group trained no step; unless its ranks' restore check refused (and quarantined)
+        # the checkpoint it resumed from: the next start resumes from another, no start-up error repeats.
+        no_step = resumed is not None and at <= resumed + 1 and not self._quarantined(resumed)
         self.state.restarts_without_progress = self.state.restarts_without_progress + 1 if no_step else 0
         decision = decide(event, self.state.restart_steps, at, self.restart_settings,
                           without_progress=self.state.restarts_without_progress)  # fmt: skip
@@ -448,9 +452,7 @@ class Controller:
             self.incidents.record(incident.id, EventKind.ESCALATED, actor="supervisor",
                                   payload={"reason": decision.reason})  # fmt: skip
             move(self.incidents, incident.id, IncidentState.ESCALATED, decision.reason, self.current_step)
-            self.workers.shutdown()
-            self.ended = True
-            self._end(JobPhase.FAILED, decision.reason)
+            self._end_now(JobPhase.FAILED, decision.reason)
             return
         # Record the intent before touching anything; then replace the group.
         began = self.incidents.begin(incident.id, EventKind.WORKER_RESTARTED, actor="supervisor",
@@ -481,13 +483,12 @@ class Controller:
         self._redeliver()
         self.persist(force=True)
         # 5. Launch after the policy's backoff (the loop keeps serving meanwhile).
-        self.restarting = Restarting(time.monotonic() + delay_s, to_step, after_seq, machinery)
+        restart = Restarting(time.monotonic() + delay_s, to_step, after_seq, machinery)
+        self.set_lifecycle(Relaunching(restart, self.lifecycle.resumed()), why)
 
-    def _maybe_relaunch(self, restarting: Restarting) -> None:
-        if time.monotonic() < restarting.due:
-            return
-        self.restarting = None
-        resume, after_seq, machinery = restarting.resume_step, restarting.after_seq, restarting.machinery
+    def _relaunch(self, restart: Restarting, then: Running | Ended) -> None:
+        self.set_lifecycle(then, f"launching worker generation {self.state.generation}")
+        resume, after_seq, machinery = restart.resume_step, restart.after_seq, restart.machinery
         try:
             self._launch(resume, after_seq)
         except SupervisorError as exc:
@@ -496,9 +497,7 @@ class Controller:
                 self.incidents.finish(machinery[0], result={"error": exc.one_line()}, failed=True)
                 move(self.incidents, machinery[1], IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
                      self.current_step)  # fmt: skip
-            self.workers.shutdown()
-            self.ended = True
-            self._end(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
+            self._end_now(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
             return
         if machinery is not None:
             self.incidents.finish(
@@ -707,11 +706,10 @@ class Controller:
             case effects.RestartGroup(to_step, key, reason) if key not in self.state.effects:  # once
                 self._replace_group(to_step, key, reason, reason)
             case effects.EndJob(phase, reason):  # it ends once the workers are down
-                self.ending = (JobPhase(phase), reason)
+                self.set_lifecycle(self.lifecycle.decided(JobPhase(phase), reason), reason)
             case effects.KillWorkers(reason):  # the job's end is real, not only recorded
                 self.log.warning("workers_killed", reason=reason, step=self.current_step)
-                self.workers.shutdown()
-                self.ended = True
+                self._take_down(reason)
             case effects.BeginAction(incident, kind, step, payload, aid, irreversible):
                 self.incidents.begin(
                     incident, kind, actor="supervisor", step=step, payload=payload, action_id=aid
@@ -847,11 +845,12 @@ class Controller:
 
     def training_ended(self) -> bool:
         """No further training step will come: the workers are gone, or all hold at their last step."""
-        return self.ended or (len(self.state.held_at) == self.world_size and self.assembler.watermark >= max(
-            self.state.held_at.values()))  # fmt: skip
+        held = self.state.held_at.values()
+        return self.workers_gone() or (len(held) == self.world_size and self.assembler.watermark >= max(held))
 
     def workers_gone(self) -> bool:
-        return self.ended
+        """No record and no ack will come any more (``lifecycle.Ended``, or what a restart resumes as)."""
+        return isinstance(self.lifecycle.resumed(), Ended)
 
     # -- called from actor threads ------------------------------------------------------------
     def ingest_batch(

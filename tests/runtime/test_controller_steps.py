@@ -1,7 +1,8 @@
 """The controller stepped one loop iteration at a time with queued inputs (records, acknowledgements,
-worker-group events), asserting after each the job's phase, what is frozen, the directives issued
-and the effects the controller carried out (``Controller.effects_applied``) -- the executors return
-effects, the controller alone applies them (docs/architecture.md). As Ray Train v2's
+worker-group events, a stop asked for), asserting after each the job's phase, what is frozen, the
+directives issued, the effects the controller carried out (``Controller.effects_applied``) -- the
+executors return effects, the controller alone applies them (docs/architecture.md) -- and the
+workers' lifecycle (``Controller.lifecycle``, ``runtime/lifecycle.py``). As Ray Train v2's
 ``tests/test_controller.py`` does; the workers are ``tests/runtime/harness.py``'s ``FakeWorkers``
 (no Ray), one rank, synthetic records."""
 
@@ -11,7 +12,9 @@ import math
 import random
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
+from supervisor.incidents import IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.effects import (
     BeginAction,
@@ -27,7 +30,9 @@ from supervisor.runtime.effects import (
     SetFrozen,
     SetPhase,
 )
-from supervisor.runtime.restarts import GroupEvent
+from supervisor.runtime.lifecycle import Ended, Ending, Relaunching, Running, Stopping
+from supervisor.runtime.restarts import GroupEvent, Restarting
+from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeWorkers
@@ -62,10 +67,10 @@ def closed(state: str, *then: Any) -> list[Any]:
 class Loop:
     """One controller, its fake workers and the inputs a test queues before each iteration."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, settings: RuntimeSettings = FAST) -> None:
         job = make_job(tmp_path, "steps", max_steps=1000, policy=STEPS, resources={"num_workers": 1})
         self.workers = FakeWorkers()
-        self.ctl = Controller(job, FAST, workers=self.workers)
+        self.ctl = Controller(job, settings, workers=self.workers)
         self.ctl.boot()
         self.rng = random.Random(0)
         self.issued: list[str] = []
@@ -162,14 +167,92 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     ended += closed("escalated")
     assert loop.step()[3] == ended
     assert not loop.ctl.phase.is_terminal  # it ends once the workers are down
+    assert loop.ctl.lifecycle == Ending(phase=JobPhase.ESCALATED, reason="not a non-finite step")
     loop.workers.events.append(GroupEvent("finished"))
     assert loop.step()[0] is JobPhase.ESCALATED
+    assert loop.ctl.lifecycle == Ended(Ending(phase=JobPhase.ESCALATED, reason="not a non-finite step"))
 
 
 def test_a_lost_worker_restarts_the_group_in_two_iterations(tmp_path: Path) -> None:
     loop = Loop(tmp_path)
     loop.records(1, 40)
     assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    assert loop.ctl.lifecycle == Running()
     loop.workers.events.append(GroupEvent("lost", (0,), "node lost"))
-    assert loop.step()[0] is JobPhase.RESTARTING and loop.ctl.state.generation == 1
-    assert loop.step()[0] is JobPhase.RUNNING and loop.workers.launches[-1][0] == 1
+    # The group is down and its successor due at once (backoff_s: 0), from scratch (no checkpoint);
+    # the launch finishes the fault's worker_restarted event (2) of its machinery incident (1).
+    assert loop.step() == (JobPhase.RESTARTING, False, [], [])
+    restart = Restarting(due=ANY, resume_step=None, after_seq=0, machinery=(2, 1))
+    assert loop.ctl.lifecycle == Relaunching(restart, then=Running())
+    assert loop.ctl.state.generation == 1 and not loop.workers.running
+    assert loop.workers.launches == [(0, None, 0)]  # the first generation's only
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    assert loop.ctl.lifecycle == Running() and loop.workers.launches[-1] == (1, None, 0)
+    assert loop.ctl.incidents.get(1).state is IncidentState.RESOLVED
+
+
+def test_a_stop_request_goes_out_once_and_the_job_ends_stopped_when_the_workers_return(
+    tmp_path: Path,
+) -> None:
+    loop = Loop(tmp_path)
+    loop.records(1, 40)
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    loop.ctl.request_stop("operator")
+    phase, frozen, (stop,), fx = loop.step()
+    assert (phase, frozen, fx) == (JobPhase.RUNNING, False, []) and stop.startswith("stop-")
+    stopping = Stopping(phase=JobPhase.STOPPED, reason="stopped on request: operator", sent_at=ANY)
+    assert loop.ctl.lifecycle == stopping and loop.ctl.directives.entries[-1]["kind"] == "stop"
+    sent = loop.ctl.lifecycle
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])  # once: no second stop, the same clock
+    assert loop.ctl.lifecycle is sent and loop.workers.running
+    loop.workers.events.append(GroupEvent("finished"))
+    assert loop.step() == (JobPhase.STOPPED, False, [], [])
+    assert loop.ctl.lifecycle == Ended(sent)
+    assert loop.ctl.state.reason == "stopped on request: operator" and loop.ctl.status()["exit_code"] == 1
+
+
+def test_workers_that_do_not_stop_in_time_are_killed_and_the_job_ends_stopped(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, FAST.model_copy(update={"directive_timeout_s": 0.0}))
+    loop.records(1, 40)
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    loop.ctl.request_stop("operator")
+    assert loop.step()[0] is JobPhase.RUNNING and isinstance(sent := loop.ctl.lifecycle, Stopping)
+    assert loop.step() == (JobPhase.STOPPED, False, [], [])  # no group event: the stop went unanswered
+    assert loop.ctl.lifecycle == Ended(sent) and not loop.workers.running
+    assert loop.ctl.state.reason == "stop requested (operator); workers killed after directive_timeout_s=0s"
+
+
+def test_a_stop_asked_for_during_a_restart_goes_to_the_new_generation(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.records(1, 40)
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    loop.workers.events.append(GroupEvent("lost", (0,), "node lost"))
+    assert loop.step()[0] is JobPhase.RESTARTING and isinstance(loop.ctl.lifecycle, Relaunching)
+    loop.ctl.request_stop("operator")
+    # The stop goes out while no workers exist (after the log position the new generation reads
+    # from) and survives the relaunch, its clock running since it went out.
+    phase, _, (stop,), _ = loop.step()
+    assert phase is JobPhase.RUNNING and loop.workers.launches[-1] == (1, None, 0)
+    assert loop.ctl.lifecycle == Stopping(
+        phase=JobPhase.STOPPED, reason="stopped on request: operator", sent_at=ANY
+    )
+    issued = loop.ctl.directives.entries[-1]
+    assert (issued["id"], issued["kind"], issued["seq"]) == (stop, "stop", 1)  # read after seq 0
+    loop.workers.events.append(GroupEvent("finished"))
+    assert loop.step()[0] is JobPhase.STOPPED and isinstance(loop.ctl.lifecycle, Ended)
+
+
+def test_ranks_held_at_the_end_are_released_once_and_the_job_finishes(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.records(1, 40)
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    loop.ctl.ingest_batch(0, [{"step": 40, "rank": 0, "control": True, "events": ["end_reached:40"]}])
+    # Nothing is left to handle: the held rank is released at once, by one Finish.
+    assert loop.step() == (JobPhase.RUNNING, False, ["finish-g0-s40"], [])
+    assert loop.ctl.lifecycle == Running(released="finish-g0-s40")
+    assert loop.step() == (JobPhase.RUNNING, False, [], [])
+    assert loop.ctl.lifecycle == Running(released="finish-g0-s40")
+    loop.workers.events.append(GroupEvent("finished"))
+    assert loop.step() == (JobPhase.FINISHED, False, [], [])
+    assert loop.ctl.lifecycle == Ended() and loop.ctl.state.reason == "all 1 ranks finished"
+    assert loop.ctl.status()["exit_code"] == 0
