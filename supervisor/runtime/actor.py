@@ -104,7 +104,7 @@ class SupervisorActor:
         return {"refused": str(exc), "acked": 0}
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        """Directives after ``after_seq``; a long poll of up to ``wait_s`` when there are none yet."""
+        """A long poll of up to ``wait_s`` (at most 5 s) when there are none after ``after_seq`` yet."""
         return self.ctl.directives_after(rank, after_seq, min(wait_s, 5.0))
 
     def status(self) -> dict[str, Any]:
@@ -122,7 +122,6 @@ class SupervisorActor:
         self.ctl.request_stop(reason)
 
     def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
-        """Block until the job reaches a terminal phase (or the timeout); returns the status."""
         self.done.wait(timeout_s)
         return self.status()
 

@@ -7,7 +7,7 @@ wait(handle)                           # until finished / escalated / failed / s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -57,17 +57,16 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
 
 
 def launch(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
-    """Start the supervisor actor for a new run of ``job``; it launches the worker group."""
+    """A supervisor actor for a new run of ``job``; it launches the worker group."""
     return _start(job, settings, attach=False, detached=detached)
 
 
 def attach(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
-    """Start a supervisor that resumes ``job`` from its incident store and state file."""
+    """A supervisor that resumes ``job`` from its incident store and state file."""
     return _start(job, settings, attach=True, detached=detached)
 
 
 def find(job_name: str) -> Any:
-    """The running supervisor actor of ``job_name``; RuntimeBackendError if there is none."""
     try:
         return ray.get_actor(supervisor_name(job_name), namespace=NAMESPACE)
     except ValueError:
@@ -89,8 +88,7 @@ def list_jobs() -> list[str]:
 
 def status(handle: Any, timeout_s: float = 10.0) -> dict[str, Any]:
     try:
-        result: dict[str, Any] = ray.get(handle.status.remote(), timeout=timeout_s)
-        return result
+        return cast(dict[str, Any], ray.get(handle.status.remote(), timeout=timeout_s))
     except (RayActorError, GetTimeoutError) as exc:
         raise RuntimeBackendError(f"the supervisor does not answer: {type(exc).__name__}") from None
 
@@ -117,8 +115,7 @@ def follow(handle: Any, job: JobSpec, show: Any) -> dict[str, Any]:
     had ended (``supervisor stop`` from another shell waits for the end, then kills it) can no
     longer answer: the outcome is then read from its state file, so a stopped job exits 1, not 3."""
     try:
-        result: dict[str, Any] = show(lambda: status(handle, timeout_s=60))
-        return result
+        return cast(dict[str, Any], show(lambda: status(handle, timeout_s=60)))
     except RuntimeBackendError:
         ended = ended_status(job)
         if ended is None:
@@ -131,10 +128,8 @@ def stop(handle: Any, reason: str = "stop requested") -> None:
 
 
 def wait(handle: Any, timeout_s: float | None = None) -> dict[str, Any]:
-    result: dict[str, Any] = ray.get(
-        handle.wait.remote(timeout_s), timeout=None if timeout_s is None else timeout_s + 30
-    )
-    return result
+    ref = handle.wait.remote(timeout_s)
+    return cast(dict[str, Any], ray.get(ref, timeout=None if timeout_s is None else timeout_s + 30))
 
 
 def job_of_running(job_name: str) -> JobSpec | None:
@@ -146,8 +141,7 @@ def job_of_running(job_name: str) -> JobSpec | None:
         return JobSpec.model_validate(ray.get(handle.spec.remote(), timeout=10))
     except (ValueError, RayActorError, GetTimeoutError):
         pass
-    names = WorkerGroup.names(job_name)
-    for name in names:
+    for name in WorkerGroup.names(job_name):
         try:
             worker = ray.get_actor(name, namespace=NAMESPACE)
             return JobSpec.model_validate(ray.get(worker.spec.remote(), timeout=10))

@@ -1,20 +1,17 @@
 """Group every rank's records by step, so the detector sees one step at a time, in order.
 
-A step is released when all ranks reported it. A rank's records arrive in order, so once a
-rank has reported a *later* step its record of this one is lost for good (dropped by its
-buffer): the step is released at once with the ranks present, and the gap is counted and
-reported (``missing``), never waited out. Only a rank that reported nothing newer holds a
-step, for at most ``deadline_s`` (a rank that stays silent is the hang detector's business).
-Steps at or below the watermark were analysed already and are dropped: that makes a resent
-batch harmless.
+A step is released when all ranks reported it. A rank's records arrive in order, so once it
+reported a *later* step its record of this one is lost for good: the step is released at once
+with the ranks present and the gap counted (``missing``), never waited out. Only a rank that
+reported nothing newer holds a step, for at most ``deadline_s``. Steps at or below the watermark
+were analysed already and are dropped: that makes a resent batch harmless.
 
-Each record may carry a tag (its link's id and sequence number, see ``receipts.py``);
-``on_release`` hears every tag once the record no longer waits here (analysed or dropped).
+A record's tag (link id, seq: ``receipts.py``) goes to ``on_release`` once the record no longer
+waits here (analysed or dropped).
 
-After a rollback or a group restart to step ``c`` the timeline starts again at ``c + 1``.
-Records still in flight from the abandoned timeline must not mix with the new one, so after
-:meth:`rewind` each rank is ignored until it reports a step ``<= c + 1`` (its first step on
-the new timeline; records of one rank arrive in order, see ``channel.py``).
+After a rollback or a group restart to step ``c``, records still in flight from the abandoned
+timeline must not mix with the new one: after :meth:`rewind` each rank is ignored until it
+reports a step ``<= c + 1`` (its first step on the new timeline).
 """
 
 from __future__ import annotations
@@ -63,8 +60,8 @@ class StepAssembler:
         self.last_step: dict[int, int] = {}
 
     def add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None = None) -> None:
-        """Take one record (a dict as sent by a worker, or a ``Record`` decoded from a packed batch,
-        its rank already its link's when it named none); unusable records are counted and skipped."""
+        """One record (a dict as sent, or a ``Record`` decoded from a packed batch); unusable ones are
+        counted and skipped."""
         if not self._add(rank, raw, tag) and tag is not None:
             self.on_release(tag)
 
@@ -137,16 +134,11 @@ class StepAssembler:
             self.on_release(tag)
 
     def reached(self) -> int | None:
-        """The furthest step any rank reported on this timeline (None: none yet).
-
-        In data-parallel training a rank completes a step only together with the others (the
-        gradient all-reduce), so this is also how far the whole group got: the records of a
-        rank that died may have been lost in its send buffer, but its peers' were not.
-        """
+        """The furthest step any rank reported on this timeline (None: none yet): how far the whole
+        group got, since a rank completes a step only together with the others (the all-reduce)."""
         return max(self.last_step.values(), default=None)
 
     def rewind(self, to_step: int) -> None:
-        """The job continues from the checkpoint at ``to_step``: drop the abandoned timeline."""
         self.watermark = to_step
         self.last_step.clear()
         for step in list(self._pending):

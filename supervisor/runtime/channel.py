@@ -1,18 +1,14 @@
 """The worker side of the telemetry channel: records out, directives in, over Ray actor calls.
 
-A rank has at most one ``ingest`` call in flight. That keeps its batches in order at the
-supervisor (a threaded actor does not order calls) and makes batches grow under load
-instead of piling up calls.
+A rank has at most one ``ingest`` call in flight: its batches stay in order at the supervisor
+(a threaded actor does not order calls), and batches grow under load instead of calls piling up.
 
-Records are numbered (``seq``, per link; the link has an id of its own) and kept after they
-were sent, until the supervisor answers that it has *durably* accepted them (its state with
-them in it is on disk; see ``receipts.py``). Every call says which numbers the link still
-holds; a supervisor that lacks some of them (a new incarnation: killed, restarted by Ray,
-or re-attached) answers ``resend_from`` and the link sends everything from there again,
-in order; the supervisor drops numbers it already has. While the
-supervisor is busy, dead or restarting, records wait in a bounded buffer; when the bound is
-hit the oldest are dropped and counted (the gap in the numbering tells the supervisor too),
-never the training step blocked.
+Records are numbered (``seq``, per link id) and kept after they were sent until the supervisor
+answers that it has *durably* accepted them (see ``receipts.py``). Every call says which numbers
+the link still holds; a supervisor that lacks some (a new incarnation) answers ``resend_from``
+and the link sends everything from there again, in order. While the supervisor is busy, dead or
+restarting, records wait in a bounded buffer; at the bound the oldest are dropped and counted
+(the gap in the numbering tells the supervisor too), never the training step blocked.
 """
 
 from __future__ import annotations
@@ -28,6 +24,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from supervisor.logging import get_logger
 from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.sdk.directives import Directive
+from supervisor.sdk.transport import HOLD_AT_END_S  # the same hold as a command entrypoint's process
 from supervisor.sdk.wire import pack
 
 log = get_logger("supervisor.runtime.channel")
@@ -45,8 +43,6 @@ FLUSH_ACK_POLL_S = 0.5
 
 
 class SupervisorLink:
-    """Sends this rank's record batches to the supervisor actor and fetches directives from it."""
-
     def __init__(
         self, job: str, rank: int, *, buffer_records: int, poll_interval_s: float, after_seq: int = 0
     ) -> None:
@@ -81,7 +77,6 @@ class SupervisorLink:
         if rank == 0:
             self._poller.start()
 
-    # -- called by the SDK transport ------------------------------------------------------
     def sink(self, batch: list[dict[str, Any]]) -> None:
         """Queue a batch of records (never blocks on the network)."""
         with self._lock:
@@ -97,7 +92,6 @@ class SupervisorLink:
         self._pump()
 
     def take_directives(self) -> list[dict[str, Any]]:
-        """Directives received since the last call, oldest first, as plain dicts."""
         with self._lock:
             out = list(self._directives)
             self._directives.clear()
@@ -114,7 +108,6 @@ class SupervisorLink:
         return True
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Flush what is buffered (bounded wait) and stop the background thread."""
         self.flush(timeout_s)
         self._stop.set()
         self._thread.join(timeout=2.0)
@@ -137,7 +130,6 @@ class SupervisorLink:
                 "after_id": self._after_id,
             }
 
-    # -- background -------------------------------------------------------------------------
     def _note(self, rec: dict[str, Any]) -> None:
         if isinstance(rec.get("step"), int):
             self.last_step = rec["step"]
@@ -237,8 +229,7 @@ class SupervisorLink:
         handle = self._supervisor()
         if handle is None:
             return False
-        try:
-            # A long poll: the call returns as soon as a directive is issued (or after LONG_POLL_S).
+        try:  # returns as soon as a directive is issued (or after LONG_POLL_S)
             new = ray.get(
                 handle.directives.remote(self.rank, self._after_id, LONG_POLL_S), timeout=LONG_POLL_S + 10
             )
@@ -251,3 +242,34 @@ class SupervisorLink:
                 self._after_id = max(self._after_id, int(d.pop("seq")))
                 self._directives.append(d)
         return True
+
+
+class RayTransport:
+    """The SDK's Transport over a :class:`SupervisorLink`, which already batches, bounds and sends in
+    the background: ``send`` costs a lock and a deque append on the training thread."""
+
+    hold_at_end_s = HOLD_AT_END_S
+
+    def __init__(self, link: SupervisorLink) -> None:
+        self.link = link
+
+    def send(self, batch: list[dict[str, Any]]) -> None:
+        self.link.sink(batch)
+
+    def poll(self) -> list[Any]:
+        return [Directive.from_dict(d) for d in self.link.take_directives()]
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return self.link.flush(timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.link.close(timeout_s)
+
+    @property
+    def dropped(self) -> int:
+        return self.link.dropped
+
+    @property
+    def supervisor_answers(self) -> int:
+        """Answers from the supervisor so far (the SDK's guard: sdk/guard.py)."""
+        return self.link.answers

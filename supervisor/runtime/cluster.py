@@ -1,13 +1,12 @@
 """Connecting to Ray: a fresh local instance when the job names no address, a cluster otherwise.
 
-``ray.address`` absent or ``local``: a foreground ``launch`` starts a fresh in-process local
-Ray that lives as long as the command, even when another Ray cluster runs on the machine
-(``ray.init(address="local")``: neither ``$RAY_ADDRESS`` nor the last ``ray start`` is joined).
-``--detach`` needs a Ray that outlives the command, so it joins the local head started
-with ``ray start --head`` or starts one. ``auto``, ``host:port`` and ``ray://host:port`` join
-that cluster. Whatever happened is one line (``describe``), which ``launch`` prints first;
-every failure is one ``RuntimeBackendError`` line, and an address where nothing listens
-fails in seconds instead of Ray's minutes of retries.
+``ray.address`` absent or ``local``: a foreground ``launch`` starts a fresh in-process Ray that
+lives as long as the command, even when another Ray runs on the machine (neither
+``$RAY_ADDRESS`` nor the last ``ray start`` is joined). ``--detach`` needs a Ray that outlives
+the command: it joins the local head of ``ray start --head``, or starts one. ``auto``,
+``host:port`` and ``ray://host:port`` join that cluster. What happened is one line
+(``describe``); every failure is one ``RuntimeBackendError`` line, and an address where nothing
+listens fails in seconds instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 
 def head_node_id(nodes: list[dict[str, object]] | None = None) -> str | None:
-    """The id of the cluster's live head node (``ray.nodes()`` unless given), or None."""
     for node in ray.nodes() if nodes is None else nodes:
         resources = node.get("Resources")
         if node.get("Alive") and isinstance(resources, dict) and HEAD_RESOURCE in resources:
@@ -49,7 +47,7 @@ def needed_cpus(job: JobSpec) -> int:
 
 
 def connect(job: JobSpec, *, persistent: bool = False) -> str:
-    """Connect this process to the Ray the job names; returns one line saying which Ray it is."""
+    """Returns one line saying which Ray this process joined or started."""
     if ray.is_initialized():
         return describe(joined=True)
     address = job.ray.address
@@ -90,7 +88,6 @@ def _init(
 
 
 def describe(*, joined: bool) -> str:
-    """One line: which Ray this process is connected to, and what it offers."""
     resources = ray.cluster_resources()
     cpus = int(resources.get("CPU", 0))
     gpus = int(resources.get("GPU", 0))
@@ -123,7 +120,6 @@ def connect_existing(address: str | None) -> None:
 
 
 def _probe(address: str) -> None:
-    """Fail in seconds, with one line, when nothing listens at the cluster's address."""
     target = address
     if address == "auto":
         from ray._private.services import canonicalize_bootstrap_address

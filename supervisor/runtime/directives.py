@@ -1,15 +1,14 @@
 """The supervisor's side of directives: an ordered log workers read from, and their acknowledgements.
 
-Each directive gets a sequence number; a worker asks for everything after the last number
-it saw. The log is persisted (``RuntimeState``) *before* a directive becomes visible, so a
-restarted supervisor never re-issues, under a new number, a directive a worker already
-fetched: that is what keeps a rollback from running twice. Directive ids are derived from
-the plan action that issued them, so the same action always names the same directive.
+Each directive gets a sequence number; a worker asks for everything after the last one it saw.
+The log is persisted (``RuntimeState``) *before* a directive becomes visible, so a restarted
+supervisor never re-issues under a new number a directive a worker already fetched: that keeps a
+rollback from running twice. Ids derive from the plan action, so an action always names the same
+directive.
 
-A new worker generation does not read the old log from the start; the directives its
-incident still needs are *re-delivered*: appended again as copies named ``<id>@g<gen>``.
-An acknowledgement of a copy counts for the original id, so the action waiting on it
-finishes exactly once, whichever generation carried it out.
+A new worker generation does not read the old log from the start; the directives its incident
+still needs are *re-delivered* as copies named ``<id>@g<gen>``. An acknowledgement of a copy
+counts for the original id, so the action waiting on it finishes exactly once.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class DirectiveLog:
             return any(e["id"] == directive_id for e in self._entries)
 
     def append(self, directive: Directive) -> int:
-        """Add a directive (idempotent by id); returns its sequence number."""
+        """Idempotent by id; returns its sequence number."""
         body = directive.to_dict()
         with self._lock:
             for e in self._entries:
@@ -104,7 +103,6 @@ class DirectiveLog:
             return [e for e in self._entries if e["seq"] > seq]
 
     def note_events(self, rank: int, step: int, events: list[str]) -> None:
-        """Record acknowledgements carried by one record's events."""
         for ev in events:
             for prefix, table in ((_APPLIED, self.acks), (_FAILED, self.failures)):
                 if ev.startswith(prefix):

@@ -14,7 +14,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
@@ -36,15 +36,13 @@ PLACEMENT_POLL_S = 1.0
 
 
 class GroupDoesNotFit(RuntimeBackendError):
-    """The cluster's live nodes cannot hold the worker group (a node was lost): Ray's resources, not
-    the job, are what failed (exit code 3), and waiting does not help unless nodes join
-    (``resources.wait_for_nodes_s``). Never retried as a start failure."""
+    """The cluster's live nodes cannot hold the worker group (a node was lost; exit code 3). Never
+    retried as a start failure: only nodes joining help (``resources.wait_for_nodes_s``)."""
 
 
 class WorkerStartError(RuntimeBackendError):
-    """A worker group that did not start: not placed in time, or a rank that did not answer or
-    failed to begin. Ray's problem, not the job's (exit code 3); the controller retries it within
-    the restart budget (``Controller._launch``)."""
+    """A worker group not placed in time, or a rank that did not answer or failed to begin (exit
+    code 3); the controller retries it within the restart budget (``Controller._launch``)."""
 
 
 def worker_actor_name(job: str, generation: int, rank: int) -> str:
@@ -53,16 +51,12 @@ def worker_actor_name(job: str, generation: int, rank: int) -> str:
 
 @dataclass(frozen=True)
 class GroupHealth:
-    """What the group is doing, as a value the controller decides on."""
-
     state: str  # "running" | "finished" | "failed" | "lost"
     rank: int | None = None
     reason: str = ""
 
 
 class WorkerGroup:
-    """A generation of the job's workers on Ray."""
-
     def __init__(self, job: JobSpec, settings: RuntimeSettings, generation: int) -> None:
         self.job = job
         self.settings = settings
@@ -77,7 +71,6 @@ class WorkerGroup:
         """Rank -> the node it was placed on (what names the ranks a lost node took with it)."""
         self.log = get_logger("supervisor.runtime.group", job=job.name, generation=generation)
 
-    # -- lifecycle ----------------------------------------------------------------------------
     def launch(self, resume_step: int | None, *, after_seq: int = 0, ready_timeout_s: float = 120.0) -> None:
         """Place and start every rank; training begins from ``resume_step`` (None: fresh)."""
         res = self.job.resources
@@ -139,8 +132,7 @@ class WorkerGroup:
         )
 
     def _await_placement(self, bundle: dict[str, float], timeout_s: float) -> None:
-        """Wait for the placement group, failing at once (``GroupDoesNotFit``) when the live nodes'
-        total resources cannot hold it for longer than ``resources.wait_for_nodes_s``, and with a
+        """``GroupDoesNotFit`` once the live nodes cannot hold it for ``resources.wait_for_nodes_s``;
         ``WorkerStartError`` when it is not placed within ``timeout_s`` though it would fit."""
         assert self.pg is not None
         ready = self.pg.ready()
@@ -183,11 +175,10 @@ class WorkerGroup:
         return {int(rank): str(node) for rank, node in table.items() if node}
 
     def lost_ranks(self) -> dict[int, str]:
-        """Rank -> "node <ip> (<id>)" for every rank on a lost node: one the cluster no longer counts
-        alive, or one whose raylet no longer takes a connection (Ray declares such a node dead only
-        after its health checks have failed for a while). Every rank placed on a lost node is
-        named, whatever it reported first: a rank there may still fail in a collective, its actor
-        answering for a moment, before its process goes with the node."""
+        """Rank -> "node <ip> (<id>)" for every rank placed on a lost node -- not alive to the cluster,
+        or its raylet no longer takes a connection (Ray declares it dead only after its health checks
+        failed for a while) -- whatever the rank reported first: it may still fail in a collective
+        before its process goes with the node."""
         if not self.rank_nodes:
             return {}
         nodes = {str(n["NodeID"]): n for n in ray.nodes()}
@@ -241,10 +232,10 @@ class WorkerGroup:
         return group
 
     def shutdown(self) -> None:
-        """Kill every rank and release the placement; safe to call twice."""
+        """Safe to call twice."""
         if self.job.is_command and self.workers:
-            # A command's process gets SIGTERM and a grace period to exit before its actor (and,
-            # through PDEATHSIG, anything it left behind) is killed.
+            # A command's process gets SIGTERM and a grace period before its actor (and, through
+            # PDEATHSIG, anything it left behind) is killed.
             from supervisor.runtime.process import STOP_GRACE_S
 
             refs = [w.terminate.remote(STOP_GRACE_S) for w in self.workers]
@@ -262,13 +253,9 @@ class WorkerGroup:
                 self.log.debug("pg_remove_failed", error=repr(exc))
             self.pg = None
 
-    # -- health -------------------------------------------------------------------------------
     def health(self) -> GroupHealth:
-        """Non-blocking: finished when every rank finished, failed/lost as soon as one rank is.
-
-        Ray is asked at most once per ``loop_interval_s``: the loop runs once per batch of records
-        while they flow, and a rank's end is not news that needs a ``ray.wait`` per batch.
-        """
+        """Non-blocking: finished when every rank finished, failed/lost as soon as one rank is. Ray is
+        asked at most once per ``loop_interval_s``: the loop runs once per batch while records flow."""
         pending = [ref for rank, ref in self._waits.items() if rank not in self._outcomes]
         now = time.monotonic()
         if pending and now >= self._next_check:
@@ -292,17 +279,14 @@ class WorkerGroup:
         if not self.workers:
             return None
         try:
-            found: dict[str, Any] | None = ray.get(
-                self.workers[0].rollback_target.remote(max_step, min_mark), timeout=timeout_s
-            )
+            found = ray.get(self.workers[0].rollback_target.remote(max_step, min_mark), timeout=timeout_s)
         except RayError as exc:  # GetTimeoutError and a dead actor alike
             self.log.warning("rollback_target_on_rank_failed", error=type(exc).__name__,
                              why="the supervisor searches itself")  # fmt: skip
             return None
-        return found
+        return cast(dict[str, Any] | None, found)
 
     def statuses(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-        """Each rank's status (``{"state": "lost"}`` for a rank that does not answer)."""
         refs = [w.status.remote() for w in self.workers]
         out = []
         deadline = time.monotonic() + timeout_s
@@ -314,7 +298,6 @@ class WorkerGroup:
         return out
 
     def unreachable_ranks(self, timeout_s: float = 5.0) -> list[int]:
-        """Ranks whose actor does not answer a status call within ``timeout_s`` (dead or cut off)."""
         return [rank for rank, st in enumerate(self.statuses(timeout_s)) if st.get("state") == "lost"]
 
     def pids(self) -> list[int]:
@@ -327,8 +310,7 @@ class WorkerGroup:
 
 def _outcome(ref: Any) -> dict[str, Any]:
     try:
-        result: dict[str, Any] = ray.get(ref)
-        return result
+        return cast(dict[str, Any], ray.get(ref))
     except RayActorError as exc:
         return {"state": "lost", "error": f"worker actor died: {type(exc).__name__}"}
 
@@ -338,9 +320,8 @@ RAYLET_PROBE_S = 2.0
 
 
 def raylets_gone(nodes: list[dict[str, Any]], timeout_s: float = RAYLET_PROBE_S) -> set[str]:
-    """Ids of the ``nodes`` (``ray.nodes()`` entries) whose raylet does not take a TCP connection
-    within ``timeout_s`` (refused: the raylet died; no answer: the machine or its network went),
-    probed at once; a node without a known raylet port is not judged."""
+    """Ids of the ``nodes`` whose raylet takes no TCP connection within ``timeout_s`` (refused: the
+    raylet died; no answer: the machine or its network went); one with no known port is not judged."""
 
     def gone(node: dict[str, Any]) -> bool:
         host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
@@ -354,15 +335,14 @@ def raylets_gone(nodes: list[dict[str, Any]], timeout_s: float = RAYLET_PROBE_S)
 
     if not nodes:
         return set()
-    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
+    with ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:  # probed at once
         verdicts = list(pool.map(gone, nodes))
     return {str(n["NodeID"]) for n, v in zip(nodes, verdicts, strict=True) if v}
 
 
 def shortfall(bundle: dict[str, float], count: int, nodes: list[dict[str, Any]]) -> str | None:
-    """Why ``count`` bundles of ``bundle`` cannot fit the live nodes' total resources (each bundle
-    on one node, as Ray places them), or None when they fit. Totals, not what is free now: what
-    other jobs hold comes back, a lost node does not."""
+    """Why ``count`` bundles cannot fit the live nodes' total resources (each bundle on one node), or
+    None. Totals, not what is free now: what other jobs hold comes back, a lost node does not."""
     alive = [n for n in nodes if n.get("Alive")]
     need = {k: v for k, v in bundle.items() if v > 0}
     fits = 0

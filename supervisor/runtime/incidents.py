@@ -57,9 +57,8 @@ def make_analyzer(job: JobSpec, saved: Any) -> StreamingAnalyzer:
 
 
 def timeline_of(step: int, rollback_targets: list[int]) -> int:
-    """Which run a step of the current history was trained on, given the targets of the rollbacks
-    so far (oldest first): the newest rollback n whose target is before it (0: the original run).
-    A later rollback to a target at or after the step kept that step as it was."""
+    """Which run a step was trained on: the newest rollback n (of ``rollback_targets``, oldest first)
+    whose target is before it; 0: the original run."""
     for n in range(len(rollback_targets), 0, -1):
         if rollback_targets[n - 1] < step:
             return n
@@ -104,14 +103,12 @@ def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
 
 @dataclass(frozen=True)
 class Now:
-    """What the incident flow reads of the job at one call, passed in by the controller (the flow
-    keeps no reference to the controller): the analysed step, the per-step aggregates, the downtime
-    so far and why a person asked the job to stop (None: nobody did)."""
+    """The job's moment, passed in with each call (the flow keeps no reference to the controller)."""
 
     step: int
     history: Sequence[StepStats]
     downtime_s: float
-    stop_reason: str | None = None
+    stop_reason: str | None = None  # why a person asked the job to stop (None: nobody did)
 
 
 Effects = list[effects.Effect]
@@ -119,9 +116,7 @@ Effects = list[effects.Effect]
 
 class IncidentFlow:
     """Incidents from the detector's updates, and the plans that handle them. The calls that may
-    change the job return what it must do as effects (an incident's move, a note in its timeline, the
-    job's phase, the state on disk, `latest` released), which the controller alone carries out, in
-    order, once the call returns."""
+    change the job return effects, which the controller alone carries out, in order."""
 
     def __init__(
         self, job: JobSpec, policy: Policy, store: Any, state: RuntimeState, checkpoints: Any
@@ -143,7 +138,6 @@ class IncidentFlow:
         self.can_replay = has_replay_hooks(job.entrypoint)
         """False: the job defines no ``replay_hooks`` (the policy then excludes without replay)."""
 
-    # -- detector side ------------------------------------------------------------------------
     def _take(self) -> Effects:
         out, self._out = self._out, []
         return out
@@ -208,10 +202,9 @@ class IncidentFlow:
         return incident_id
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
-        """A periodic chain took a new occurrence after its incident was resolved, or while it is
-        observed (``core.periodic`` attaches it to the chain's head, whose key the incident already
-        has): the fault came back. Returns the diagnosis dated at that occurrence, else None -- so
-        a recurrence is never folded silently into a closed incident."""
+        """The diagnosis dated at a periodic chain's new occurrence after its incident was resolved or
+        while it is observed (``core.periodic`` attaches it to the chain's head, whose key the incident
+        has), else None: a recurrence is never folded silently into a closed incident."""
         if d.period is None or d.end_step is not None:
             return None
         head = next((i for i in self.analyzer.incidents if i.key == key_), None)
@@ -220,8 +213,7 @@ class IncidentFlow:
         onset = int(head.facts.occurrences[-1])
         inc = self.store.get(incident_id)
         if inc.state is IncidentState.RESOLVED:
-            obs = self.store.last_done(incident_id, EventKind.OBSERVATION)
-            window = ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
+            window = self._window_end(incident_id)
             since = window if window is not None else (inc.onset_step or 0)
         elif inc.state is IncidentState.OBSERVING:
             since = inc.onset_step or 0
@@ -233,8 +225,8 @@ class IncidentFlow:
 
     def _dated(self, incident_id: int, d: Diagnosis) -> Diagnosis:
         """A periodic chain's refinement keeps the onset of the occurrence the incident was reopened
-        for: the chain dates itself at its first occurrence, which would move the reopened
-        incident's onset (and its rollback target) back to a fault already handled."""
+        for: the chain's own (its first occurrence) would move the rollback target back to a fault
+        already handled."""
         if d.period is None:
             return d
         onset = self.store.get(incident_id).onset_step
@@ -245,9 +237,8 @@ class IncidentFlow:
         )
 
     def _recurred_in_window(self, d: Diagnosis, step: int) -> int | None:
-        """The fault of the incident under observation came back inside its window: whatever its
-        severity, it is that incident's occurrence (recorded on it; the window fails on it), never
-        an incident of its own. Returns the observed incident's id, or None."""
+        """The observed incident's id when its fault came back inside its window: whatever its
+        severity, an occurrence recorded on it (the window fails on it), never an incident of its own."""
         active = self.state.active
         if active is None or self.store.get(active.incident_id).state is not IncidentState.OBSERVING:
             return None
@@ -263,15 +254,13 @@ class IncidentFlow:
         return active.incident_id
 
     def recurrences_since(self, step: int) -> list[dict[str, Any]]:
-        """Occurrences of the active incident's fault detected inside its window after ``step``."""
         if self.state.active is None:
             return []
         return [r for r in self._this_timeline(self.state.active.incident_id) if r["step"] > step]
 
     def _this_timeline(self, incident_id: int) -> list[dict[str, Any]]:
-        """The in-window occurrences recorded since the incident's last rollback or restart: one
-        detected on a timeline a later rollback abandoned neither fails the window that follows
-        nor stands for the same fault coming back on the new one."""
+        """The in-window occurrences since the incident's last rollback or restart: one on an
+        abandoned timeline neither fails the next window nor stands for the fault coming back."""
         out: list[dict[str, Any]] = []
         for e in self.store.timeline(incident_id):
             if e.kind in (EventKind.ROLLED_BACK, EventKind.WORKER_RESTARTED) and e.status is EventStatus.DONE:
@@ -282,8 +271,7 @@ class IncidentFlow:
         return out
 
     def _reopen(self, again: tuple[Resolved, str], d: Diagnosis, key: int, step: int) -> int:
-        """The same fault again: the resolved incident is reopened (same id, next attempt), so the
-        policy's ``recurrence.max_attempts`` bounds the attempts (``JobState.incident_attempt``)."""
+        """Same id, next attempt: ``recurrence.max_attempts`` bounds them (``JobState.incident_attempt``)."""
         earlier, why = again
         attempt = earlier.attempts + 1
         self.store.reopen(earlier.incident_id, d, reason=why, attempt=attempt, step=step, key=key)
@@ -293,9 +281,8 @@ class IncidentFlow:
         return earlier.incident_id
 
     def _recurrence_of(self, d: Diagnosis) -> tuple[Resolved, str] | None:
-        """The resolved incident this one repeats, and why (``recurrence.reopen_within_steps`` of its
-        onset or of the end of its observation window: ``core.policy.recurrence.reopens`` decides)
-        -- among resolved incidents of the same fault (``same_fault``), never an unrelated one."""
+        """The resolved incident of the same fault (``same_fault``) this one repeats, and why
+        (``core.policy.recurrence.reopens`` decides)."""
         rec = getattr(self.policy, "recurrence", None)
         if rec is None or not getattr(rec, "reopen_within_steps", 0):
             return None
@@ -303,15 +290,19 @@ class IncidentFlow:
         for inc in self.store.list_incidents(job=self.job.name, state=IncidentState.RESOLVED):
             if inc.onset_step is None or inc.diagnosis is None or not same_fault(inc.diagnosis, d):
                 continue
-            obs = self.store.last_done(inc.id, EventKind.OBSERVATION)
-            window = ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
+            window = self._window_end(inc.id)
             attempts = self.state.attempts_of.get(str(inc.id)) or max(1, self._plans_so_far(inc.id))
             resolved.append(Resolved(int(inc.id), int(inc.onset_step), window, attempts))
         return reopens(resolved, d.onset_step, rec)
 
+    def _window_end(self, incident_id: int) -> int | None:
+        """The last step of the incident's last observation window (None: it was never observed)."""
+        obs = self.store.last_done(incident_id, EventKind.OBSERVATION)
+        return ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
+
     def finalize_open(self, now: Now) -> tuple[bool, Effects]:
-        """No more steps will come: an incident the detector still holds open is judged now
-        (it would have become ready a few steps later). True when one was."""
+        """No more steps will come: an incident the detector still holds open is judged now. True
+        when one was."""
         inc = self.analyzer.open
         if inc is None:
             return self._judge_end(now), self._take()
@@ -338,7 +329,6 @@ class IncidentFlow:
         return bool(updates)
 
     def notify_rollback(self, to_step: int, reason: str, now: Now) -> Effects:
-        """Training continues from ``to_step``: the detector forgets the abandoned timeline."""
         updates = self.analyzer.notify_rollback(
             to_step, from_step=now.step, reason=reason, observe_steps=self._observe_steps()
         )
@@ -348,9 +338,8 @@ class IncidentFlow:
         return self._take()
 
     def _abandon_after(self, to_step: int) -> None:
-        """Incidents that began after ``to_step`` happened on a timeline training no longer has:
-        they neither fail an observation nor get a plan of their own (their state was rolled back
-        with it; a fault that persists is detected again on the new timeline)."""
+        """Incidents that began after ``to_step`` are of a timeline training no longer has: they
+        neither fail an observation nor get a plan (a fault that persists is detected again)."""
         self._opened_at = [(s, i) for s, i in self._opened_at if s <= to_step]
         active = self.state.active.incident_id if self.state.active else None
         keep = []
@@ -366,12 +355,9 @@ class IncidentFlow:
         self.state.waiting = keep
 
     def note_overrides(self, step: int, params: dict[str, Any], reason: str) -> None:
-        """The workers applied an ``apply`` after ``step``: an expected change, never evidence.
-
-        The one call site of the detector's intervention API
-        (``supervisor.core.analysis.StreamingAnalyzer.note_overrides``; a loader skip or an
-        exclusion changes the data of steps that still train: ``data=True``).
-        """
+        """The workers applied an ``apply`` after ``step``: an expected change, never evidence. The
+        one call site of ``StreamingAnalyzer.note_overrides`` (a loader skip or an exclusion changes
+        the data of steps that still train: ``data=True``)."""
         if any(
             iv.kind == "override" and iv.step == step and iv.reason == reason
             for iv in self.analyzer.interventions
@@ -390,8 +376,8 @@ class IncidentFlow:
         )
 
     def _observe_steps(self) -> int | None:
-        """How many steps the active plan's ``observe`` watches (the detector's own window then
-        covers the same steps: inside it, its own fix's effects are expected), or None."""
+        """How many steps the active plan's ``observe`` watches (the detector then expects its own
+        fix's effects over the same steps), or None."""
         active = self.state.active
         if active is None:
             return None
@@ -402,14 +388,11 @@ class IncidentFlow:
         return None
 
     def rebuild_interventions(self) -> list[str]:
-        """What this job's supervisor did, rebuilt from its own records before it reads a record.
-
-        The incident store holds every fix recorded done (its acknowledged step and its
-        parameters); the detector's saved state may be older than that record (a supervisor
-        killed between the two writes, or a state file written by an older version). A fix the
-        detector does not know -- and that no later rollback or restart took back -- is noted
-        again, so a restarted detector never takes its own re-warm, clip or exclusion for a new
-        fault. Returns the reasons of the fixes noted again."""
+        """What this job's supervisor did, rebuilt from its own records before it reads a record:
+        the detector's saved state may be older than the incident store's record of a fix done (a
+        supervisor killed between the two writes). A fix the detector does not know, and that no
+        later rollback or restart took back, is noted again, so a restarted detector never takes its
+        own re-warm, clip or exclusion for a new fault. Returns the reasons of the fixes noted again."""
         done = [
             ev
             for inc in self.store.list_incidents(job=self.job.name)
@@ -437,10 +420,8 @@ class IncidentFlow:
         active = self.state.active.incident_id if self.state.active else None
         return sum(1 for s, i in self._opened_at if s > step and i != active)
 
-    # -- plans --------------------------------------------------------------------------------
     @property
     def idle(self) -> bool:
-        """Nothing to act on: no active plan and no incident waiting."""
         return self.state.active is None and not self.state.waiting
 
     @property
@@ -453,8 +434,8 @@ class IncidentFlow:
         return self._diagnosis
 
     def begin(self, now: Now) -> tuple[ActivePlan | None, Effects]:
-        """The plan to step now (``Controller.advance_plan``) and what puts it on disk first: the
-        next waiting incident's plan starts when none runs. None: nothing to act on."""
+        """The plan to step now (the next waiting incident's when none runs; None: nothing to act
+        on) and what puts it on disk first."""
         if self.state.active is None and not self._next(now):
             return None, self._take()
         if self._plan_unsaved:  # here, not where the plan was made: that may be amid a batch of steps
@@ -471,7 +452,6 @@ class IncidentFlow:
         return self._take()
 
     def _next(self, now: Now) -> bool:
-        """Start the plan of the next waiting incident that still needs one."""
         while self.state.waiting:
             incident_id = self.state.waiting.pop(0)
             incident = self.store.get(incident_id)
@@ -525,18 +505,14 @@ class IncidentFlow:
         self._plan_unsaved = True
 
     def _count_attempt(self, incident_id: int, rule: str, delta: int) -> int:
-        """Count (or uncount) one recovery attempt of ``incident_id`` under ``rule``; returns the
-        incident's attempts."""
+        """Count (or uncount) one recovery attempt under ``rule``; returns the incident's attempts."""
         self.state.attempts[rule] = max(0, self.state.attempts.get(rule, 0) + delta)
-        n = self.state.attempts_of[str(incident_id)] = max(
-            0, self.state.attempts_of.get(str(incident_id), 0) + delta
-        )
+        key = str(incident_id)
+        n = self.state.attempts_of[key] = max(0, self.state.attempts_of.get(key, 0) + delta)
         return n
 
     def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now) -> JobState:
-        """The job as the policy engine sees it now: what it runs (LR, LR override, clip, grad
-        norm), its checkpoints, this incident's attempts, the rank-local incidents before it
-        (repeat offenders), and whether it can replay."""
+        """The job as the policy engine sees it now."""
         last = self.state.last_incident_step
         refs = None
         if self.checkpoints is not None:
@@ -564,9 +540,8 @@ class IncidentFlow:
         )
 
     def _grad_clip(self, step: int) -> float | None:
-        """The clip in force: the supervisor's newest clip override still on this timeline, else the
-        clip the job reports (``attrs.grad_clip`` in its records, or ``grad_clip`` in job.yaml's
-        ``config:``); None: not known."""
+        """The clip in force: the supervisor's newest override on this timeline, else the job's
+        (``attrs.grad_clip`` in its records, or ``grad_clip`` in job.yaml's ``config:``), else None."""
         for iv in reversed(self.analyzer.interventions):
             if iv.kind == "override" and iv.grad_clip is not None and iv.step <= step:
                 return float(iv.grad_clip)
@@ -599,8 +574,8 @@ class IncidentFlow:
         )  # fmt: skip
 
     def _maybe_replan(self, active: ActivePlan, d: Diagnosis, now: Now) -> None:
-        """Re-make the plan when the diagnosis changed so that the policy now plans differently,
-        before anything irreversible ran (``core.policy.recurrence.replan_reason``)."""
+        """Re-make the plan when the policy now plans differently, before anything irreversible ran
+        (``core.policy.recurrence.replan_reason``)."""
         if active.irreversible:
             return
         # The plan in force ran nothing irreversible: it was no recovery attempt. Planned again from
@@ -639,7 +614,6 @@ class IncidentFlow:
             self.store.attach_series(incident_id, rows, replay=replay)
 
     def _on_failure(self, active: ActivePlan, out: Outcome, now: Now) -> None:
-        """An action failed: skipped at the end of training, a failed observation, or on_failure."""
         pa = active.plan.actions[active.index]
         log.warning("action_failed", incident=active.incident_id, action=pa.name, reason=out.reason,
                     on_failure=pa.on_failure, skipped=out.skipped)  # fmt: skip
@@ -664,7 +638,7 @@ class IncidentFlow:
         self._out += [effects.AmendPlan(active.incident_id, active.plan_no, amended), past]
 
     def _skipped_at_end(self, active: ActivePlan, pa: PlannedAction, reason: str, now: Now) -> None:
-        """Training ended under the plan: what was left is recorded as skipped, never as done."""
+        """What was left when training ended is recorded as skipped, never as done."""
         left = [a.name for a in active.plan.actions[active.index :]]
         if now.stop_reason is not None:
             self._stopped_mid_plan(active, left, now.stop_reason, reason, now.step)
@@ -685,9 +659,8 @@ class IncidentFlow:
     def _stopped_mid_plan(
         self, active: ActivePlan, left: list[str], stop: str, reason: str, step: int
     ) -> None:
-        """A person stopped the job while the plan ran: the incident is recorded as stopped, with
-        what was done and what was not -- never as resolved (an unobserved fix is unverified) --
-        and left to a person (``stopped``: final, nothing acts on it again)."""
+        """A person stopped the job while the plan ran: the incident is ``stopped`` (final, left to a
+        person; never resolved: an unobserved fix is unverified), with what was done and what not."""
         done = []
         for i, a in enumerate(active.plan.actions[: active.index]):
             ev = self.store.event_for_action(active.incident_id, action_id(active, i, a.name))
@@ -728,8 +701,8 @@ class IncidentFlow:
         ]
 
     def close_at_end(self, phase: JobPhase, reason: str, step: int) -> Effects:
-        """The job ends: no incident stays open or observing without a recorded reason."""
-        # Stopped on request: each incident still open is recorded as stopped, nothing done for it.
+        """The job ends: no incident stays open or observing without a recorded reason (stopped on
+        request: each one still open is recorded as stopped)."""
         to = IncidentState.STOPPED if phase is JobPhase.STOPPED else IncidentState.ESCALATED
         for incident in self.store.active(self.job.name):
             why = f"job ended ({phase.value}: {reason}) before the incident was handled"

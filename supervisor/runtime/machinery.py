@@ -1,10 +1,8 @@
 """Worker supervision: the worker group's life on Ray, reported as events, never acted on here.
 
-``watch`` returns what the group did -- ``finished``, ``failed(rank)`` (the training
-function raised), ``lost(rank)`` (the actor or its node died), ``hung(ranks)`` (no record
-for ``telemetry.hang_timeout_s`` while training should run) -- and the controller decides
-(``restarts.decide``) and acts. This module holds no reference to the controller: it gets
-the job, the settings, and the few facts it needs as arguments.
+``watch`` returns what the group did -- ``finished``, ``failed(rank)`` (training raised),
+``lost(rank)`` (the actor or its node died), ``hung(ranks)`` (no record for
+``telemetry.hang_timeout_s``) -- and the controller decides (``restarts.decide``) and acts.
 """
 
 from __future__ import annotations
@@ -25,8 +23,6 @@ log = get_logger("supervisor.runtime.machinery")
 
 
 class WorkerSupervision:
-    """One generation of workers at a time: find, launch, watch, take down."""
-
     def __init__(self, job: JobSpec, settings: RuntimeSettings) -> None:
         self.job = job
         self.settings = settings
@@ -43,17 +39,13 @@ class WorkerSupervision:
     def launch(
         self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
     ) -> None:
-        """Place and start a new generation within ``ready_timeout_s``; raises SupervisorError
-        (``WorkerStartError`` when Ray did not start it) when it cannot start."""
+        """Raises SupervisorError (``WorkerStartError`` when Ray did not start it)."""
         self.group = WorkerGroup(self.job, self.settings, generation)
         self.group.launch(resume, after_seq=after_seq, ready_timeout_s=ready_timeout_s)
 
     def watch(self, silent_ranks: list[int]) -> GroupEvent | None:
         """What the group did since the last call (None: it trains on, or there is no group).
-
-        ``silent_ranks``: ranks the caller heard nothing from for too long while they should
-        be training (it knows when they are frozen or held).
-        """
+        ``silent_ranks``: heard nothing from for too long while they should train."""
         if self.group is None:
             return None
         health = self.group.health()
@@ -103,16 +95,13 @@ class WorkerSupervision:
         return out
 
     def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
-        """The rollback target as rank 0 finds it (``WorkerGroup.rollback_target``); None: no answer."""
         return None if self.group is None else self.group.rollback_target(max_step, min_mark)
 
     def shutdown(self) -> None:
-        """Take the workers down; their state is in the checkpoints. Safe to call twice."""
         if self.group is not None:
             self.group.shutdown()
             self.group = None
 
-    # -- replay tasks -------------------------------------------------------------------------
     def replay(self, step: int, suspects: list[str], numeric: bool) -> Any:
         from supervisor.runtime.replay import run_replay
 

@@ -1,9 +1,5 @@
-"""Per-step aggregates of every rank's records, and the observation-window verdict.
-
-Pure functions over records: the controller keeps a short history of ``StepStats``, takes
-a baseline before the incident's onset, and after the fix compares an observation window
-with it using the policy's pass criteria.
-"""
+"""Per-step aggregates of every rank's records, a baseline before an onset, and the verdict on an
+observation window against it under the policy's pass criteria (pure functions)."""
 
 from __future__ import annotations
 
@@ -70,8 +66,6 @@ def _sum(xs: list[float | None]) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Baseline:
-    """Robust summary of the steps before the onset."""
-
     steps: int
     loss_median: float
     loss_mad: float

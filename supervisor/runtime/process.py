@@ -1,12 +1,9 @@
 """A command entrypoint's training process: one per rank, started by that rank's worker actor.
 
-The process gets the environment torchrun would give it (``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, the
-``TORCHELASTIC_*`` run variables, the CUDA devices Ray assigned to the ranks of its node) plus
-``SUPERVISOR_*``: the actor's socket (:mod:`supervisor.sdk.local_link`), the job spec, the
-resume step and the group generation. It calls ``init_process_group()`` itself and trains
-on its own main thread, so ``signal.signal`` and everything else a script does under
-torchrun works.
+The process gets the environment torchrun would give it (``child_env``) plus ``SUPERVISOR_*``:
+the actor's socket (:mod:`supervisor.sdk.local_link`), the job spec, the resume step and the
+generation. It calls ``init_process_group()`` itself and trains on its own main thread, so
+``signal.signal`` and everything else a script does under torchrun works.
 
 Hazard: the actor may be killed outright (``ray.kill``, a lost node). The process must not
 outlive it, or a new generation would train beside an orphan: it is started with
@@ -140,7 +137,7 @@ class RankProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> IO[bytes]:
-        """Start the process (its own session: signals reach its whole process group); its output."""
+        """Its own session: signals reach its whole process group. Returns its output."""
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -183,7 +180,6 @@ class RankProcess:
 
 
 def describe_exit(code: int) -> str:
-    """``exited with code 3`` / ``killed by SIGKILL``."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

@@ -102,10 +102,8 @@ class LinkServer:
             directives = self.link.take_directives()
             answers = int(getattr(self.link, "answers", 0))
             message: dict[str, Any] = {"directives": directives} if directives else {}
-            if self._answers_told != (
-                id(conn),
-                answers,
-            ):  # the process's guard counts the supervisor's answers
+            # The process's guard counts the supervisor's answers.
+            if self._answers_told != (id(conn), answers):
                 message["supervisor"] = {"answers": answers}
             if not message:
                 continue

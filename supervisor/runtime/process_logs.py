@@ -1,11 +1,10 @@
 """Per-rank output of a training process, kept in the job's storage with a bound.
 
-``<job>/logs/gen<G>/rank<R>.log`` holds the newest output (stdout and stderr interleaved as
-the process wrote them, like ``torchrun --tee``); when it reaches ``segment_bytes`` it becomes
-``rank<R>.log.1`` (replacing the one before) and a fresh segment starts, so a rank never keeps
-more than two segments. The live segment is uploaded every ``upload_interval_s`` while it
-changes and once more when the process exits (local storage: an atomic file replace; S3:
-one PUT), so ``supervisor logs --follow`` sees output within a few seconds on any backend.
+``<job>/logs/gen<G>/rank<R>.log`` holds the newest output (stdout and stderr interleaved, like
+``torchrun --tee``); at ``segment_bytes`` it becomes ``rank<R>.log.1`` (replacing the one before),
+so a rank keeps at most two segments. The live segment is uploaded every ``upload_interval_s``
+while it changes and once more at exit (an atomic file replace, or one S3 PUT), so ``supervisor
+logs --follow`` sees output within seconds on any backend.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ def log_key(job: str, generation: int, rank: int, old: bool = False) -> str:
 
 
 class LogKeeper:
-    """Reads a process's output until EOF and keeps it in storage (bounded)."""
-
     def __init__(
         self,
         backend: Any,
@@ -50,7 +47,7 @@ class LogKeeper:
         self._uploader = threading.Thread(target=self._upload_loop, name=f"logs-{rank}", daemon=True)
 
     def follow(self, stream: IO[bytes]) -> threading.Thread:
-        """Start reading ``stream`` in a thread; returns it (join it after the process exits)."""
+        """The thread reading ``stream`` (join it after the process exits)."""
         reader = threading.Thread(
             target=self._read, args=(stream,), name=f"logs-read-{self.rank}", daemon=True
         )

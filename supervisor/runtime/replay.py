@@ -23,13 +23,12 @@ precision, not at the model.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 from pathlib import Path
 from typing import Any
 
-from supervisor.sdk.replay import GRAD_RATIO, LOSS_MARGIN, verdict  # one verdict for both replay paths
-
-__all__ = ["GRAD_RATIO", "LOSS_MARGIN", "has_replay_hooks", "run_replay", "verdict"]
+from supervisor.sdk.replay import verdict  # one verdict for both replay paths
 
 HOOKS = "replay_hooks"
 
@@ -72,6 +71,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: bool) -> dict[str, Any]:
     """Body of the Ray task; returns losses, grad norms and the verdict (plain JSON)."""
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from supervisor.checkpoint.training_state import load_training_state
     from supervisor.config.job import JobSpec
@@ -93,7 +93,7 @@ def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: boo
         hooks.model.load_state_dict(state)
         hooks.model.zero_grad(set_to_none=True)
         model = hooks.model.float() if fp32_math else hooks.model
-        ctx: Any = _math_sdpa() if fp32_math else _null()
+        ctx: Any = sdpa_kernel(SDPBackend.MATH) if fp32_math else contextlib.nullcontext()
         with ctx:
             loss = hooks.loss(model, batch)
             loss.backward()
@@ -117,17 +117,3 @@ def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: boo
         out["suspect_fp32_math"] = measure(hooks.batch(suspects), fp32_math=True)
     out["verdict"], out["why"] = verdict(out)
     return out
-
-
-def _math_sdpa() -> Any:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(SDPBackend.MATH)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -1,9 +1,8 @@
 """What to do about a worker-group fault: a decision, as a value, from the policy's ``restarts``.
 
-Worker supervision reports what happened (``GroupEvent``: finished, failed(rank),
-hung(ranks), lost); this module decides, without side effects, whether the group is
-restarted (after how long) or the job escalates; the controller carries it out. Every
-decision is logged with its cause and the setting behind it (docs/architecture.md, One writer per state)::
+Worker supervision reports what happened (``GroupEvent``); ``decide`` says, without side effects,
+whether the group is restarted (after how long) or the job escalates, and logs its cause with
+the setting behind it (docs/architecture.md, One writer per state)::
 
     restarts:               # policy YAML (supervisor.core.policy.settings.Restarts)
       max_restarts: 3       # group restarts (within window_steps) before the job fails
@@ -41,8 +40,6 @@ class Restarting:
 
 @dataclass(frozen=True, slots=True)
 class GroupEvent:
-    """Something the worker group did, as worker supervision saw it."""
-
     kind: FaultKind
     ranks: tuple[int, ...] = ()
     reason: str = ""
@@ -72,7 +69,7 @@ class RestartSettings:
         return cls(**values)
 
     def backoff(self, restart: int) -> float:
-        """Seconds to wait before restart number ``restart`` (1 = the first)."""
+        """Seconds before restart number ``restart`` (1 = the first)."""
         return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, restart - 1))
 
 
@@ -92,13 +89,10 @@ def decide(
 ) -> RestartDecision:
     """Restart the group (after the backoff) or escalate, and say why.
 
-    ``restart_steps``: the steps at which earlier restarts of this run happened; with
-    ``restarts.window_steps`` only those within that many steps of ``step`` count.
-    ``without_progress``: how many restarted groups in a row failed before training a step,
-    this fault's included (0: this group made progress, or it is the first group). Once that
-    reaches ``restarts.max_without_progress`` the failure repeats before the first step (a bad
-    argument, an import error, a missing file): restarting cannot fix it, so the job ends and
-    says so.
+    ``restart_steps``: the steps of earlier restarts of this run (with ``restarts.window_steps``
+    only those within that many steps count). ``without_progress``: restarted groups in a row that
+    failed before training a step, this one included; at ``restarts.max_without_progress`` the
+    failure repeats before the first step (a bad argument, an import error): restarting cannot fix it.
     """
     cause = event.describe()
     if without_progress and without_progress >= settings.max_without_progress:

@@ -1,8 +1,5 @@
-"""The supervisor's runtime knobs: job.yaml's ``runtime:`` section plus the trace path and log level.
-
-``settings_for(job)`` builds them from a job; tests pass their own (shorter deadlines). The
-values travel to the supervisor actor and the workers as a plain dict.
-"""
+"""The supervisor's runtime knobs: job.yaml's ``runtime:`` section plus the trace path and log level,
+built by ``settings_for(job)`` (tests pass their own); they travel to the actors as a plain dict."""
 
 from __future__ import annotations
 
@@ -20,8 +17,6 @@ if TYPE_CHECKING:
 
 
 class RuntimeSettings(RuntimeSection):
-    """How the supervisor drives the worker group."""
-
     model_config = ConfigDict(strict=False)
 
     trace_path: str | None = Field(
@@ -44,13 +39,9 @@ def settings_for(job: JobSpec) -> RuntimeSettings:
 
 
 class RankTraces:
-    """The supervised run's telemetry as per-rank JSONL traces (``telemetry.trace``).
-
-    Records of rank r go to ``sdk.context.trace_path(path, r, world_size)``: ``{rank}`` in
-    the name is filled in, else ``.rankN`` is added when there is more than one rank, so the
-    files read back with ``analyze`` exactly like the SDK's offline traces. Files are opened
-    for appending: an attached supervisor continues the same traces.
-    """
+    """The supervised run's telemetry as per-rank JSONL traces (``telemetry.trace``), named by
+    ``sdk.context.trace_path`` so they read back with ``analyze`` like the SDK's offline traces.
+    Opened for appending: an attached supervisor continues the same traces."""
 
     def __init__(self, path: str, world_size: int) -> None:
         self.path = path
@@ -85,5 +76,4 @@ class RankTraces:
 
 
 def open_traces(settings: RuntimeSettings, world_size: int) -> RankTraces | None:
-    """The run's per-rank trace writer, or None when ``telemetry.trace`` is not set."""
     return RankTraces(settings.trace_path, world_size) if settings.trace_path else None

@@ -54,11 +54,8 @@ def open_incident_store(job: JobSpec, export_interval_s: float | None = None) ->
 def pick_rollback_target(
     store: Any, *, max_step: int, min_mark: str, world_size: int
 ) -> tuple[int, dict[str, Any]]:
-    """The checkpoint store's rollback target at or before ``max_step``, re-verified (deep).
-
-    ``min_mark="verified"`` widens the search to verified checkpoints when no healthy one
-    qualifies; a checkpoint that fails re-verification is quarantined by the store.
-    """
+    """The rollback target at or before ``max_step``, re-verified (deep; one that fails is
+    quarantined by the store). ``min_mark="verified"``: a verified one when no healthy one qualifies."""
     from supervisor.checkpoint import select_rollback_target, verify
     from supervisor.core.model import HealthMark
     from supervisor.errors import CheckpointError

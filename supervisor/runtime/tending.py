@@ -34,10 +34,8 @@ class CheckpointTending:
     def tend(self, state: RuntimeState, current_step: int, *, quiet: bool, near_incident: Callable[[int], bool],
              final: bool = False) -> list[int]:  # fmt: skip
         """Verify what was saved and mark healthy what earned it; returns the newly healthy steps.
-
         ``quiet``: no incident is being acted on. ``final``: training ended with nothing open, so a
-        verified checkpoint needs no further steps after it to count as healthy.
-        """
+        verified checkpoint needs no further steps after it to count as healthy."""
         if self.store is None:
             return []
         if final:
@@ -84,9 +82,7 @@ class CheckpointTending:
                 and m.created_at >= since
             ):
                 log.info(
-                    "checkpoint_found_at_end",
-                    step=m.step,
-                    why="committed after the last record it could ride on",
+                    "checkpoint_found_at_end", step=m.step, why="committed after the last record it rode on"
                 )
                 state.checkpoints_seen.append(m.step)
 
@@ -108,37 +104,26 @@ class CheckpointTending:
                 state.checkpoints_seen.remove(step)
 
     def abandon_after(self, state: RuntimeState, step: int) -> None:
-        """Checkpoints after the step training continues from belong to the abandoned timeline:
-        quarantine them, and move `latest` back.
-
-        They must never be a resume point (they may hold the incident's state), and the new
-        timeline re-saves the same steps, which the store only allows over a quarantined one.
-        Diagnostic snapshots stay as they are: they are the incident's evidence.
-        """
+        """Checkpoints after ``step`` belong to the abandoned timeline: quarantined (never a resume
+        point: they may hold the incident's state; and the new timeline re-saves the same steps, which
+        the store allows only over a quarantined one), `latest` moved back. Diagnostic snapshots stay:
+        they are the incident's evidence."""
         for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy", "incident_steps"):
             setattr(state, name, [s for s in getattr(state, name) if s <= step])
         if self.store is None:
             return
         keep = (HealthMark.DIAGNOSTIC, HealthMark.QUARANTINED)
+        why = f"abandoned timeline: training went back to step {step}"
         for manifest in self.store.manifests():
             if manifest.step > step and manifest.health not in keep:
-                self.store.mark(
-                    manifest.step,
-                    HealthMark.QUARANTINED,
-                    f"abandoned timeline: training went back to step {step}",
-                )
+                self.store.mark(manifest.step, HealthMark.QUARANTINED, why)
         self.store.retreat_latest(step)
 
     def catch_up_latest(self, state: RuntimeState) -> int | None:
-        """`latest` forward to the newest healthy checkpoint of this timeline (a block was released,
-        or the run ended); never past a block another incident still holds. Returns where `latest`
-        is (None: nowhere to move it).
-
-        A step counted healthy may be gone since (retention removed it, a restore check or an
-        abandoned timeline quarantined it): it is skipped, logged (``latest_candidate_skipped``)
-        and no longer counted, and the next newest one that is still committed and healthy is
-        taken. Moving `latest` never stops the job: a storage error is logged and left for the
-        next call."""
+        """`latest` forward to this timeline's newest healthy checkpoint, never past a block another
+        incident holds; returns where `latest` is (None: nowhere to move it). A step counted healthy
+        may be gone since (retention, a restore check, an abandoned timeline): it is skipped, logged
+        and no longer counted. A storage error never stops the job: it is left for the next call."""
         if self.store is None:
             return None
         try:

@@ -114,9 +114,8 @@ class TimeLedger:
         return out
 
     def summary(self, downtime_s: float, now: float | None = None) -> dict[str, Any]:
-        incidents = [
-            self.of_incident(k) for k in list(self.s["incidents"])
-        ]  # status() reads from a Ray thread
+        # A copy of the keys: status() reads from a Ray thread.
+        incidents = [self.of_incident(k) for k in list(self.s["incidents"])]
         ettr = self.ettr(now)
         return {
             "wall_s": round(self.wall_s(now), 2),
@@ -158,6 +157,3 @@ def incident_words(lost: dict[str, Any]) -> str:
         f"{lost.get('steps_retrained', 0)} step(s) re-trained in {_secs(lost.get('retrain_s'))}; "
         f"training stood still {_secs(lost.get('downtime_s'))}"
     )
-
-
-__all__ = ["MARKS_KEPT", "RESTARTS", "TimeLedger", "incident_words", "run_words"]

@@ -1,14 +1,12 @@
 """One rank of the worker group: a Ray actor that joins torch.distributed and runs the job.
 
-The actor is detached and named (``worker:<job>:<rank>``) so that it belongs to the cluster,
-not to the supervisor that created it: a supervisor that dies leaves training running, and a
-restarted supervisor finds the workers by name. Training runs in a thread of the actor so the
-actor keeps answering ``status`` / ``wait`` while a step is in progress.
+The actor is detached and named (``worker:<job>:<gen>:<rank>``): it belongs to the cluster, so a
+supervisor that dies leaves training running and a restarted one finds the workers by name.
+Training runs in a thread, so the actor answers ``status`` / ``wait`` while a step runs.
 
-A command entrypoint (``python train.py``, torchrun-style) is not run in the actor: the
-training thread starts it as the rank's own process (:mod:`supervisor.runtime.process`),
-relays its records and directives through a local socket, keeps its output in storage, and
-reports its exit like a training function's return or exception.
+A command entrypoint (``python train.py``, torchrun-style) runs as the rank's own process
+(:mod:`supervisor.runtime.process`); the training thread relays its records and directives
+through a local socket, keeps its output in storage, and reports its exit.
 """
 
 from __future__ import annotations
@@ -28,13 +26,13 @@ import ray
 from supervisor.config.job import JobSpec
 from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
-from supervisor.runtime.channel import SupervisorLink
+from supervisor.runtime.channel import RayTransport, SupervisorLink
 from supervisor.runtime.context import WorkerContext
 from supervisor.runtime.settings import RuntimeSettings
 
 
 class TrainWorker:
-    """Ray actor body (wrapped with ``ray.remote`` by :mod:`supervisor.runtime.group`)."""
+    """Ray actor body (``ray.remote`` in :mod:`supervisor.runtime.group`)."""
 
     def __init__(
         self, job: dict[str, Any], rank: int, world_size: int, generation: int, settings: dict[str, Any]
@@ -73,12 +71,10 @@ class TrainWorker:
         return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
     def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
-        """``stores.pick_rollback_target`` run in this rank's process, where training has loaded torch
-        and DCP already: the deep re-verification opens every file with them, and the supervisor
-        would import both for it (~5 CPU-s; it imports neither otherwise). The same search, the same
-        marks and records in the same store. None when this process has not loaded them (a command
-        entrypoint's actor, or no checkpoint written yet): the supervisor then searches itself.
-        ``{"error": ...}``: no checkpoint qualifies (the one-line reason)."""
+        """``stores.pick_rollback_target`` run where training has loaded torch and DCP already: the
+        deep re-verification needs both, which the supervisor would import for it (~5 CPU-s). None
+        when this process has not loaded them (a command entrypoint, no checkpoint written yet): the
+        supervisor then searches itself. ``{"error": ...}``: no checkpoint qualifies."""
         if "torch.distributed.checkpoint" not in sys.modules:
             return None
         from supervisor.errors import SupervisorError
@@ -103,7 +99,6 @@ class TrainWorker:
         return self.status()
 
     def start(self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int = 0) -> None:
-        """Begin training in a background thread; returns at once."""
         if self._thread is not None:
             return
         self._outcome = {"state": "running", "resume_step": resume_step, "started": time.time()}
@@ -116,7 +111,6 @@ class TrainWorker:
         self._thread.start()
 
     def wait(self) -> dict[str, Any]:
-        """Block until training ends; the outcome (finished / failed with the error)."""
         self._done.wait()
         return self.status()
 
@@ -127,13 +121,27 @@ class TrainWorker:
             out["link"] = self._link.stats()
         return out
 
+    def _new_link(self, after_seq: int) -> SupervisorLink:
+        return SupervisorLink(
+            self.job.name,
+            self.rank,
+            buffer_records=self.settings.buffer_records,
+            poll_interval_s=self.settings.poll_interval_s,
+            after_seq=after_seq,
+        )
+
+    def _failed(self, exc: BaseException) -> None:
+        self._outcome.update(
+            state="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:]
+        )
+        self.log.error("training_failed", error=repr(exc))
+
     # -- the training thread -----------------------------------------------------------------
     def _train(self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int) -> None:
         import torch
         import torch.distributed as dist
 
         from supervisor.runtime.entrypoint import resolve
-        from supervisor.runtime.transport import make_transport
 
         torch.set_num_threads(max(1, int(self.job.resources.cpus_per_worker)))
         use_cuda = self.job.resources.gpus_per_worker > 0
@@ -147,32 +155,23 @@ class TrainWorker:
             )
             if use_cuda:
                 torch.cuda.set_device(0)
-            self._link = SupervisorLink(
-                self.job.name,
-                self.rank,
-                buffer_records=self.settings.buffer_records,
-                poll_interval_s=self.settings.poll_interval_s,
-                after_seq=after_seq,
-            )
+            self._link = self._new_link(after_seq)
             ctx = WorkerContext(
                 rank=self.rank,
                 world_size=self.world_size,
                 job=self.job,
-                transport=make_transport(self._link, flush_interval_s=self.settings.flush_interval_s),
+                transport=RayTransport(self._link),
                 resume_step=resume_step,
                 generation=self.generation,
                 device="cuda" if use_cuda else "cpu",
                 checkpoint_store=_open_store(self.job),
             )
             result = resolve(self.job.entrypoint)(dict(self.job.config), ctx)
-            _close(ctx.transport)
+            ctx.transport.close()
             self._outcome.update(state="finished", result=_plain(result), ended=time.time())
             self.log.info("training_finished")
         except BaseException as exc:  # reported to the supervisor, which decides what to do
-            self._outcome.update(
-                state="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:]
-            )
-            self.log.error("training_failed", error=repr(exc))
+            self._failed(exc)
         finally:
             if self._link is not None:
                 self._link.close()
@@ -199,10 +198,7 @@ class TrainWorker:
 
         server = keeper = None
         try:
-            self._link = SupervisorLink(
-                self.job.name, self.rank, buffer_records=self.settings.buffer_records,
-                poll_interval_s=self.settings.poll_interval_s, after_seq=after_seq,
-            )  # fmt: skip
+            self._link = self._new_link(after_seq)
             topo = self._topology(master_addr, master_port)
             server = LinkServer(self._link)
             env = child_env(self.job, topo, socket_path=server.path, resume_step=resume_step,
@@ -229,10 +225,7 @@ class TrainWorker:
                                      error=f"training process {describe_exit(code)}" + (f": {cause}" if cause else ""))  # fmt: skip
                 self.log.error("training_failed", exit_code=code)
         except BaseException as exc:  # reported to the supervisor, which decides what to do
-            self._outcome.update(
-                state="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-4000:]
-            )
-            self.log.error("training_failed", error=repr(exc))
+            self._failed(exc)
         finally:
             if self._proc is not None and self._proc.proc is not None and self._proc.proc.poll() is None:
                 self._proc.terminate(1.0)
@@ -243,7 +236,6 @@ class TrainWorker:
             self._done.set()
 
     def _topology(self, master_addr: str, master_port: int) -> Any:
-        """This rank's torchrun topology, from every rank's (node, GPUs) asked of the peers."""
         from supervisor.runtime.group import worker_actor_name
         from supervisor.runtime.names import NAMESPACE
         from supervisor.runtime.process import Topology
@@ -257,18 +249,11 @@ class TrainWorker:
 
 
 def _open_store(job: JobSpec) -> Any:
-    """The job's CheckpointStore, or None when the checkpoint package is not available."""
     try:
         from supervisor.runtime.stores import open_checkpoint_store
     except ImportError:
         return None
     return open_checkpoint_store(job)
-
-
-def _close(transport: Any) -> None:
-    close = getattr(transport, "close", None)
-    if callable(close):
-        close()
 
 
 def _plain(value: Any) -> Any:

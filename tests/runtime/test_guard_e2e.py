@@ -34,8 +34,7 @@ def test_with_no_supervisor_answering_a_nonfinite_loss_holds_the_rank(dataset: A
     from examples.tinylm.data import collate
     from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
     from supervisor import sdk
-    from supervisor.runtime.channel import SupervisorLink
-    from supervisor.runtime.transport import RayTransport
+    from supervisor.runtime.channel import RayTransport, SupervisorLink
     from tests.sdk.conftest import SEQ, poisoned, train
 
     # Defined here: Ray ships it by value (the workers need not import this test module).

@@ -10,9 +10,8 @@ An executor is a small state machine driven by the controller loop:
 3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``.
 
 What an action does to the job is a value: ``start`` returns its effects, and an outcome carries
-those it needs (``Outcome.effects``), which the controller carries out (``Controller.apply``) --
-those of an outcome before the action is marked done. An executor reads the job through
-``Runtime`` and never changes the controller's state itself (docs/architecture.md).
+those it needs (``Outcome.effects``), carried out before the action is marked done. An executor
+reads the job through ``Runtime`` and never changes the controller's state (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -116,7 +115,6 @@ class DirectiveAction:
     """An action that is one directive to every rank, done when all ranks acknowledged it."""
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
-        """The directive every rank applies at its next step boundary (or override ``prepare``)."""
         raise TypeError(f"{type(self).__name__} defines neither directive() nor its own prepare()")
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:

@@ -63,17 +63,11 @@ def in_force(directives: DirectiveLog, planned_id: str) -> str:
 
 
 class RollbackAction(DirectiveAction):
-    """Back to the chosen checkpoint, in place or by restarting the worker group; the target is
-    picked and re-verified first (``supervisor.config.recovery`` says which mode and why).
-
-    In place: every rank loads the target at the step boundary (a ``RollbackInPlace``
-    directive). Restart: the group is shut down and a new generation resumes from the target
-    (a framework checkpoint through the framework's resume path); done once it is running.
-    The target and the mode are chosen in ``prepare`` and written into the pending event, so a
-    restarted supervisor finishes the *same* rollback instead of choosing (and loading) again.
-    A target the ranks' restore check refuses is quarantined there and passed over for the next
-    one (``_in_force``); the outcome's ``to_step`` is the target used, ``passed_over`` the others.
-    """
+    """Back to the chosen, re-verified checkpoint, in place (every rank loads it at the boundary) or
+    by a new generation of the group that resumes from it (``supervisor.config.recovery`` says
+    which and why). Target and mode are chosen in ``prepare`` and written into the pending event, so
+    a restarted supervisor finishes the *same* rollback. A target the ranks' restore check refuses
+    is quarantined and passed over (``_in_force``): ``to_step`` is the target used."""
 
     def __init__(self) -> None:
         self._chosen: dict[tuple[str, float], dict[str, Any]] = {}

@@ -28,8 +28,7 @@ def exclusions(rt: Runtime, exclude: dict[str, Any] | None) -> Exclusions:
 
 
 class ApplyAction(DirectiveAction):
-    """LR scale / warmup / clipping / exclusions / skip N, from the next step on (the SDK records
-    each override as an event in the records)."""
+    """The recipe's overrides, from the next step on (the SDK records each as an event)."""
 
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return ApplyOverrides(

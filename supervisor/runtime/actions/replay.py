@@ -58,11 +58,8 @@ class ReplayAction:
             if isinstance(res, dict):
                 return judged(res)
             memo["offline"] = True  # the ranks could not replay: the single-process path takes over
+        if "directive" in memo:  # idempotent for a task already submitted
             rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
-        elif "directive" in memo:
-            rt.submit_replay(
-                memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"]
-            )  # idempotent
         res_task = rt.result_of(memo["task"])
         if res_task is None:
             return None
