@@ -17,7 +17,7 @@ from supervisor.config.job import JobSpec
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.cluster import head_node_id
-from supervisor.runtime.names import NAMESPACE, priority, supervisor_name
+from supervisor.runtime.names import NAMESPACE, named_actors, priority, supervisor_name
 from supervisor.runtime.settings import RuntimeSettings
 
 RemoteSupervisor = ray.remote(SupervisorActor)
@@ -76,14 +76,7 @@ def find(job_name: str) -> Any:
 
 
 def list_jobs() -> list[str]:
-    names = ray.util.list_named_actors(all_namespaces=True)
-    out = []
-    for entry in names:
-        name = entry["name"] if isinstance(entry, dict) else entry
-        ns = entry.get("namespace") if isinstance(entry, dict) else NAMESPACE
-        if ns == NAMESPACE and name.startswith("supervisor:"):
-            out.append(name.split(":", 1)[1])
-    return sorted(out)
+    return sorted(name.split(":", 1)[1] for name in named_actors() if name.startswith("supervisor:"))
 
 
 def status(handle: Any, timeout_s: float = 10.0) -> dict[str, Any]:

@@ -28,17 +28,13 @@ log = get_logger("supervisor.runtime.assembler")
 Tag = tuple[str, int]
 
 
-def _ignore(tag: Tag) -> None:
-    return None
-
-
 class StepAssembler:
     def __init__(
         self,
         world_size: int,
         deadline_s: float,
         clock: Callable[[], float] = time.monotonic,
-        on_release: Callable[[Tag], None] = _ignore,
+        on_release: Callable[[Tag], None] = lambda tag: None,
     ) -> None:
         self.world_size = world_size
         self.deadline_s = deadline_s

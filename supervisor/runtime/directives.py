@@ -28,6 +28,10 @@ def canonical(directive_id: str) -> str:
     return directive_id.split(_COPY, 1)[0]
 
 
+def _by_rank(table: dict[str, dict[Any, int]] | None) -> dict[str, dict[int, int]]:
+    return {k: {int(r): s for r, s in v.items()} for k, v in (table or {}).items()}
+
+
 class DirectiveLog:
     def __init__(
         self,
@@ -38,12 +42,8 @@ class DirectiveLog:
         self._entries: list[dict[str, Any]] = list(entries or [])
         self._lock = threading.Condition()
         # directive id -> {rank: step of the acknowledging record}; persisted with the runtime state
-        self.acks: dict[str, dict[int, int]] = {
-            k: {int(r): s for r, s in v.items()} for k, v in (acks or {}).items()
-        }
-        self.failures: dict[str, dict[int, int]] = {
-            k: {int(r): s for r, s in v.items()} for k, v in (failures or {}).items()
-        }
+        self.acks = _by_rank(acks)
+        self.failures = _by_rank(failures)
 
     @property
     def entries(self) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from supervisor.config.job import JobSpec
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
-from supervisor.runtime.names import NAMESPACE, placement_group_name, priority
+from supervisor.runtime.names import NAMESPACE, named_actors, placement_group_name, priority
 from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.worker import TrainWorker
 
@@ -196,10 +196,7 @@ class WorkerGroup:
     def _generations(job_name: str) -> dict[int, dict[int, str]]:
         pattern = re.compile(rf"^worker:{re.escape(job_name)}:(\d+):(\d+)$")
         gens: dict[int, dict[int, str]] = {}
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            name = entry["name"] if isinstance(entry, dict) else entry
-            if isinstance(entry, dict) and entry.get("namespace") != NAMESPACE:
-                continue
+        for name in named_actors():
             m = pattern.match(name)
             if m:
                 gens.setdefault(int(m.group(1)), {})[int(m.group(2))] = name

@@ -8,6 +8,18 @@ from typing import Any
 NAMESPACE = "spike-supervisor"
 
 
+def named_actors() -> list[str]:
+    """Names of the actors in ``NAMESPACE`` on the cluster this process is connected to."""
+    import ray
+
+    entries = ray.util.list_named_actors(all_namespaces=True)
+    return [
+        e if isinstance(e, str) else e["name"]
+        for e in entries
+        if isinstance(e, str) or e.get("namespace") == NAMESPACE
+    ]
+
+
 def supervisor_name(job: str) -> str:
     return f"supervisor:{job}"
 

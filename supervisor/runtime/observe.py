@@ -117,14 +117,10 @@ CAPACITY_QUANTILE = 0.9
 
 
 def capacity(xs: list[float | None]) -> float | None:
-    """Sustained throughput: the 90th percentile of per-step tokens/s, not the median.
-
-    Step-time noise is one-sided: a busy neighbour on a shared host, a GC pause or an I/O
-    stall only ever slows a step down. The median falls with the share of disturbed steps
-    (half a window next to another job reads as a 35% drop); the fast end stays where the
-    job's own speed is until nearly every step is slowed, which is what a real regression
-    (a precision change, a starving data loader, a degraded node) does.
-    """
+    """Sustained throughput: the 90th percentile of per-step tokens/s, not the median. Step-time
+    noise is one-sided (a busy neighbour, a GC pause, an I/O stall only slow a step down): the
+    median falls with the share of disturbed steps, the fast end stays at the job's own speed until
+    nearly every step is slowed, as a real regression (precision, a starving loader) does."""
     vals = sorted(x for x in xs if x is not None and math.isfinite(x))
     if not vals:
         return None
@@ -144,14 +140,10 @@ class Check:
 
 
 def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> list[Check]:
-    """Each pass criterion of an ``observe`` action, checked on the window against the baseline.
-
-    Loss must stay *below* baseline median + N x 1.4826 MAD (lower is fine: training goes on
-    improving); grad norm and update ratio medians must stay under N x baseline (the update
-    ratio per unit of LR where the window runs a higher LR than the baseline: ``_update``); sustained
-    throughput (``capacity``) over N x the same run's baseline, unless ``throughput`` is false
-    (then it is listed as not judged). A metric nobody reports is skipped (passed, "not reported").
-    """
+    """Each pass criterion of an ``observe`` action, on the window against the baseline: loss
+    *below* median + N x 1.4826 MAD (lower is fine: training goes on improving); grad norm and
+    update ratio medians under N x baseline (``_update``: per unit of LR under a higher LR);
+    ``capacity`` over N x baseline unless ``throughput`` is false. A metric nobody reports passes."""
     checks = [_finite(window)]
     w_loss = statistics.median(h.loss for h in window)
     limit = base.loss_median + criteria.get("loss_within_mads", 3.0) * 1.4826 * base.loss_mad
@@ -176,13 +168,10 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
 
 def _warm_up_baseline(base: Baseline, window: list[StepStats]) -> str:
     """Why the grad norm has no bound in the baseline ("" when it has): the window runs a higher LR
-    than the baseline's steps did, a baseline taken in a warm-up. A model that has just left its
-    initialization has a grad norm that moves with training, not with its health (a byte-level LM
-    starts near a uniform output, where gradients are small; under a sign-based optimizer such as
-    Lion, whose update is ``lr * sign(.)`` whatever the gradient's size, the weights' norm and the
-    grad norm grow with every step at the peak LR): such a baseline says nothing about the grad norm
-    of steps at the peak. The loss, the update per unit of LR, finite values, the fault not back and
-    no new anomaly still judge the window."""
+    than the baseline's steps, taken in a warm-up. Just out of its initialization a model's grad norm
+    moves with training, not its health (a byte-level LM starts near a uniform output, small
+    gradients; under Lion, ``lr * sign(.)``, weight and grad norms grow with every step at the peak
+    LR). The loss, the update per unit of LR and the detector's checks still judge the window."""
     lr = _median([h.lr for h in window])
     if base.lr is None or lr is None or lr <= base.lr:
         return ""
@@ -190,14 +179,12 @@ def _warm_up_baseline(base: Baseline, window: list[StepStats]) -> str:
 
 
 def _update(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> Check:
-    """The update-ratio check. Every optimizer's update follows the LR (Lion's is ``lr * sign(.)``,
-    SGD's ``lr * buf``, Adam's about ``lr * m / sqrt(v)``): where the window runs a higher LR than
-    the baseline's steps did (a baseline taken in a warm-up, at a fraction of the peak), the update
-    is compared per unit of LR; an update larger per unit of LR (a lost or broken optimizer state)
-    still fails. Under an LR no higher than the baseline's (the supervisor's own ``lr_scale`` or
-    re-warm, a decay) it is compared as it is: Adam's update per unit of LR grows when steps are
-    small, the weights' actual step does not. Whether the LR itself is right is the detector's
-    (an LR fault back in the window fails the recurrence check)."""
+    """The update-ratio check. Every optimizer's update follows the LR (Lion ``lr * sign(.)``, SGD
+    ``lr * buf``, Adam about ``lr * m / sqrt(v)``): under a higher LR than the baseline's (taken in a
+    warm-up) it is compared per unit of LR, where a broken optimizer state still fails. Under an LR
+    no higher (the supervisor's ``lr_scale`` or re-warm, a decay) it is compared as it is: Adam's
+    update per unit of LR grows when steps are small, the weights' step does not. Whether the LR
+    itself is right is the detector's (an LR fault back in the window fails the recurrence check)."""
     raw = _ratio("update_ratio", base.update_ratio, _median([h.update_ratio for h in window]),
                  criteria, "update_ratio_max", True)  # fmt: skip
     lr = _median([h.lr for h in window])
@@ -212,11 +199,9 @@ def _update(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -
 
 
 def evaluate_young(window: list[StepStats], history_steps: int) -> list[Check]:
-    """The criteria a window can be judged on when fewer than 5 finite steps came before the
-    onset (a fault in a run's first steps): values finite, and the loss not rising over the
-    window (its second half's median at most its first half's: a young run that learns falls
-    steeply); the ratios to a baseline are listed as not judged. The detector's own checks (the
-    fault back, a new anomaly) are added by the caller as for any window."""
+    """The criteria for a window with fewer than 5 finite steps before the onset (a fault in a run's
+    first steps): values finite, and the loss not rising (its second half's median at most its
+    first half's: a young run that learns falls steeply); the ratios are listed as not judged."""
     checks = [_finite(window)]
     losses = [h.loss for h in window if math.isfinite(h.loss)]
     half = len(losses) // 2
@@ -237,9 +222,8 @@ SKIPPED_SHARE_MAX = 0.25
 
 
 def _finite(window: list[StepStats]) -> Check:
-    """Every step finite. A step the AMP loss scaler skipped is not a non-finite step (its loss is
-    finite, no weight changed: the fp16 loop working) unless the scaler skipped more than
-    ``SKIPPED_SHARE_MAX`` of the window."""
+    """Every step finite; one the AMP loss scaler skipped counts as finite (the fp16 loop working)
+    unless it skipped more than ``SKIPPED_SHARE_MAX`` of the window."""
     bad = [h.step for h in window if h.nonfinite or not math.isfinite(h.loss)]
     if bad:
         return Check("finite", False, float(len(bad)), 0.0, f"non-finite at steps {bad[:5]}")

@@ -2,10 +2,10 @@
 
 Every action: (1) ``prepare`` its memo, (2) write the ``pending`` event with that memo,
 (3) ``start`` it, (4) ``poll`` until it has an outcome, (5) mark the event ``done`` or
-``failed``. The runner writes nothing itself: (2) and (5) are effects it returns
-(``BeginAction``, ``FinishAction``), which the controller carries out before it steps again. The event is keyed by an action id made of (incident, plan number, index,
-name), so after a restart an action whose event is ``done`` is skipped and one that is
-``pending`` is polled (and idempotently re-started) rather than run again.
+``failed``. (2) and (5) are effects the runner returns (``BeginAction``, ``FinishAction``), which
+the controller carries out before it steps again. The event is keyed by an action id (incident,
+plan number, index, name), so after a restart an action whose event is ``done`` is skipped and
+one that is ``pending`` is polled (and idempotently re-started), never run again.
 """
 
 from __future__ import annotations
@@ -43,11 +43,9 @@ class Step:
 
 
 class PlanRunner:
-    """Advances the active plan by at most one action transition per call. The executors read the
-    job through ``rt`` (passed per call) and return what they do to it as effects; the runner
-    returns them (``Step``) and the controller carries them out -- an outcome's before the
-    ``FinishAction`` that marks its action done and the ``NextAction`` that moves the plan on. The
-    runner changes neither the incident store nor the plan itself."""
+    """Advances the active plan by at most one action transition per call, returning the executors'
+    effects (``Step``): an outcome's come before the ``FinishAction`` that marks its action done and
+    the ``NextAction`` that moves the plan on. It changes neither the incident store nor the plan."""
 
     def __init__(self, incidents: Any) -> None:
         self.incidents = incidents
@@ -133,9 +131,8 @@ class PlanRunner:
         return started
 
     def _for_target_used(self, active: ActivePlan, index: int, params: dict[str, Any]) -> dict[str, Any]:
-        """A re-warm planned "from the rollback target to the onset" is computed again for the target
-        the rollback actually used: a planned target that failed its re-verification just before
-        loading was passed over for an older one, which leaves more steps to re-warm over."""
+        """A re-warm planned "from the rollback target to the onset", computed again for the target
+        the rollback used (a planned one that failed re-verification was passed over for an older one)."""
         warmup = params.get("warmup_steps")
         if not isinstance(warmup, int) or not warmup:
             return params
@@ -167,7 +164,7 @@ def memo_of(event: Any) -> dict[str, Any]:
 
 
 def can_move(incidents: Any, incident_id: int, target: IncidentState) -> bool:
-    """Whether ``move`` would transition the incident (valid from its current state, not a reopen)."""
+    """Valid from the incident's current state, and not a reopen."""
     current = incidents.get(incident_id).state
     return current != target and can_transition(current, target) and (current, target) != REOPEN
 

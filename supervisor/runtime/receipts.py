@@ -11,10 +11,9 @@ watermark, directive acknowledgements) has been written to disk; only then is it
 to the link, which may forget records up to it. A supervisor killed at any moment therefore
 finds every record it had not durably taken in still held by the workers.
 
-Getting them back is the supervisor's call (``offer``): every batch comes with the range of
-numbers its link still holds, and a batch that starts past the next number expected while
-the link still holds that number is refused with ``resend_from`` -- the link then sends
-everything from there, in order. A gap the link no longer holds (its bounded buffer dropped
+Getting them back is the supervisor's call (``offer``): a batch that starts past the next number
+expected while its link still holds that number is refused with ``resend_from``, and the link
+sends everything from there, in order. A gap the link no longer holds (its bounded buffer dropped
 the records) is accepted, counted and logged.
 """
 

@@ -1,14 +1,12 @@
 """Checkpoints the run leaves: saved -> verified -> healthy, `latest` on the timeline, retention.
 
-* A checkpoint a worker reported (``checkpoint_saved``) is verified (checksums,
-  completeness), and becomes ``healthy`` once ``healthy_after_steps`` anomaly-free steps
-  followed it with no incident acted on near it.
-* `latest` follows the training timeline: back to the target on a rollback or restart
-  (``abandon_after``), forward again to the newest healthy checkpoint when an incident's
-  block is released (``catch_up_latest``), and at the end of a clean run.
-* Retention (job.yaml ``checkpoint.keep``) runs whenever a checkpoint turns healthy and at
-  the end, through the checkpoint package's ``collect_garbage``; the steps open incidents
-  may need (rollback candidates before the onset, diagnostic snapshots) are protected.
+* A reported checkpoint (``checkpoint_saved``) is verified, and becomes ``healthy`` once
+  ``healthy_after_steps`` anomaly-free steps followed it with no incident acted on near it.
+* `latest` follows the timeline: back to the target on a rollback or restart
+  (``abandon_after``), forward to the newest healthy checkpoint when an incident's block is
+  released (``catch_up_latest``), and at the end of a clean run.
+* Retention (``checkpoint.keep``) runs when a checkpoint turns healthy and at the end; what open
+  incidents may need (rollback candidates before the onset, diagnostic snapshots) is protected.
 """
 
 from __future__ import annotations
@@ -163,14 +161,13 @@ class CheckpointTending:
         return None
 
     def retain(self, protected: Iterable[int]) -> None:
-        """Apply ``checkpoint.keep``; a storage error is logged and retried at the next call."""
         if self.store is None:
             return
         from supervisor.checkpoint import collect_garbage
 
         try:
             collect_garbage(self.store, self.keep, set(protected))
-        except SupervisorError as exc:  # retention must never stop supervision
+        except SupervisorError as exc:  # retention must never stop supervision: retried at the next call
             log.warning("retention_failed", error=exc.one_line())
 
     def protected_for(self, onsets: Iterable[int]) -> set[int]:

@@ -105,7 +105,7 @@ class TimeLedger:
 
     def of_incident(self, incident_id: int | str) -> dict[str, Any]:
         inc = self.s["incidents"].get(str(incident_id))
-        out = {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
+        out = _no_loss()
         if inc is not None:
             out |= {k: inc[k] for k in out}
         rt = self.s["retrain"]
@@ -127,12 +127,16 @@ class TimeLedger:
         }
 
     def _incident(self, key: str) -> dict[str, Any]:
-        return self.s["incidents"].setdefault(key, {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []})
+        return self.s["incidents"].setdefault(key, _no_loss())
 
     def _close_retrain(self) -> None:
         rt = self.s["retrain"]
         self.s["retrain"] = None
         self._incident(rt["incident"])["retrain_s"] += rt["spent"]
+
+
+def _no_loss() -> dict[str, Any]:
+    return {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
 
 
 def _secs(v: Any) -> str:

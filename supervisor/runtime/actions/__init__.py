@@ -1,11 +1,7 @@
-"""One registry entry per policy action (docs/architecture.md, Registries), checked when the controller starts.
-
-Each entry names, for the policy action of the same name: its executor and the top-level
-payload keys of its timeline event that the incident reports read
-(``supervisor.incidents.postmortem``). What the action means -- its parameters, its timeline
-event, the incident state it moves into, whether it is irreversible -- is the action table's
-(``supervisor.core.policy.actions``); ``check`` fails at start, naming the valid actions, when
-the policy language has an action the runtime cannot carry out.
+"""One registry entry per policy action (docs/architecture.md, Registries): its executor and the
+payload keys of its timeline event that the incident reports read (``incidents.postmortem``).
+What the action means is the action table's (``core.policy.actions``); ``check`` fails at start,
+naming the valid actions, when the policy has an action the runtime cannot carry out.
 """
 
 from __future__ import annotations
@@ -89,7 +85,6 @@ REGISTRY: dict[str, ActionEntry] = {e.name: e for e in (
 
 
 def entry(name: str) -> ActionEntry:
-    """The registry entry of a policy action, or PolicyError naming the valid ones."""
     try:
         return REGISTRY[name]
     except KeyError:
@@ -99,7 +94,6 @@ def entry(name: str) -> ActionEntry:
 
 
 def check(names: Iterable[str]) -> None:
-    """Every action the policy language has is registered here (run when the controller starts)."""
     for name in names:
         entry(name)
 

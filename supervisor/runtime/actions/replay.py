@@ -1,13 +1,10 @@
 """replay: the suspect batch and a control batch from a verified checkpoint, on the job's own ranks.
 
-While the workers are alive (training, frozen, or held at their last step at the end of
-training), every rank runs a ``Replay`` directive at its boundary: the
-checkpoint's (sharded) state is loaded in place of the live state, the two batches run on
-the job's own devices, the live state is put back (``supervisor.sdk.replay``), and rank 0
-leaves the result in the job's storage. When the workers are gone, or the ranks cannot replay
-(no map-style loader, no loss function) and refuse the directive, the separate
-single-process Ray task (``supervisor.runtime.replay``, the job's ``replay_hooks``) replays
-instead: that is the offline path.
+While the workers are alive (training, frozen, or held at their last step), every rank runs a
+``Replay`` directive at its boundary (``supervisor.sdk.replay``: the checkpoint's state in place
+of the live one, put back after) and rank 0 leaves the result in the job's storage. When the
+workers are gone, or the ranks refuse (no map-style loader, no loss function), the offline
+single-process Ray task (``supervisor.runtime.replay``, the job's ``replay_hooks``) replays.
 """
 
 from __future__ import annotations
