@@ -1,9 +1,8 @@
 """The supervisor as a named Ray actor (``supervisor:<job>`` in the ``spike-supervisor`` namespace).
 
-A threaded actor: the control loop runs in its own thread, started by ``__init__`` (so a
-restart by Ray's ``max_restarts`` resumes the loop with no caller), while Ray's thread pool
-serves ``ingest`` / ``directives`` / ``status`` / ``stop`` concurrently. ``__init__`` with
-``attach=True`` (or any restart) resumes from the incident store and the runtime state file.
+A threaded actor: the control loop runs in a thread started by ``__init__`` (so a restart by
+Ray's ``max_restarts`` resumes the loop with no caller) while Ray's thread pool serves the calls.
+With ``attach=True`` (or on any restart) it resumes from the incident store and the state file.
 """
 
 from __future__ import annotations

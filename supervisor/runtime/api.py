@@ -1,9 +1,4 @@
-"""Launch, attach to, inspect and stop a supervised job on Ray (what the CLI calls).
-
-handle = launch(job)                  # or attach(job) / attach_by_name(name)
-status(handle)                         # a dict (phase, step, loss, incident, ...)
-wait(handle)                           # until finished / escalated / failed / stopped
-"""
+"""Launch (or attach to), inspect and stop a supervised job on Ray: what the CLI calls."""
 
 from __future__ import annotations
 

@@ -34,9 +34,8 @@ _ACK = "directive_applied:"
 #: A directive long poll waits this long for news (the supervisor actor caps it at 5 s); a directive
 #: issued meanwhile ends the wait at once, so only the number of empty answers depends on it.
 LONG_POLL_S = 5.0
-#: With nothing new to send, ask for the durable mark this often: while records flow every answer
-#: to a batch carries it; this only lets an idle rank (frozen, held) free its buffer, and tells a
-#: new supervisor incarnation which records to ask again.
+#: With nothing new to send, ask for the durable mark this often (every answer to a batch carries
+#: it): an idle rank (frozen, held) frees its buffer, and a new supervisor learns what to ask again.
 ACK_POLL_S = 2.0
 #: The same while ``flush`` waits for the supervisor to accept everything (closing a rank).
 FLUSH_ACK_POLL_S = 0.5

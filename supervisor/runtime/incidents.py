@@ -85,11 +85,9 @@ _SPECIFIC = ("lr_jump", "update_jump", "nonfinite", "checksum", "after_resume")
 
 
 def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
-    """Whether ``b`` can be ``a`` coming back: a shared specific finding (an LR jump, an update
-    jump, NaN/Inf, disagreeing replicas), the same rank deviating first, the same data source --
-    or, short of any of these, the same top cause at medium severity or more (a ``low`` blip
-    that shares only a cause category is a blip of its own). A worker-group restart is never a
-    fault that comes back."""
+    """Whether ``b`` can be ``a`` coming back: the same first rank, data source or specific finding,
+    else the same top cause at medium severity or more (a ``low`` blip that shares only a cause is
+    a blip of its own). A worker-group restart is never a fault that comes back."""
     if Cause.DISTRIBUTED in (a.top_cause, b.top_cause) and not (a.rank_local and b.rank_local):
         return False
     if a.rank_local and b.rank_local and a.first_rank is not None:
@@ -156,9 +154,7 @@ class IncidentFlow:
         if again is not None:  # a periodic fault's next occurrence: the fault came back
             d = again
             incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
-            active = self.state.active
-            in_window = active is not None and incident_id == active.incident_id
-            if not in_window and incident_id not in self.state.waiting:
+            if self._active_id != incident_id and incident_id not in self.state.waiting:
                 self.state.waiting.append(incident_id)  # planned again: ``ready`` came long ago
         elif incident_id is None:
             incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
@@ -172,9 +168,8 @@ class IncidentFlow:
             self._diagnosis = d
         if kind == "ready" and self.job.mode == "supervised" and key not in self.state.ready_keys:
             self.state.ready_keys.append(key)
-            acting_on = active is not None and incident_id == active.incident_id  # its plan is running
             if (
-                not acting_on
+                self._active_id != incident_id  # its plan is not running
                 and not self.store.get(incident_id).state.is_terminal
                 and incident_id not in self.state.waiting
             ):
@@ -341,7 +336,7 @@ class IncidentFlow:
         """Incidents that began after ``to_step`` are of a timeline training no longer has: they
         neither fail an observation nor get a plan (a fault that persists is detected again)."""
         self._opened_at = [(s, i) for s, i in self._opened_at if s <= to_step]
-        active = self.state.active.incident_id if self.state.active else None
+        active = self._active_id
         keep = []
         for incident_id in self.state.waiting:
             inc = self.store.get(incident_id)
@@ -417,8 +412,11 @@ class IncidentFlow:
         return noted
 
     def opened_since(self, step: int) -> int:
-        active = self.state.active.incident_id if self.state.active else None
-        return sum(1 for s, i in self._opened_at if s > step and i != active)
+        return sum(1 for s, i in self._opened_at if s > step and i != self._active_id)
+
+    @property
+    def _active_id(self) -> int | None:
+        return self.state.active.incident_id if self.state.active else None
 
     @property
     def idle(self) -> bool:

@@ -1,17 +1,14 @@
 """Time lost to instability, as operators count it.
 
 Per incident: the steps re-trained (each rollback's from - to), the wall time training did not
-advance (frozen, restarting, held: ``Controller._count_downtime``, per incident in its timeline)
-and the wall time spent re-training (the step time of the re-trained steps until the timeline is
-back where the rollback left it). Per run: the effective training time ratio -- the time spent
-on steps that survive into the final timeline over the run's wall time (large published runs
-report 90-97%).
+advance (frozen, restarting, held: ``Controller._count_downtime``) and the wall time spent
+re-training them. Per run: the effective training time ratio -- the time of the steps that
+survive into the final timeline over the run's wall time (large published runs report 90-97%).
 
-A step's time is its slowest rank's ``step_time`` (what the SDK measures around the step); with
-none reported, the gap between its records' ``time`` and the previous step's, when the two are
-consecutive on one timeline. The time of the steps a rollback or restart abandons leaves the
-total: the running total is kept for the newest ``MARKS_KEPT`` steps (every rollback or restart
-target is a checkpoint among them), so the memory is bounded, never the run's length.
+A step's time is its slowest rank's ``step_time``; with none reported, the gap to the previous
+step's record ``time`` when the two are consecutive on one timeline. The steps a rollback or
+restart abandons leave the total: the running total is kept for the newest ``MARKS_KEPT`` steps
+(every rollback or restart target is a checkpoint among them), so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ class TimeLedger:
 
     # -- fed by the controller ------------------------------------------------------------------
     def on_step(self, step: int, records: list[Any]) -> float:
-        """An analysed step of the current timeline; returns the time counted for it."""
+        """Returns the time counted for an analysed step of the current timeline."""
         times = [r.step_time for r in records if isinstance(getattr(r, "step_time", None), int | float)]
         stamps = [r.time for r in records if isinstance(getattr(r, "time", None), int | float)]
         last = self.s["last"]
