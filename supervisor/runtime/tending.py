@@ -80,7 +80,9 @@ class CheckpointTending:
                 and m.created_at >= since
             ):
                 log.info(
-                    "checkpoint_found_at_end", step=m.step, why="committed after the last record it rode on"
+                    "checkpoint_found_at_end",
+                    step=m.step,
+                    why="committed after the last record it could ride on",
                 )
                 state.checkpoints_seen.append(m.step)
 
