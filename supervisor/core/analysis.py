@@ -51,6 +51,12 @@ EXCURSIONS = 4096
 #: Baselines a change of LR, clip or optimizer state moves (the update ratio per unit of LR; the LR
 #: reference of the jump test). Grad norm and loss depend on the weights, which a rollback restores.
 OPTIMIZER_DERIVED = ("update", "lr")
+#: The baselines each override event of a supervised run's trace moves.
+EVENT_REANCHORS = {
+    "lr_override": ("update", "lr"),
+    "grad_clip_override": ("update",),
+    "data_override": ("tokens",),
+}
 #: Rules that read the optimizer alone; inside the supervisor's own observation window they open
 #: nothing without the loss or a non-finite value (its own fix moves exactly these signals).
 OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
@@ -217,14 +223,10 @@ class StreamingAnalyzer:
                 trig = Trigger("lr", True)
             elif not sig.ready and not self.observing(sig.step):
                 trig = Trigger("update", True)
-        self._stall = None
-        if (
-            trig is None
-            and (stall := self.learning.stalled(sig.step)) is not None
-            and stall.name in sig.source_z
-        ):
-            self._stall = stall
-            trig = Trigger("source", False, stall.name)
+        stall = self.learning.stalled(sig.step) if trig is None else None
+        self._stall = stall if stall is not None and stall.name in sig.source_z else None
+        if self._stall is not None:
+            trig = Trigger("source", False, self._stall.name)
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -515,16 +517,12 @@ class StreamingAnalyzer:
             and sig.rank_z >= st.rank_z_threshold
             and rank_rose(sig, st)  # a rank at its own level is not named because another one fell
         ):
-            worst = s.rank_log_loss[s.worst_rank] - inc.baseline_log
+            w = s.worst_rank
+            worst = s.rank_log_loss[w] - inc.baseline_log
             others = math.log(s.ranks_median_loss) - inc.baseline_log if s.ranks_median_loss else 0.0
             if not math.isfinite(worst) or others < 0.3 * worst:
-                inc.rank_local, inc.first_rank = True, s.worst_rank
-                f.rank = (
-                    s.step,
-                    s.worst_rank,
-                    math.exp(s.rank_log_loss[s.worst_rank]),
-                    s.ranks_median_loss or 0.0,
-                )
+                inc.rank_local, inc.first_rank = True, w
+                f.rank = (s.step, w, math.exp(s.rank_log_loss[w]), s.ranks_median_loss or 0.0)
                 f.rank_z = sig.rank_z
         if first_rank is not None and inc.first_rank is None and inc.rank_local:
             inc.first_rank = first_rank
@@ -641,15 +639,9 @@ class StreamingAnalyzer:
         told = any(x.kind == "override" and step - 2 <= x.step <= step for x in self.known.log)
         if told or not events:
             return
-        metrics: tuple[str, ...] = ()
-        if "lr_override" in events:
-            metrics += ("update", "lr")
-        if "grad_clip_override" in events:
-            metrics += ("update",)
-        if "data_override" in events:
-            metrics += ("tokens",)
+        metrics = tuple(dict.fromkeys(m for e, ms in EVENT_REANCHORS.items() if e in events for m in ms))
         if metrics:
-            self.detector.reanchor(step, tuple(dict.fromkeys(metrics)))
+            self.detector.reanchor(step, metrics)
 
     def _rewind(self, to_step: int) -> list[IncidentUpdate]:
         """Forget steps after ``to_step`` so their replay is not counted twice."""

@@ -1,9 +1,8 @@
 """Cause ranking: each cause category gets a score in [0, 1] and the evidence behind it, in words.
 
-The phenotype is a prior, never a verdict: it contributes a modest score, and measured facts
-(a fingerprint mismatch, a resume a few steps before, a reported loss that the recomputed loss
-contradicts, a non-finite value with nothing abnormal before it) dominate. Scores are additive
-weights clipped to [0, 1]; the weights are listed in one table so they can be read and tuned.
+The phenotype is a prior, never a verdict: it contributes a modest score, and measured facts (a
+fingerprint mismatch, a resume just before, a reported loss the recomputed one contradicts)
+dominate. Scores are additive weights clipped to [0, 1], listed in one table (``W``) to be tuned.
 """
 
 from __future__ import annotations
@@ -26,31 +25,31 @@ def typical_step(inc: IncidentTrack) -> int:
 if TYPE_CHECKING:
     from supervisor.core.diagnose import IncidentTrack
 
-#: Weight of each piece of evidence (one row per rule in ``rank_causes``).
-W = {
-    "phenotype": 0.3,
-    "checksum": 0.8,
-    "after_resume": 0.6,
-    "resume_update": 0.3,
-    "resume_missing": 0.4,
-    "nonfinite": 0.5,
-    "nonfinite_sudden": 0.2,
-    "nonfinite_skipped": 0.0,
-    "nonfinite_after_rise": -0.3,
-    "overflow": 0.2,
-    "update_spike": 0.3,
-    "lr_jump": 0.3,
-    "lr_back": 0.0,
-    "grad_lead": 0.2,
-    "rank_local": 0.3,
-    "rank_persistent": 0.6,
-    "source_local": 0.3,
-    "source_persistent": 0.3,
-    "metric_mismatch": 0.6,
-    "token_collapse": 0.3,
-    "calm_grads": 0.35,
-    "batch_mean": 0.2,
-    "no_history": 0.1,
+#: The cause each piece of evidence speaks for and its weight (one row per rule in ``rank_causes``;
+#: the phenotype's cause is its prior, ``PHENOTYPE_PRIOR``).
+W: dict[str, tuple[Cause | None, float]] = {
+    "phenotype": (None, 0.3),
+    "checksum": (Cause.DISTRIBUTED, 0.8),
+    "after_resume": (Cause.RESUME_STATE, 0.6),
+    "resume_update": (Cause.RESUME_STATE, 0.3),
+    "resume_missing": (Cause.RESUME_STATE, 0.4),
+    "nonfinite": (Cause.NUMERIC, 0.5),
+    "nonfinite_sudden": (Cause.NUMERIC, 0.2),
+    "nonfinite_skipped": (Cause.NUMERIC, 0.0),
+    "nonfinite_after_rise": (Cause.NUMERIC, -0.3),
+    "overflow": (Cause.NUMERIC, 0.2),
+    "update_spike": (Cause.OPTIMIZER, 0.3),
+    "lr_jump": (Cause.OPTIMIZER, 0.3),
+    "lr_back": (Cause.OPTIMIZER, 0.0),
+    "grad_lead": (Cause.OPTIMIZER, 0.2),
+    "rank_local": (Cause.DATA, 0.3),
+    "rank_persistent": (Cause.DISTRIBUTED, 0.6),
+    "source_local": (Cause.DATA, 0.3),
+    "source_persistent": (Cause.DATA, 0.3),
+    "metric_mismatch": (Cause.METRIC_ARTIFACT, 0.6),
+    "token_collapse": (Cause.METRIC_ARTIFACT, 0.3),
+    "calm_grads": (Cause.METRIC_ARTIFACT, 0.35),
+    "batch_mean": (Cause.METRIC_ARTIFACT, 0.2),
 }
 
 #: The cause each phenotype lends its prior to; its first evidence sentence describes the curve.
@@ -74,10 +73,13 @@ class _Board:
         self.score = {c: 0.0 for c in Cause}
         self.evidence: dict[Cause, list[str]] = {c: [] for c in Cause}
 
-    def add(self, cause: Cause, weight: str, text: str | None = None) -> None:
-        self.score[cause] += W[weight]
+    def add(self, key: str, text: str | None = None, cause: Cause | None = None) -> None:
+        owner, weight = W[key]
+        to = cause if cause is not None else owner
+        assert to is not None, key
+        self.score[to] += weight
         if text:
-            self.evidence[cause].append(text)
+            self.evidence[to].append(text)
 
     def ranked(self) -> list[CauseScore]:
         out = [
@@ -111,76 +113,58 @@ def rank_causes(
     b = _Board()
     prior = PHENOTYPE_PRIOR[phen]
     if f.lr_back is not None:  # the first abnormal quantity, and why the fix did not hold
-        b.add(Cause.OPTIMIZER, "lr_back", _lr_back_text(f.lr_back, f.lr_before))
-    b.add(prior, "phenotype", _phenotype_text(inc, phen))
+        b.add("lr_back", _lr_back_text(f.lr_back, f.lr_before))
+    b.add("phenotype", _phenotype_text(inc, phen), cause=prior)
     calm = calm_grads(inc)
     if f.checksum is not None:
         step, ranks = f.checksum
-        b.add(
-            Cause.DISTRIBUTED,
-            "checksum",
-            f"param fingerprints of ranks {ranks} differ from the others' from step {step}",
-        )
+        b.add("checksum", f"param fingerprints of ranks {ranks} differ from the others' from step {step}")
     if inc.after_resume and f.resume_step is not None:
-        b.add(
-            Cause.RESUME_STATE, "after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}"
-        )
+        b.add("after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}")
         if f.resume_missing:
             b.add(
-                Cause.RESUME_STATE,
                 "resume_missing",
                 f"the restore at step {f.resume_step} did not bring back: {', '.join(f.resume_missing)} "
                 "(checked where the state was loaded)",
             )
         if f.update_spike is not None:
             step, ratio = f.update_spike
-            b.add(Cause.RESUME_STATE, "resume_update", f"update ratio {_g(ratio)}x its level at step {step}")
+            b.add("resume_update", f"update ratio {_g(ratio)}x its level at step {step}")
     elif f.update_spike is not None and not calm:
         step, ratio = f.update_spike
-        b.add(Cause.OPTIMIZER, "update_spike", f"update ratio {_g(ratio)}x its level at step {step}")
+        b.add("update_spike", f"update ratio {_g(ratio)}x its level at step {step}")
     if f.lr_jump is not None:
         step, ratio = f.lr_jump
-        b.add(
-            Cause.OPTIMIZER,
-            "lr_jump",
-            f"learning rate changed {_g(ratio)}x from the previous step at step {step}",
-        )
+        b.add("lr_jump", f"learning rate changed {_g(ratio)}x from the previous step at step {step}")
     if f.lr_rise is not None and f.lr_before is not None and f.lr_jump is None:
         step, rise = f.lr_rise
         b.add(
-            Cause.OPTIMIZER,
             "lr_jump",
             f"learning rate {_g(f.lr_before[1])} at step {f.lr_before[0]} -> {_g(f.lr_before[1] * rise)} at step {step} ({_g(rise)}x)",
         )
     lead = _grad_lead(inc)
     if lead is not None:
-        b.add(Cause.OPTIMIZER, "grad_lead", lead)
+        b.add("grad_lead", lead)
     _numeric(inc, b)
     if inc.rank_local and inc.first_rank is not None and f.checksum is None:
         text = f"rank {inc.first_rank} deviated first"
         if f.rank is not None:
             step, rank, loss, med = f.rank
             text = f"rank {rank} loss {_g(loss)} vs ranks' median {_g(med)} at step {step}"
-        b.add(Cause.DATA, "rank_local", text)
+        b.add("rank_local", text)
         if phen is Phenotype.DIVERGENCE and persistent_rank_fault(inc, settings):
             since = inc.trajectory[-1].step - inc.onset_step
             b.add(
-                Cause.DISTRIBUTED,
                 "rank_persistent",
                 f"rank {inc.first_rank} has stood out from the other ranks at every step for {since} steps "
                 "since onset: a failing rank (device, link or its data pipeline), not one bad batch",
             )
     if f.source is not None:
         name, z, loss = f.source
-        b.add(
-            Cause.DATA,
-            "source_local",
-            f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band",
-        )
+        b.add("source_local", f"source `{name}` loss {_g(loss)} (robust z {_g(z)}); other sources in band")
         if f.trigger == "source" and f.source_stall is not None:  # learned nothing while the others did
             own, others = f.source_stall
             b.add(
-                Cause.DATA,
                 "source_persistent",
                 f"source `{name}` has not learned: its loss x{_g(math.exp(-own))} of its first level while the "
                 f"other sources' fell to x{_g(math.exp(-others))}, at {SOURCE_PERSIST} appearances in a row: "
@@ -188,7 +172,6 @@ def rank_causes(
             )
         elif f.trigger == "source":  # measured against the source's own baseline, and persistent
             b.add(
-                Cause.DATA,
                 "source_persistent",
                 f"source `{name}` out of its own band at {SOURCE_PERSIST} appearances in a row from step "
                 f"{inc.onset_step} while the other sources stayed in theirs: that source's data, not the model",
@@ -251,24 +234,21 @@ def _numeric(inc: IncidentTrack, b: _Board) -> None:
     if f.nonfinite_step is not None:
         where = f" in `{f.nonfinite_at}`" if f.nonfinite_at else ""
         b.add(
-            Cause.NUMERIC,
             "nonfinite",
             f"non-finite values first at step {f.nonfinite_step}{where} on ranks {f.nonfinite_ranks}",
         )
         if f.rose_before_nonfinite:
             b.add(
-                Cause.NUMERIC,
                 "nonfinite_after_rise",
                 f"but {inc.first_anomaly.metric} left its band at step {inc.onset_step}, before the first NaN",
             )
         else:
-            b.add(Cause.NUMERIC, "nonfinite_sudden", "nothing was out of band before it")
+            b.add("nonfinite_sudden", "nothing was out of band before it")
         # Each non-finite step's own record says whether its update was set aside (the SDK's
         # ``step_skipped_nonfinite`` event, the AMP scaler's overflow): no later step is needed to
         # know that no weights changed. A NaN that keeps coming is still a divergence (``classify``).
         if f.nonfinite_applied == 0 and f.nonfinite_steps:
             b.add(
-                Cause.NUMERIC,
                 "nonfinite_skipped",
                 f"the non-finite step {f.nonfinite_step} was skipped: no weights changed "
                 "(the SDK or the AMP scaler set its update aside)",
@@ -278,15 +258,11 @@ def _numeric(inc: IncidentTrack, b: _Board) -> None:
         text = f"{f.overflow_steps} overflowed (skipped) steps" if f.overflow_steps else "loss scale dropped"
         if f.loss_scale_drop is not None and dropped:
             text += f"; loss scale {_g(f.loss_scale_drop[0])} -> {_g(f.loss_scale_drop[1])}"
-        b.add(Cause.NUMERIC, "overflow", text)
+        b.add("overflow", text)
         if f.first_overflow is not None and abs(f.first_overflow - inc.onset_step) <= 1:
-            b.add(
-                Cause.NUMERIC, "overflow", f"the first overflow is at step {f.first_overflow}, with the onset"
-            )
+            b.add("overflow", f"the first overflow is at step {f.first_overflow}, with the onset")
         elif f.scale_drop_step is not None and abs(f.scale_drop_step - inc.onset_step) <= typical_step(inc):
-            b.add(
-                Cause.NUMERIC, "overflow", f"the loss scale fell at step {f.scale_drop_step}, with the onset"
-            )
+            b.add("overflow", f"the loss scale fell at step {f.scale_drop_step}, with the onset")
 
 
 def _metric(inc: IncidentTrack, b: _Board, calm: bool) -> None:
@@ -294,30 +270,24 @@ def _metric(inc: IncidentTrack, b: _Board, calm: bool) -> None:
     if f.misreport is not None:
         step, rank, rep, true = f.misreport
         b.add(
-            Cause.METRIC_ARTIFACT,
             "metric_mismatch",
             f"rank {rank} reported loss {_g(rep)} but loss_sum/tokens = {_g(true)} at step {step}",
         )
     elif f.reported_vs_true is not None:
         step, rep, true = f.reported_vs_true
         b.add(
-            Cause.METRIC_ARTIFACT,
             "metric_mismatch",
             f"reported mean loss {_g(rep)} vs token-weighted {_g(true)} recomputed from loss_sum/tokens at step {step}",
         )
     if f.collapse is not None:
         step, rank, tok, med = f.collapse
         b.add(
-            Cause.METRIC_ARTIFACT,
-            "token_collapse",
-            f"rank {rank} had {_g(tok)} effective tokens vs median {_g(med)} at step {step}",
+            "token_collapse", f"rank {rank} had {_g(tok)} effective tokens vs median {_g(med)} at step {step}"
         )
     if f.batch_mean is not None:
         step, rank, bm, loss = f.batch_mean
         b.add(
-            Cause.METRIC_ARTIFACT,
-            "batch_mean",
-            f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}",
+            "batch_mean", f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}"
         )
     if calm:
         g, u = f.grad_ratio_at_peak, f.update_ratio_at_peak
@@ -326,4 +296,4 @@ def _metric(inc: IncidentTrack, b: _Board, calm: bool) -> None:
             f"update ratio {_g(u)}x" if u is not None else "",
         ]
         text = " and ".join(p for p in parts if p) + f" their levels at the loss peak (step {inc.peak_step})"
-        b.add(Cause.METRIC_ARTIFACT, "calm_grads", text)
+        b.add("calm_grads", text)

@@ -42,8 +42,10 @@ RANK_OWN_STATE = 16_384
 
 
 class DetectorSettings(DetectorKnobs):
-    """Detection and diagnosis thresholds (robust z: |x - level| / (1.4826 MAD of residuals)); the
-    job.yaml knobs are ``DetectorKnobs``'s, one definition for both, the rest the engine's own."""
+    """Detection and diagnosis thresholds. Robust-z means |x - level| / (1.4826 MAD of residuals).
+
+    The knobs a job.yaml sets (window, min_history, the z thresholds) are ``DetectorKnobs``'s, one
+    definition for both; the rest are the engine's own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     band_z: float = Field(default=3.0, gt=0, description="A quantity is out of its band above this robust-z.")
@@ -373,16 +375,9 @@ class Detector:
             tr.push(lv, step)
 
     def _trackers(self) -> dict[str, LevelTracker]:
-        base = {
-            "loss": self.loss,
-            "reported": self.reported,
-            "grad": self.grad,
-            "update": self.update,
-            "tokens": self.tokens,
-            "lr": self.lr,
-        }
-        base.update({f"source:{k}": v for k, v in self.sources.items()})
-        return base
+        """Every tracker by its name in the saved state (the order is the state's)."""
+        names = ("loss", "reported", "grad", "update", "tokens", "lr")
+        return {n: getattr(self, n) for n in names} | {f"source:{k}": v for k, v in self.sources.items()}
 
     def reanchor(self, step: int, metrics: tuple[str, ...]) -> None:
         """An intended change (a new clip, an LR override, other data) moves these metrics' levels:

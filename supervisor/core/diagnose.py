@@ -124,14 +124,14 @@ class IncidentTrack:
         excess = sig.loss_excess if not s.nonfinite else math.inf
         grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
         upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
-        loss_in_band = not s.nonfinite and not sig.loss_z >= settings.band_z
+        loss_ok = not s.nonfinite and not sig.loss_z >= settings.band_z
         bad_source = self.facts.source[0] if self.facts.trigger == "source" and self.facts.source else None
         if bad_source is not None and bad_source in sig.source_own:  # its curve is that source's loss
-            loss_in_band = not s.nonfinite and not sig.source_z[bad_source] >= settings.band_z
+            loss_ok = not s.nonfinite and not sig.source_z[bad_source] >= settings.band_z
         elif bad_source is not None and self.facts.source_offset is not None:  # a young run's source
             off = source_offsets(sig, bad_source)
             if off is not None:
-                loss_in_band = not s.nonfinite and off[2] - self.facts.source_offset < YOUNG_JUMP / 2
+                loss_ok = not s.nonfinite and off[2] - self.facts.source_offset < YOUNG_JUMP / 2
         rank = self.first_rank
         worst = s.worst_rank == rank and sig.rank_z is not None and sig.rank_z >= settings.band_z
         rank_out = (
@@ -145,20 +145,10 @@ class IncidentTrack:
                 or rank in s.nonfinite_ranks
             )
         )
-        self.trajectory.append(
-            Point(
-                s.step,
-                excess,
-                s.loss_main,
-                in_band,
-                s.nonfinite,
-                grad,
-                upd,
-                loss_in_band,
-                rank_out,
-                sig.lr_norm,
-            )
+        point = Point(
+            s.step, excess, s.loss_main, in_band, s.nonfinite, grad, upd, loss_ok, rank_out, sig.lr_norm
         )
+        self.trajectory.append(point)
         if len(self.trajectory) > settings.max_incident_steps + 8:
             del self.trajectory[0]
         self.in_band_run = self.in_band_run + 1 if in_band else 0

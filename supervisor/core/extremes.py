@@ -1,21 +1,13 @@
 """Judged against the run's own maxima: evidence that needs no mean/sd baseline.
 
-Before the detector has ``min_history`` steps there is no band to be out of, yet two quantities
-are facts of the recipe that a run moves only gradually:
-
-* the **LR**. A schedule moves it by at most a few times per step (a linear warm-up doubles it
-  once, at its second step; a warm-up from a near-zero start multiplies it once by ~10 at its
-  first step, then by less and less), so an LR ``LR_JUMP``x above every LR the run has used, after
-  ``MIN_SEEN`` steps with one, at a step whose rise is ``LR_JUMP``x the schedule's own step-to-step
-  ratio just before, is a fault in the recipe by itself, whatever the loss does yet (SGD can carry
-  a x25 LR for many steps with the loss near its level);
-* the **update ratio** ``|dtheta| / |theta|``. It follows the LR and the optimizer's state, both of
-  which build up over steps (SGD's momentum buffer, Adam's moments): one update ``UPDATE_JUMP``x
-  bigger than every earlier one, relative to the parameter norm, is an oversized update.
-
-Both are read with the supervisor's own LR factor (re-warm, ``lr_scale``) divided out. Only the
-steps where a new maximum was set are kept (a monotone record list, thinned to >= 1% growth), so a
-rollback can forget the abandoned timeline's maxima exactly and memory stays bounded.
+Before ``min_history`` there is no band to be out of, yet two quantities move only gradually: the
+**LR** (a schedule moves it by a few times per step at most; a warm-up doubles it once), so an LR
+``LR_JUMP``x the schedule's own step-to-step ratio and ``LR_ABOVE_PEAK``x every LR the run has used
+is a fault by itself, whatever the loss does yet (SGD can carry a x25 LR for many steps); and the
+**update ratio**, which follows the LR and the optimizer's state, both built up over steps: one
+``UPDATE_JUMP``x every earlier one is an oversized update. Both are read with the supervisor's own
+LR factor divided out. Only the steps that set a new maximum are kept (thinned to >= 1% growth), so
+a rollback forgets the abandoned timeline's maxima exactly and memory stays bounded.
 """
 
 from __future__ import annotations
@@ -94,16 +86,14 @@ class RunExtremes:
         self.update = _RunMax()
         self.lr_steps: deque[tuple[int, float]] = deque(maxlen=SCHEDULE_STEPS)  # (step, lr / lr before)
         self.last_lr: float | None = None
-        self.last_raw: float | None = None
-        """The previous step's LR as the ranks reported it (the supervisor's factor not divided out)."""
+        self.last_raw: float | None = None  # the previous step's LR as reported (factor not divided out)
 
     def judge(
         self, step: int, lr: float | None, update_ratio: float | None, raw_lr: float | None = None
     ) -> Extreme | None:
-        """This step against the maxima before it (call before ``push``). With ``raw_lr`` (the LR as
-        reported), an LR jump must be in the reported LR too: a rise that only the division by the
-        supervisor's own factor makes (ranks that did not apply a re-warm, the first step after a
-        rollback) is no evidence of a fault."""
+        """This step against the maxima before it (call before ``push``). An LR jump must show in the
+        reported ``raw_lr`` too: one made only by dividing out the supervisor's factor (ranks that did
+        not apply a re-warm, the first step after a rollback) is no fault."""
         top = self.lr.peak()
         raw_rose = raw_lr is None or (self.last_raw is not None and raw_lr >= LR_ABOVE_PEAK * self.last_raw)
         if (

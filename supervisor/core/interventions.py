@@ -1,18 +1,11 @@
 """What the supervisor itself did to the run, so the detector never mistakes it for a fault.
 
-The supervisor changes a run on purpose: it rolls back, scales the LR, re-warms it over a
-number of steps, changes the clip, excludes or skips batches. Each of these moves a metric
-the detector watches (a re-warm ramps the LR and with it the update ratio; a new clip moves
-the update norm). ``Interventions`` keeps these known changes, in timeline order, and answers
-the question the detector asks of every step, ``lr_multiplier(step)``: by how much the
-supervisor scaled this step's LR. The detector divides it out of the logged LR and update
-ratio, so an intended ramp is never an LR jump and the update ratio stays comparable with its
-healthy baseline.
-
-The multiplier mirrors the SDK's steering (``supervisor.sdk.steering.Steering.lr_multiplier``):
-``lr_scale * min(1, (step - from_step) / warmup_steps)``, where the latest ``lr_scale`` and the
-latest warmup each replace the one before. A rollback to step T takes back every override
-applied after T: the workers restore the overrides saved with checkpoint T.
+A rollback, an LR scale or re-warm, a new clip, excluded batches: each moves a metric the detector
+watches. ``Interventions`` keeps them in timeline order and answers ``lr_multiplier(step)``, the
+factor the detector divides out of the logged LR and update ratio, so an intended ramp is never an
+LR jump. It mirrors the SDK's ``Steering.lr_multiplier``: ``lr_scale * min(1, (step - from_step) /
+warmup_steps)``, the latest scale and warmup each replacing the one before. A rollback to step T
+takes back every override after T: the workers restore those saved with checkpoint T.
 """
 
 from __future__ import annotations

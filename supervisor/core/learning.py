@@ -1,29 +1,14 @@
 """Which data source does not learn while the others do (``SourceLearning``).
 
-A source that serves garbage from the first steps of a run (random bytes, shuffled or
-mis-tokenized text) has no level of its own to jump from: the model starts at chance on every
-source, and this one stays there. The evidence is across sources and over the run so far, and
-needs no baseline of the source's own:
-
-* the other sources learned: the median of their log losses (at the same steps, on the same
-  weights) fell by at least ``OTHERS_FALL`` since the source's first appearances;
-* this source learned nothing: its own log loss fell by at most ``STALL_SHARE`` of what the others'
-  fell (any real data, however hard, gives its unigram statistics away within a few steps: the
-  sampler's clean sources fell by a third of the others' fall at the least, a source of random
-  bytes not at all);
-* both read on robust medians (``FIRST`` first appearances, the last ``RECENT``), at
-  ``PERSIST`` appearances in a row;
-* it never learned before: a source whose own fall once reached ``LEARNED_SHARE`` of the others'
-  (at ``PERSIST`` appearances in a row, the others past ``OTHERS_FALL``) is real data. When its
-  loss later rises while the others' does not (a shard gone bad mid-run) its offset jumps, the
-  young-source rule's evidence; when the whole run is disturbed for a while (a gradient burst),
-  the slower source's medians may lag the others' for a few steps without saying anything about
-  its data.
-
-A source that joins a mixture late is measured from its own first appearances, when the others
-have little left to learn, so a mixture switch is no evidence; a run observed only from its
-plateau on has no others' fall either. Memory: ``HISTORY`` appearances of each of at most
-``MAX_SOURCES`` sources.
+A source that serves garbage from the first steps has no level of its own to jump from: the model
+starts at chance on every source, and this one stays there. The evidence is across sources, on
+robust medians (its ``FIRST`` first appearances against its last ``RECENT``), at ``PERSIST``
+appearances in a row: the other sources' median log loss (same steps, same weights) fell by
+``OTHERS_FALL`` while its own fell by at most ``STALL_SHARE`` of that (real data, however hard,
+gives its unigram statistics away within a few steps), and it never learned before (a fall of
+``LEARNED_SHARE`` of the others' once: real data; a shard gone bad later is the young-source
+rule's). A source that joins late is measured from its own first appearances, when the others have
+little left to learn, so a mixture switch is no evidence. Rationale and figures: docs/detection.md.
 """
 
 from __future__ import annotations
@@ -96,9 +81,8 @@ class SourceLearning:
                     self.learned[name] = sig.step
 
     def stalled(self, step: int) -> Stall | None:
-        """The source of step ``step`` that has learned nothing at each of its last ``PERSIST``
-        appearances (this step's the latest) while the others learned (the largest stall when
-        several do)."""
+        """The source of step ``step`` that learned nothing at each of its last ``PERSIST`` appearances
+        while the others learned (the largest stall when several do)."""
         found: list[Stall] = []
         for name, first in self.first.items():
             rows = list(self.recent.get(name, ()))
@@ -146,9 +130,8 @@ class SourceLearning:
 def _falls(
     first: list[tuple[int, float, float]], rows: list[tuple[int, float, float]]
 ) -> list[tuple[float, float]]:
-    """(own fall, others' fall) in log units since the first appearances, read on the medians of
-    the last ``PERSIST`` windows of ``RECENT`` appearances (the latest first); none while the
-    first appearances or the recent ones are too few."""
+    """(own fall, others' fall) in log units since the first appearances, on the medians of the last
+    ``PERSIST`` windows of ``RECENT`` appearances (the latest first); none while too few."""
     if len(first) < FIRST or len(rows) < RECENT + PERSIST - 1:
         return []
     own0, others0 = median([r[1] for r in first]), median([r[2] for r in first])
@@ -160,9 +143,8 @@ def _falls(
 
 
 def _onset(rows: list[tuple[int, float, float]], off0: float) -> tuple[int, float]:
-    """(step, own log loss) of the first appearance of the unbroken run, ending at the latest,
-    whose offset to the others stood ``YOUNG_JUMP / 2`` above the first offset: where the source
-    fell behind (the latest appearance when none did)."""
+    """(step, own log loss) where the source fell behind: the first of the unbroken run, ending at the
+    latest appearance, whose offset to the others stood ``YOUNG_JUMP / 2`` above the first offset."""
     at = rows[-1]
     for r in reversed(rows):
         if r[1] - r[2] - off0 < YOUNG_JUMP / 2:

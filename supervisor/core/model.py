@@ -6,7 +6,7 @@ and stored with every incident.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -117,24 +117,15 @@ class Diagnosis:
         return attrs
 
     def to_json(self) -> dict[str, Any]:
-        """The stable contract of `supervisor analyze --json` (one element of "incidents")."""
-        return {
-            "onset_step": self.onset_step,
-            "peak_step": self.peak_step,
-            "end_step": self.end_step,
+        """The stable contract of `supervisor analyze --json` (one element of "incidents"): every
+        field, in the order declared."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return out | {
             "phenotype": self.phenotype.value,
-            "period": self.period,
-            "nonfinite": self.nonfinite,
-            "nonfinite_at": self.nonfinite_at,
-            "rank_local": self.rank_local,
-            "first_rank": self.first_rank,
-            "after_resume": self.after_resume,
-            "source_local": self.source_local,
             "causes": [c.to_json() for c in self.causes],
             "suspect_samples": list(self.suspect_samples),
             "severity": self.severity.value,
             "first_anomaly": asdict(self.first_anomaly) if self.first_anomaly else None,
-            "detected_step": self.detected_step,
         }
 
     @classmethod

@@ -1,18 +1,12 @@
 """Recurring incidents: three onsets at one spacing make a chain with a period.
 
 A chain is one incident (the first occurrence, "the head") whose ``period`` is set and whose
-``facts.occurrences`` lists every onset. Occurrences opened before the period was known are
-merged into the head; later occurrences attach to the head directly.
-
-A long period must neither be missed nor found late, so:
-
-* the earlier two occurrences are searched among the recent incidents, not only the last two
-  (an unrelated incident in between does not break a chain);
-* the spacing tolerance grows with the logging interval (a log every 10 steps cannot be ±1);
-* smaller excursions the detector saw but did not open (the loss out of its band, e.g. during
-  the first ``min_history`` steps, or a first occurrence below the alarm threshold) count as
-  occurrences when they sit exactly on the chain: the first occurrence is where the chain starts,
-  and two incidents plus one such excursion are already a chain.
+``facts.occurrences`` lists every onset; occurrences opened before the period was known are merged
+into it. So that a long period is neither missed nor found late, the earlier two occurrences are
+searched among the recent incidents (an unrelated one in between does not break a chain), the
+spacing tolerance grows with the logging interval, and excursions the detector saw but did not open
+(before ``min_history``, or below the alarm threshold) count as occurrences when they sit exactly
+on the chain: two incidents plus one such excursion are already a chain.
 """
 
 from __future__ import annotations
@@ -54,19 +48,10 @@ def attach_periodic(
         gap = onset - b.onset_step
         if gap < MIN_PERIOD or b.period is not None or not _alike(b, new):
             continue
-        a = next(
-            (
-                x
-                for x in live[:j]
-                if x.period is None and _fits(b.onset_step - x.onset_step, gap, tol) and _alike(x, new)
-            ),
-            None,
-        )
-        if a is not None:
-            return _chain(a, [b], new, gap, excursions, tol), [b]
-        if (
-            _excursion_at(excursions, b.onset_step - gap, tol, b) is not None
-        ):  # a first occurrence below threshold
+        for a in live[:j]:
+            if a.period is None and _fits(b.onset_step - a.onset_step, gap, tol) and _alike(a, new):
+                return _chain(a, [b], new, gap, excursions, tol), [b]
+        if _excursion_at(excursions, b.onset_step - gap, tol, b) is not None:  # a first one below threshold
             return _chain(b, [], new, gap, excursions, tol), []
     return new, []
 

@@ -11,14 +11,6 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-#: Fields a record may carry, in the documented order.
-RECORD_FIELDS = (
-    "step", "rank", "world_size", "time", "loss", "loss_sum", "tokens", "batch_mean_loss", "lr",
-    "grad_norm", "param_norm", "update_norm", "loss_scale", "overflow", "nonfinite", "nonfinite_at",
-    "sources", "samples", "seq_len_max", "seq_len_mean", "step_time", "tokens_per_s",
-    "param_checksum", "events", "attrs",
-)  # fmt: skip
-
 _FLOATS = ("time", "loss", "loss_sum", "batch_mean_loss", "lr", "grad_norm", "param_norm",
            "update_norm", "loss_scale", "seq_len_mean", "step_time", "tokens_per_s")  # fmt: skip
 MAX_STEP = 10**12
@@ -63,11 +55,8 @@ class Record:
     @property
     def is_nonfinite(self) -> bool:
         """NaN/Inf flagged by the probe, or visible in loss / grad norm."""
-        if self.nonfinite:
-            return True
-        return not math.isfinite(self.loss) or (
-            self.grad_norm is not None and not math.isfinite(self.grad_norm)
-        )
+        finite_grad = self.grad_norm is None or math.isfinite(self.grad_norm)
+        return bool(self.nonfinite) or not math.isfinite(self.loss) or not finite_grad
 
     def get(self, name: str, default: Any = None) -> Any:
         """A field by its record-table name, read as ``dict.get`` reads a record dict: the runtime's
@@ -91,11 +80,7 @@ class Record:
             v = d.get(name)
             if v is not None and name not in kw:
                 kw[name] = float(v)
-        for name in _INTS:
-            v = d.get(name)
-            if v is not None:
-                kw[name] = int(v)
-        for name in ("rank", "world_size"):
+        for name in (*_INTS, "rank", "world_size"):
             v = d.get(name)
             if v is not None:
                 kw[name] = int(v)

@@ -1,15 +1,11 @@
 """The end of a run, judged like any other step: evidence no later step can confirm.
 
-Mid-run, an update ratio out of its band is confirmed by what follows: the loss of the next step
-(rule 3, ``trigger.decide``) or two more steps out of band (rule 8). At the last step of a run
-nothing follows, so a fault that struck in the last step or two would never be seen -- yet the
-final weights carry its oversized update, and the final checkpoint holds them. ``judge_end``
-therefore judges the trailing run as it stands: the update ratio out of band
-(``grad_z_threshold``) at the last step, for fewer steps than rule 8 needs, opens an incident
-that is ready at once (no step will come to confirm or refute it). A run of three or more steps
-was the mid-run rules' to judge. The supervisor's own window (a fix it observes, its re-warm) is
-exempt, as an optimizer-only signal is mid-run. Without an update ratio in the records there
-is nothing at the end to judge: a grad norm alone, clipped, is no oversized update.
+Mid-run, an update ratio out of band is confirmed by what follows (the next step's loss, or two
+more steps out of band). After the last step nothing follows, yet the final weights and checkpoint
+carry a fault of the last step or two. ``judge_end`` judges the trailing run as it stands: the
+update ratio out of band at the last step, for fewer than ``GRAD_RUN`` steps, opens an incident
+ready at once. The supervisor's own window is exempt, as mid-run; a grad norm alone (clipped) is
+no oversized update.
 """
 
 from __future__ import annotations

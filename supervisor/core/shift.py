@@ -1,12 +1,9 @@
 """Benign shifts: the loss level moves up and stays, while grad norm and update ratio stay normal.
 
-A mixture switch to a harder domain looks like this. It is recorded (``BenignShift``), never
-opened as an incident. The test is on the *level* (the median of the last ``level_window``
-steps), not on single steps: the level now against the level ``level_window`` steps ago must
-have risen by more than its own sampling noise (and by ``min_loss_jump``), with no step since
-the old level's window began whose grad norm or update ratio reached ``grad_z_threshold``
-(an oversized update shows one step ahead of the loss it breaks). A single high step barely
-moves a median, so heavy-tailed noise never reads as a shift.
+A mixture switch to a harder domain looks like this: recorded (``BenignShift``), never an
+incident. The test is on the *level* (median of ``level_window`` steps; one high step barely moves
+it): risen over ``level_window`` steps beyond its sampling noise and ``min_loss_jump``, with no
+gradient push (``grad_z_threshold``) since the old level's window began.
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ class ShiftWatch:
         delta = new_level - old_level
         if delta < max(noise, math.log1p(st.min_loss_jump)) or delta >= math.log1p(st.benign_max_jump):
             return None
-        # Calm gradients since the old level was measured (its median reaches ``level_window``
-        # steps back): an oversized update shows one step ahead of the loss it breaks, and the
-        # new level is judged only once the rise has filled a window.
+        # Calm gradients since the old level was measured (its median reaches ``level_window`` steps
+        # back): an oversized update shows one step ahead of the loss it breaks.
         if self._last_push is not None and self._last_push >= old.step - st.level_window:
             return None
         start = next((s for s, _ in list(self._hist)[1:] if s.loss_z >= st.band_z), self._hist[1][0])

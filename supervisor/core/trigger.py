@@ -281,14 +281,9 @@ def _contiguous(sigs: Sequence[Signals], max_gap: int = 1) -> bool:
 
 
 def _metric_z(sig: Signals, metric: str, st: DetectorSettings) -> float | None:
-    if metric == "loss":
-        return sig.loss_z
-    if metric == "grad_norm":
-        return sig.grad_z
-    if metric == "update_ratio":
-        return sig.update_z
-    # rank_loss: out of band only when it is also beyond the usual worst rank of a step, and the
-    # rank's own loss rose (not the others' fell).
+    if metric != "rank_loss":
+        return {"loss": sig.loss_z, "grad_norm": sig.grad_z, "update_ratio": sig.update_z}[metric]
+    # Out of band only when also beyond the usual worst rank of a step, and its own loss rose.
     return sig.rank_z if _ge(sig.rank_tail_z, 3.0) and rank_rose(sig, st) else None
 
 
@@ -348,19 +343,16 @@ def locate_first(
 def _run_start(
     recent: Sequence[Signals], metric: str, band: float, st: DetectorSettings, interval: int
 ) -> Signals | None:
-    """Walk back from detection (allowing the detection step itself to be calm for this metric)."""
+    """The first step of ``metric``'s out-of-band run, walking back from detection."""
     seq = list(recent)[-(st.lookback + 1) :]
     first: Signals | None = None
     prev_step: int | None = None
     for i, sig in enumerate(reversed(seq)):
         if prev_step is not None and prev_step - sig.step > interval and first is not None:
             break
-        z = _metric_z(sig, metric, st)
-        if _ge(z, band):
+        if _ge(_metric_z(sig, metric, st), band):
             first = sig
-        elif i == 0:
-            pass  # e.g. an oversized update at step s shows as a loss jump at s + 1
-        else:
+        elif i > 0:  # the detection step may be calm: an oversized update at s shows in the loss at s + 1
             break
         prev_step = sig.step
     return first
