@@ -1,10 +1,8 @@
 """Resolved arguments of planned actions: typed, frozen, nothing symbolic left.
 
-The policy file says what to do in general (``rollback: {margin_steps: 100}``,
-``apply: {grad_clip_scale: 0.5}``); the engine resolves it against one incident and one
-job into these values (``target_step=200``, ``grad_clip=0.5``). The runtime reads them as
-attributes (``action.args.target_step``); ``PlannedAction.params`` is the same thing as a
-plain JSON mapping, which is what the incident store records.
+The engine resolves a policy's general parameters (``rollback: {margin_steps: 100}``) against one
+incident and job into these values (``target_step=200``), which the runtime reads as attributes;
+``PlannedAction.params`` is their JSON, which the incident store records.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The dry run behind `supervisor policy explain`: plan every incident of a trace, in order.
 
-Differences from the live supervisor (so a reader knows what the dry run cannot show):
-checkpoints come from the trace's `checkpoint_saved` events (or an assumed interval) and
-are taken as healthy unless they fall inside an incident; every plan is assumed to run
-and succeed (attempts are counted, observation windows never fail, an incident near a
-resolved one reopens it); nothing is executed. The job's current values (LR, grad clip,
-grad norm) come from the trace's records before each onset: `lr`, `grad_norm`, and
-`attrs.grad_clip` when the job logs it (or `--grad-clip`).
+What it cannot show: checkpoints come from the trace's `checkpoint_saved` events (or an assumed
+interval), healthy unless inside an incident; every plan is assumed to run and succeed (attempts
+counted, observation windows never fail, an incident near a resolved one reopens it); nothing is
+executed. The job's LR, grad clip and grad norm come from its records before each onset.
 """
 
 from __future__ import annotations
@@ -69,26 +66,17 @@ def checkpoints_from_records(
     return tuple(CheckpointRef(s, mark(s)) for s in sorted(steps))
 
 
-@dataclass(frozen=True, slots=True)
-class JobValues:
-    """What the job ran just before an onset, read from its records."""
-
-    lr: float | None = None
-    grad_clip: float | None = None
-    grad_norm: float | None = None
-
-
-def job_values(records: Sequence[Record], before_step: int, grad_clip: float | None = None) -> JobValues:
-    """LR of the last step before ``before_step``, the clip it logged, the median grad norm of 100 steps."""
+def job_values(
+    records: Sequence[Record], before_step: int, grad_clip: float | None = None
+) -> tuple[float | None, float | None, float | None]:
+    """What the job ran just before ``before_step``, from its records: (the LR of the last step, the
+    clip it logged, the median grad norm of 100 steps)."""
     pre = [r for r in records if r.step < before_step]
     lrs = [r.lr for r in pre if r.lr is not None and math.isfinite(r.lr)]
     norms = [r.grad_norm for r in pre[-400:] if r.grad_norm is not None and math.isfinite(r.grad_norm)]
     clips = [float(c) for r in pre if isinstance(c := r.attrs.get("grad_clip"), int | float)]
-    return JobValues(
-        lr=lrs[-1] if lrs else None,
-        grad_clip=grad_clip if grad_clip is not None else (clips[-1] if clips else None),
-        grad_norm=statistics.median(norms[-100:]) if norms else None,
-    )
+    clip = grad_clip if grad_clip is not None else (clips[-1] if clips else None)
+    return lrs[-1] if lrs else None, clip, statistics.median(norms[-100:]) if norms else None
 
 
 def dry_run(
@@ -113,16 +101,16 @@ def dry_run(
     for i, d in enumerate(sorted(incidents, key=lambda x: x.onset_step), 1):
         step = d.detected_step if d.detected_step is not None else d.peak_step
         again = reopens(resolved, d.onset_step, policy.recurrence)
-        values = job_values(recs, d.onset_step, grad_clip)
+        lr, clip, norm = job_values(recs, d.onset_step, grad_clip)
         state = JobState(
             step=step,
             attempts=attempts,
             steps_since_last_incident=None if last_end is None else max(0, d.onset_step - last_end),
             checkpoints=tuple(c for c in checkpoints if c.step <= step),
             state_maybe_nonfinite=d.nonfinite and not nonfinite_skipped(d),
-            lr=values.lr,
-            grad_clip=values.grad_clip,
-            grad_norm=values.grad_norm,
+            lr=lr,
+            grad_clip=clip,
+            grad_norm=norm,
             supervision=supervision,
             incident_attempt=again[0].attempts if again else 0,
             rank_incidents=tuple(rank_incidents),
@@ -145,13 +133,9 @@ def dry_run(
             end = None
             if observe is not None and observe.params.get("cover_until_step") is not None:
                 end = max(int(observe.params["cover_until_step"]), step + int(observe.params["steps"]))
-            first = again[0] if again else None
-            resolved.append(
-                Resolved(
-                    first.incident_id if first else i,
-                    first.onset_step if first else d.onset_step,
-                    end,
-                    (first.attempts + 1) if first else 1,
-                )
-            )
+            if again is None:
+                resolved.append(Resolved(i, d.onset_step, end, 1))
+            else:
+                first = again[0]
+                resolved.append(Resolved(first.incident_id, first.onset_step, end, first.attempts + 1))
     return out

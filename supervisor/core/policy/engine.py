@@ -2,17 +2,12 @@
 
     1. pick the first rule whose match fits (or the policy's fallback);
     2. a metric artifact gets an alert and nothing else;
-    3. escalate when the observation window failed too often, the rule's attempts ran out,
-       this incident recurred too often (``recurrence.max_attempts``), or its rank is a
-       repeat offender (``rank_offenders``);
-    4. enforce the invariants on the rule's actions (a suspect state is rolled back and
-       fixed, whatever the phenotype), adapt them to what the job can do (no replay hooks,
-       an observe-level job), then resolve each one's parameters against the job's current
-       values (when no checkpoint qualifies as a rollback target: a transient goes on without
-       one under an observation window, an onset within the run's first checkpoint interval rolls
-       back to the run's start, anything else escalates; dropping a fix that would change nothing);
-    5. a data fault whose rollback would go back over its own earlier occurrence goes on without
-       it (the re-run would meet that data again), kept out where it recurs and watched.
+    3. escalate when the observation window failed too often, the rule's attempts ran out, the
+       incident recurred too often (``recurrence.max_attempts``) or its rank is a repeat offender;
+    4. enforce the invariants, adapt to what the job can do, resolve each action's parameters
+       (with no rollback target: a transient goes on under an observation window, an onset in
+       the first checkpoint interval rolls back to the run's start, anything else escalates);
+    5. a data fault whose rollback would re-run its own earlier occurrence goes on without it.
 
 Every choice carries a sentence naming the rule and the setting behind it.
 """

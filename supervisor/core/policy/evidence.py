@@ -1,21 +1,14 @@
 """What the diagnosis found, as named findings a rule can match and the engine can enforce.
 
-The phenotype is a reading of the curve at one instant (a divergence three steps after
-detection reads `slow_recovery` a few steps earlier); the ranked causes and their evidence
-are measured facts that do not flip with timing. A plan follows the facts:
-
-- ``lr_jump``: the learning rate changed abruptly, or rose far above its level before the onset;
-- ``update_jump``: the update ratio ‖Δθ‖/‖θ‖ jumped (one oversized step);
-- ``nonfinite``: NaN/Inf in the loss, gradients, weights or optimizer moments;
-- ``rank_local``, ``source_local``, ``after_resume``: where the fault is confined;
-- ``checksum``: ranks' parameter fingerprints disagree;
-- ``skipped_step``: every non-finite step was skipped (the SDK's ``skip_nonfinite_step`` or the
-  AMP scaler): no weights changed, so the state is not suspect and the batch alone is the fix.
-
-The detector states evidence as sentences (supervisor.core.causes); the patterns below read
-the ones it writes, and tests/core (test_run_extremes.py, test_warmup_schedule.py,
-test_stalled_source.py) run the real detector on traces with a fault and read its findings, so
-a rewording cannot silently break the link.
+The phenotype is a reading of the curve at one instant (a divergence reads `slow_recovery` a few
+steps earlier); the causes' evidence are measured facts that do not flip with timing, so a plan
+follows them: ``lr_jump`` (the LR changed abruptly or rose far above its level), ``update_jump`` (one
+oversized step), ``nonfinite``, ``checksum``, where the fault is confined (``rank_local``,
+``source_local``, ``after_resume``), and ``skipped_step`` (every non-finite step was skipped: no
+weights changed, so the batch alone is the fix). The patterns below read the sentences
+``supervisor.core.causes`` writes; tests/core (test_run_extremes.py, test_warmup_schedule.py,
+test_stalled_source.py) read the findings of the real detector, so a rewording cannot silently
+break the link.
 """
 
 from __future__ import annotations

@@ -1,24 +1,20 @@
 """Safety rules the engine enforces whatever a policy says (docs/policies.md).
 
 1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
-2. A state that may hold non-finite weights or optimizer moments, that took an LR jump
-   or an update-ratio jump, or that trained on through a failed observation window of this
-   incident, is never "fixed" by lowering the LR and continuing: a rollback
-   to before the onset precedes the first action that lets training go on (the engine
-   escalates when no checkpoint qualifies), and a fix follows the rollback (a re-warm when
-   the rule names none): the evidence decides this, not the phenotype read at one instant.
+2. A state that may hold non-finite weights or moments, took an LR or update-ratio jump, or
+   trained on through a failed observation window is never "fixed" by lowering the LR and
+   continuing: a rollback to before the onset precedes the first action that lets training go
+   on, and a fix follows it (a re-warm when the rule names none). The evidence decides, not the
+   phenotype read at one instant.
 3. `block_latest` precedes any rollback.
-4. A rollback target is always verified and never `diagnostic` (see resolve._rollback).
-5. No checkpoint to roll back to escalates only when the curve needs one: a transient is back
-   in band, so without a target its rollback is dropped and an observation window judges the
-   state it goes on from (``without_rollback``).
-6. A rollback never goes back over an earlier occurrence of the same data fault: a rollback
-   re-serves the data in the same order, so the re-run meets that data again (the exclusion names
-   the samples seen, not the rest of a bad shard). Such a target counts as none
-   (``rollback_reruns_occurrence``): the occurrence is kept out where it recurs and watched.
+4. A rollback target is always verified and never `diagnostic` (``resolve._rollback``).
+5. With no checkpoint to roll back to, a transient (back in band) drops its rollback and an
+   observation window judges the state it goes on from (``without_rollback``).
+6. A rollback never goes back over an earlier occurrence of the same data fault: it re-serves the
+   data in the same order (the exclusion names the samples seen, not the rest of a bad shard).
 
-Each function takes the rule's action list and returns the adjusted list plus notes; an
-entry carries ``inserted`` (why the engine added or moved it) or None.
+Each function takes the rule's action list and returns the adjusted list plus notes; an entry's
+``inserted`` says why the engine added or moved it.
 """
 
 from __future__ import annotations
@@ -165,13 +161,10 @@ def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
 
 
 def rollback_dispensable(d: Diagnosis) -> str | None:
-    """Why the incident can go on without the rollback its plan asked for, or None.
-
-    A transient (one step, or a few, high and then back in band) left no trend to undo: when no
-    checkpoint before the onset exists yet (a young run), its batch is kept out and a window is
-    watched instead. A state that did take a broken step (a non-finite update that was not
-    skipped) fails that window at once, and a failed window is planned again and escalates: what
-    a missing checkpoint costs is bounded, never the job stopped at its first steps."""
+    """Why the incident can go on without the rollback its plan asked for, or None: a transient left
+    no trend to undo, so with no checkpoint yet its batch is kept out and a window watched. A state
+    that took a broken step fails that window at once, which is re-planned and escalates: what a
+    missing checkpoint costs is bounded, never the job stopped at its first steps."""
     if d.phenotype is not Phenotype.TRANSIENT:
         return None
     return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"

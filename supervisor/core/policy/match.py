@@ -11,10 +11,11 @@ import operator
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype, Severity
 from supervisor.core.policy.evidence import Finding, findings
+from supervisor.core.policy.settings import Section
 
 Attribute = Literal["nonfinite", "rank_local", "after_resume", "source_local"]
 
@@ -41,11 +42,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MetricCondition(_Section):
+class MetricCondition(Section):
     """`metric op value`, e.g. `{metric: duration_steps, op: "<=", value: 5}`."""
 
     metric: str = Field(description=f"One of: {', '.join(METRICS)}.")
@@ -68,7 +65,7 @@ class MetricCondition(_Section):
         return f"{self.metric}={got:g} is not {self.op} {self.value:g}"
 
 
-class Match(_Section):
+class Match(Section):
     """Conditions an incident must all meet; an empty list means "any"."""
 
     phenotype: list[Phenotype] = Field(default_factory=list, description="Phenotype is one of these.")

@@ -1,11 +1,9 @@
 """What the engine reads (``JobState``) and what it returns (``Plan``): plain frozen values.
 
-The runtime builds a ``JobState`` from the incident store, the checkpoint store and the
-latest records, asks the engine for a ``Plan``, records ``Plan.to_json()`` in the incident
-timeline, and only then executes the actions in order. Each ``PlannedAction`` carries its
-resolved arguments typed (``action.args``, see ``policy.args``) and as JSON (``params``).
-A ``Plan`` may be a pydantic field (``plan: Plan``): it validates from a Plan or from its
-JSON (older recorded plans included) and serializes to its JSON.
+The runtime builds a ``JobState``, asks the engine for a ``Plan``, records ``Plan.to_json()`` in
+the incident timeline, and only then executes the actions in order. A ``PlannedAction`` carries
+its resolved arguments typed (``args``) and as JSON (``params``). As a pydantic field a ``Plan``
+validates from a Plan or its JSON (older recorded plans included) and serializes to its JSON.
 """
 
 from __future__ import annotations
@@ -41,26 +39,17 @@ class CheckpointRef:
 
 @dataclass(frozen=True)
 class JobState:
-    """The job as the engine needs to see it when an incident is (re)planned.
+    """The job as the engine needs to see it when an incident is (re)planned (None: not known).
 
-    ``attempts`` counts recoveries already started per rule name; ``observation_failures``
-    counts failed observation windows of *this* incident; ``steps_since_last_incident``
-    drives the cooldown (None: no earlier incident). ``checkpoints`` is None when unknown
-    (the runtime picks the target at execution time) and empty when there are none.
-    ``state_maybe_nonfinite`` says weights or optimizer moments may hold NaN/Inf.
-
-    What the job runs now, so fixes are relative to it (None: not known): ``lr`` the LR of
-    the last healthy step, ``lr_scale`` the supervisor's LR override in force (1.0: none),
-    ``grad_clip`` the max grad norm in force (the job's own or an override; None: unknown,
-    0: no clipping), ``grad_norm`` the median grad norm before the onset.
-    ``incident_attempt`` counts recovery attempts of *this* incident (a reopened incident
-    brings its earlier attempts); ``rank_incidents`` lists (onset step, rank) of earlier
-    rank-local incidents; ``can_replay`` is False when the job has no replay hooks;
-    ``checkpoint_every`` is the job's ``checkpoint.every_steps`` (None: not known), the first
-    checkpoint interval within which the run's start is a rollback target; ``max_steps`` the job's
-    ``max_steps`` (None: not known), what a re-warm to the onset is weighed against.
-    ``earlier_onsets`` lists the onsets of *this* incident's earlier occurrences (a reopened or
-    chained incident: the same fault), oldest first: a rollback before one re-runs its data.
+    ``attempts``: recoveries started per rule name; ``observation_failures``, ``incident_attempt``
+    and ``earlier_onsets``: of *this* incident (a reopened one brings its earlier attempts; a
+    rollback before an earlier onset re-runs its data); ``steps_since_last_incident`` drives the
+    cooldown; ``checkpoints``: None when the runtime picks the target at execution time.
+    What the job runs now, so fixes are relative to it: ``lr`` (of the last healthy step),
+    ``lr_scale`` (the supervisor's override in force), ``grad_clip`` (0: no clipping),
+    ``grad_norm`` (median before the onset). ``rank_incidents``: (onset, rank) of earlier
+    rank-local incidents; ``checkpoint_every``: the first interval within which the run's start is
+    a rollback target; ``max_steps``: what a re-warm to the onset is weighed against.
     """
 
     step: int
@@ -124,10 +113,7 @@ def _refs(items: Iterable[CheckpointRef | tuple[int, HealthMark | str]]) -> tupl
 
 @dataclass(frozen=True)
 class PlannedAction:
-    """One step of a plan, with parameters resolved against the incident (no symbolic values left).
-
-    ``args`` is the typed view of ``params`` (validated once, when the action is made).
-    """
+    """One step of a plan, its parameters resolved (``args``: their typed view, validated once)."""
 
     name: str
     params: Mapping[str, Any]
@@ -160,13 +146,8 @@ class PlannedAction:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The engine's decision for one incident. ``escalate_reason`` is set when the plan escalates.
-
-    ``evidence`` names the findings the plan followed (``lr_jump``, ``update_jump``,
-    ``nonfinite`` ...); ``supervision`` and ``recovery`` say how the job is supervised and how
-    a rollback is carried out (``in_place`` by the SDK, or ``restart`` of the group through
-    the framework's resume path).
-    """
+    """The engine's decision for one incident: ``evidence`` names the findings it followed;
+    ``recovery`` says how a rollback is carried out (``in_place`` by the SDK, or ``restart``)."""
 
     policy: str
     rule: str | None

@@ -49,9 +49,8 @@ def resolve(
     start: bool = False,
 ) -> Resolved:
     """(concrete params, detail sentence) of one action; ``rollback_to``: the step an earlier
-    rollback of the same plan goes back to (or may go back to at most), if any; ``speed_fix``:
-    an earlier apply of the plan changes how fast a step runs (precision); ``start``: a rollback
-    with no checkpoint before the onset may go back to the run's start (``start_target``)."""
+    rollback of the plan goes back to (at most); ``speed_fix``: an earlier apply changes step speed
+    (precision); ``start``: a rollback may go back to the run's start (``start_target``)."""
     if name == "rollback":
         return _rollback(params, d, state, start)
     if name == "observe":
@@ -65,10 +64,9 @@ def resolve(
 
 
 def start_target(p: RollbackParams, d: Diagnosis, state: JobState) -> str | None:
-    """Why the run's start cannot stand in for a missing checkpoint, or None when it can: the
-    policy allows it (``from_start``) and the onset lies within the run's first checkpoint interval
-    (``checkpoint.every_steps``): the run is at most one interval old at the onset, so starting over
-    loses at most that much, and nothing trained before the onset needs keeping."""
+    """Why the run's start cannot stand in for a missing checkpoint, or None when it can: the policy
+    allows it (``from_start``) and the onset lies within the first checkpoint interval, so starting
+    over loses at most that much, and nothing trained before the onset needs keeping."""
     if not p.from_start:
         return "rollback from_start=false"
     every = state.checkpoint_every
@@ -87,11 +85,10 @@ _LR_RISE = re.compile(r"^learning rate \S+ at step (\d+) -> \S+ at step \d+ \(",
 
 
 def lr_dated_onset(d: Diagnosis) -> int | None:
-    """The first step that ran at a faulty LR, when the LR dates the onset: it rose from the previous
-    step (``lr_jump``), or from a level it held until a named step, at or before the first anomaly.
-    The LR is an input the records carry, not an effect: every step before it ran at the LR the run
-    had been training healthily at, so no state saved before it can hold the fault. None: the onset
-    is dated by effects only (a loss, an update, a NaN), which may lag the fault."""
+    """The first step that ran at a faulty LR, when the LR dates the onset (it rose from the previous
+    step, or from a level held until a named step). The LR is an input, not an effect: no state
+    saved before that step can hold the fault. None: the onset is dated by effects only, which may
+    lag the fault."""
     steps: list[int] = []
     for cs in d.causes:
         for e in cs.evidence:

@@ -11,29 +11,17 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializeAsAny,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from supervisor.config.loader import format_validation_error
 from supervisor.core.policy.actions import ACTIONS, TERMINAL, ActionParams, OnFailure, action_names
 from supervisor.core.policy.match import Match
-from supervisor.core.policy.settings import Observation, RankOffenders, Recurrence, Restarts
+from supervisor.core.policy.settings import Observation, RankOffenders, Recurrence, Restarts, Section
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ActionSpec(_Section):
+class ActionSpec(Section):
     """One action of a rule: its registered name, validated parameters and failure handling."""
 
     action: str = Field(description=f"One of: {', '.join(sorted(ACTIONS))}.")
@@ -115,7 +103,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-class Limits(_Section):
+class Limits(Section):
     """Limits every rule inherits unless it sets its own."""
 
     max_attempts: int = Field(2, ge=1, le=20, description="Recoveries per rule before escalating.")
@@ -128,7 +116,7 @@ class Limits(_Section):
     on_failure: OnFailure = Field("escalate", description="What a failed action leads to, unless it says.")
 
 
-class Rule(_Section):
+class Rule(Section):
     """Incidents this rule handles and the actions, in order."""
 
     name: str = Field(description="Unique name; attempts are counted per rule.")
@@ -169,7 +157,7 @@ def _check_reachable(actions: list[ActionSpec]) -> None:
             raise ValueError(f"{actions[i + 1].action!r} after {spec.action!r} (action {i}) never runs")
 
 
-class Policy(_Section):
+class Policy(Section):
     """A rollback policy: the first rule whose match fits an incident decides the plan."""
 
     version: Literal[1] = Field(description="Policy format version.")

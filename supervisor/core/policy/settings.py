@@ -1,9 +1,7 @@
 """Policy-wide settings beside the rules: restarts, observation windows, recurrences, rank offenders.
 
-Each section is a frozen pydantic model with a description per field (they appear in
-`supervisor schema policy` and docs/policies.md). The runtime reads them from the loaded
-``Policy`` (``policy.restarts.max_restarts`` ...); the engine reads the ones that shape a
-plan. Every field has a default, so a policy that leaves a section out keeps working.
+Each section is a frozen model with a description per field (`supervisor schema policy`,
+docs/policies.md) and a default for each, so a policy that leaves a section out keeps working.
 """
 
 from __future__ import annotations
@@ -13,11 +11,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A section of a policy file: unknown keys are errors, loaded values frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Restarts(_Section):
+class Restarts(Section):
     """How the runtime restarts a worker group that died, hung or lost its node."""
 
     max_restarts: int = Field(
@@ -54,7 +54,7 @@ class Restarts(_Section):
         return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, restart - 1))
 
 
-class Observation(_Section):
+class Observation(Section):
     """What every `observe` action inherits unless its own `pass:` says otherwise."""
 
     onset_margin_steps: int = Field(
@@ -85,7 +85,7 @@ class Observation(_Section):
     )
 
 
-class Recurrence(_Section):
+class Recurrence(Section):
     """When a new incident is the old one coming back, and how often that may happen."""
 
     reopen_within_steps: int = Field(
@@ -101,7 +101,7 @@ class Recurrence(_Section):
     )
 
 
-class RankOffenders(_Section):
+class RankOffenders(Section):
     """When rank-local incidents on one rank stop being transients and make it a hardware suspect."""
 
     count: int = Field(
