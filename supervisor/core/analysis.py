@@ -328,7 +328,7 @@ class StreamingAnalyzer:
             self.detector.reset()  # a level that never came back is the new normal; relearn it
             self.loss_zs.clear()  # z's against the old level say nothing about the new one
             return updates
-        if self._changed(inc):
+        if self._emitted.get(inc.key) != _fingerprint(inc.diagnosis(self.settings)):
             updates.append(self._update("refined", inc))
         return updates
 
@@ -550,10 +550,6 @@ class StreamingAnalyzer:
             grad_z_threshold=self.settings.grad_z_threshold,
         )
         return IncidentUpdate(kind, inc.key, diag)
-
-    def _changed(self, inc: IncidentTrack) -> bool:
-        diag = inc.diagnosis(self.settings)
-        return self._emitted.get(inc.key) != _fingerprint(diag)
 
     # -- the supervisor's own interventions (docs/detection.md) -----------------------------
     def notify_rollback(

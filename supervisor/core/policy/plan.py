@@ -9,7 +9,7 @@ validates from a Plan or its JSON (older recorded plans included) and serializes
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -65,9 +65,9 @@ class JobState:
     supervision: Supervision = "steer"
     incident_attempt: int = 0
     rank_incidents: Sequence[tuple[int, int]] = ()
-    can_replay: bool | None = None
     checkpoint_every: int | None = None
     max_steps: int | None = None
+    can_replay: bool | None = None
     earlier_onsets: Sequence[int] = ()
 
     def __post_init__(self) -> None:
@@ -83,25 +83,12 @@ class JobState:
         return None if self.checkpoints is None else _refs(self.checkpoints)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
+        """Every field in the order declared, as JSON values."""
+        refs = self.checkpoint_refs
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "attempts": dict(self.attempts),
-            "observation_failures": self.observation_failures,
-            "steps_since_last_incident": self.steps_since_last_incident,
-            "checkpoints": None
-            if self.checkpoint_refs is None
-            else [c.to_json() for c in self.checkpoint_refs],
-            "state_maybe_nonfinite": self.state_maybe_nonfinite,
-            "lr": self.lr,
-            "lr_scale": self.lr_scale,
-            "grad_clip": self.grad_clip,
-            "grad_norm": self.grad_norm,
-            "supervision": self.supervision,
-            "incident_attempt": self.incident_attempt,
+            "checkpoints": None if refs is None else [c.to_json() for c in refs],
             "rank_incidents": [list(x) for x in self.rank_incidents],
-            "checkpoint_every": self.checkpoint_every,
-            "max_steps": self.max_steps,
-            "can_replay": self.can_replay,
             "earlier_onsets": list(self.earlier_onsets),
         }
 

@@ -110,13 +110,11 @@ def _ratio(text: str) -> float:
 
 
 def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Resolved:
-    """The newest checkpoint of the mark at least ``margin_steps`` before the onset; when none is
-    that old, the newest one before the onset (the margin is a preference: it buys room for an
-    onset dated late, and an older healthy state is better than none). An onset the LR dates
-    (``lr_dated_onset``) cannot be late, so ``lr_dated_margin_steps`` replaces the margin there when
-    the policy sets it. A checkpoint at the onset holds the onset's own update: the margin is at
-    least one step. No such checkpoint before the onset at all is no target -- unless ``start`` and
-    ``start_target`` allow the run's start: step 0, the group restarted from the job's initial state."""
+    """The newest checkpoint of the mark at least ``margin_steps`` (at least 1: a checkpoint at the
+    onset holds its update) before the onset, else the newest before it (the margin buys room for an
+    onset dated late; an older healthy state beats none). An onset the LR dates cannot be late:
+    ``lr_dated_margin_steps`` replaces the margin there. With none before the onset, the run's start
+    when ``start`` and ``start_target`` allow it, else no target."""
     assert isinstance(p, RollbackParams)
     dated = lr_dated_onset(d) if p.lr_dated_margin_steps is not None else None
     if dated is not None and p.lr_dated_margin_steps is not None:
