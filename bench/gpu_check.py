@@ -19,7 +19,8 @@ Rows (each measured side by side in this run; ratios, not absolutes, are the fig
 - ``job``: the demo job (examples/tinylm, 1 worker, NCCL, world size 1, the model on the device)
   with the demo's LR fault, supervised on a local Ray: the fault is rolled back in place (the
   rollback's mode is ``in_place``: CUDA tensors restored in the live process), and the final
-  loss (mean of the last 10 steps) is within 5 % of a clean run of the same job.
+  loss (mean of the last 10 steps) is within 5 % of a clean run of the same job (on CPU the two
+  runs go side by side; on CUDA one after the other, each worker needing the one device).
 
 Exit code 1 when a row misses its goal, 2 on bad arguments (``--device cuda`` without a device).
 """
@@ -174,8 +175,14 @@ def job_rows(device: str, work: Path) -> list[Row]:
     ray.init(address="local", num_cpus=4, num_gpus=1 if device == "cuda" else 0, namespace=NAMESPACE,
              include_dashboard=False, log_to_driver=False)  # fmt: skip
     try:
-        clean = _run_job(api, work, "clean", device, size, [])
-        faulty = _run_job(api, work, "lr-fault", device, size, fault)
+        if device == "cuda":  # each job's worker needs the one GPU: one after the other
+            clean = _finish_job(api, _start_job(api, work, "clean", device, size, []), 900)
+            faulty = _finish_job(api, _start_job(api, work, "lr-fault", device, size, fault), 900)
+        else:  # on CPU the two jobs (own storage, trace and worker) run side by side
+            started = [
+                _start_job(api, work, n, device, size, f) for n, f in (("clean", []), ("lr-fault", fault))
+            ]
+            clean, faulty = (_finish_job(api, s, 900) for s in started)
     finally:
         ray.shutdown()
     rolled = [e for e in faulty["timeline"] if e.kind is EventKind.ROLLED_BACK]
@@ -194,13 +201,12 @@ def job_rows(device: str, work: Path) -> list[Row]:
     ]  # fmt: skip
 
 
-def _run_job(
+def _start_job(
     api: Any, work: Path, name: str, device: str, size: dict[str, Any], faults: list[Any]
-) -> dict[str, Any]:
+) -> tuple[Any, Any, Path]:
+    """Launch the demo job on the local Ray: (its spec, the supervisor's handle, its trace)."""
     from supervisor.config.job import JobSpec
     from supervisor.runtime.settings import RuntimeSettings
-    from supervisor.runtime.stores import open_incident_store
-    from supervisor.sdk.context import trace_path
 
     job = JobSpec.model_validate({
         "name": f"gpu-check-{name}", "entrypoint": "examples.tinylm.train:main", "max_steps": size["max_steps"],
@@ -217,7 +223,16 @@ def _run_job(
     settings = RuntimeSettings.model_validate(
         {"healthy_after_steps": 5, "step_deadline_s": 10.0, "trace_path": str(trace)}
     )
-    final = api.wait(api.launch(job, settings), 900)
+    return job, api.launch(job, settings), trace
+
+
+def _finish_job(api: Any, started: tuple[Any, Any, Path], timeout_s: float) -> dict[str, Any]:
+    """Wait for the job to end: its phase, final loss (mean of the last 10 steps) and incident timeline."""
+    from supervisor.runtime.stores import open_incident_store
+    from supervisor.sdk.context import trace_path
+
+    job, handle, trace = started
+    final = api.wait(handle, timeout_s)
     recs = [json.loads(x) for x in trace_path(str(trace), 0, 1).read_text().splitlines() if x.strip()]
     last: dict[int, float] = {}
     for r in recs:  # a re-trained step's later record replaces the abandoned one

@@ -56,7 +56,7 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # two supervised runs on a local Ray (a clean one and the LR fault): ~1-2 min
+@pytest.mark.slow  # two supervised runs side by side on a local Ray (a clean one and the LR fault): ~1 min
 def test_supervised_job_rows(tmp_path, capsys):
     rc = _module().main(["--device", "cpu", "--only", "job", "--dir", str(tmp_path)])
     out = capsys.readouterr().out
