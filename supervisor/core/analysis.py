@@ -570,8 +570,7 @@ class StreamingAnalyzer:
         self.own_restore = to_step
         self._arm_lr_fault()
         self._observe(to_step, observe_steps)
-        # The restored optimizer state meets a changed LR and data order: a new regime for every
-        # optimizer-derived baseline (the level re-forms; the noise scale is kept).
+        # The restored optimizer state meets a changed LR and data order: re-anchor its baselines.
         self.detector.reanchor(to_step, OPTIMIZER_DERIVED)
         return updates
 
@@ -584,7 +583,7 @@ class StreamingAnalyzer:
         )
 
     def observing(self, step: int) -> bool:
-        """``step`` lies inside the window of the supervisor's own last intervention."""
+        """``step`` lies inside the window of the supervisor's own last fix."""
         return self.observe_until is not None and step <= self.observe_until
 
     def note_overrides(

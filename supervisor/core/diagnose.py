@@ -458,9 +458,8 @@ def _blip(inc: IncidentTrack) -> bool:
         return False
     if not math.isfinite(inc.peak_excess) or inc.peak_excess >= BLIP_MAX_JUMP:
         return False
-    if (f.grad_ratio_at_peak or 0.0) >= BLIP_MAX_GRAD or (
-        f.update_spike and f.update_spike[1] >= BLIP_MAX_GRAD
-    ):
+    big_update = f.update_spike is not None and f.update_spike[1] >= BLIP_MAX_GRAD
+    if (f.grad_ratio_at_peak or 0.0) >= BLIP_MAX_GRAD or big_update:
         return False
     # The peak step, and at most one step before it (noise that the onset search picked up).
     if sum(1 for p in inc.trajectory if not p.loss_in_band and p.step < inc.peak_step) > 1:

@@ -147,8 +147,7 @@ class LevelTracker:
         """How far ``x`` is above the level, in the metric's units (NaN when there is no level yet)."""
         if not len(self._level) or self._settle:
             return math.nan
-        d = x - self._level.median()
-        # Clamped so exp(excess) stays a float: log-metrics of 1e-300 vs 1e300 once overflowed math.exp.
+        d = x - self._level.median()  # clamped: log-metrics of 1e-300 vs 1e300 once overflowed math.exp
         return d if math.isnan(d) or abs(d) <= MAX_LOG_EXCESS else math.copysign(MAX_LOG_EXCESS, d)
 
     def unprecedented(self, x: float, margin: float) -> bool:

@@ -132,9 +132,8 @@ def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
     )
 
 
-#: ``_rank_split``: the worst rank's loss at least this many times the other ranks' median at the
-#: same step (healthy 2-rank runs of 8-sample batches from mixed sources split 1.3-1.45x now and
-#: then; a garbage batch on one of them is 1.8-2.2x).
+#: The worst rank's loss at least this many times the other ranks' median (healthy 2-rank runs of
+#: mixed 8-sample batches split 1.3-1.45x now and then; a garbage batch on one is 1.8-2.2x).
 SPLIT_MIN = math.log(1.5)
 
 
@@ -200,10 +199,9 @@ def source_off(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) ->
     return name if len(run) >= SOURCE_PERSIST and max(run) >= st.z_threshold else None
 
 
-#: ``young_source_jump``: appearances before the jump that give a source's offset to the others,
-#: and the least jump (log units) of both its offset and its own loss: beyond what the sources'
-#: different learning speeds move in a few steps (at most ~0.27 over the sampler's clean runs and
-#: the other faults; a source turned to garbage jumped 0.55-0.75).
+#: ``young_source_jump``: appearances that give a source's offset to the others, and the least jump
+#: (log units) of its offset and own loss: beyond what different learning speeds move in a few steps
+#: (at most ~0.27 over the sampler's clean runs and other faults; a garbage source jumped 0.55-0.75).
 YOUNG_BEFORE = 5
 YOUNG_JUMP = math.log(1.4)
 YOUNG_NOISE = 4.0
