@@ -73,7 +73,8 @@ def launch(
     `local`) or the cluster it joined. Exit code 0 finished, 1 failed/escalated/stopped,
     2 bad input, 3 Ray or the supervisor failed.
     """
-    from supervisor.runtime import api, cluster, display
+    from supervisor.cli import display
+    from supervisor.runtime import api, cluster
     from supervisor.runtime.settings import settings_for
     from supervisor.runtime.stores import open_incident_store
 
@@ -133,7 +134,8 @@ def _check_incident_db(job: Any) -> bool:
 @json_option
 def status(job_name: str | None, address: str | None, as_json: bool) -> None:
     """Show a supervised job (or every job on the cluster)."""
-    from supervisor.runtime import api, cluster, display
+    from supervisor.cli import display
+    from supervisor.runtime import api, cluster
 
     cluster.connect_existing(address)
     names = [job_name] if job_name else api.list_jobs()

@@ -58,8 +58,8 @@ def test_two_rollbacks_are_named_and_summed(tmp_path: Path) -> None:
 def test_the_live_count_of_incidents_is_the_number_of_incidents(tmp_path: Path) -> None:
     """A fault that comes back reopens its incident (a second detector key, the same incident):
     the live display's "N so far" counts incidents, as `incidents list` does."""
+    from supervisor.cli.display import render_table
     from supervisor.runtime.controller import Controller
-    from supervisor.runtime.display import render_table
     from tests.runtime.conftest import FAST, make_job
     from tests.runtime.harness import FakeRanks, FakeWorkers, saver, spikes_once
 
