@@ -597,7 +597,7 @@ class Controller:
             if quiet:
                 self.tending.catch_up_latest(self.state)
             onsets = [i.onset_step for i in self.incidents.active(self.job.name) if i.onset_step is not None]
-            self.tending.retain(self.tending.protected_for(onsets))
+            self.tending.retain(self.state, self.tending.protected_for(onsets))
 
     # -- state out ----------------------------------------------------------------------------------
     def persist(self, force: bool = False) -> None:
@@ -616,7 +616,9 @@ class Controller:
         st.watermark = self.assembler.watermark
         st.analyzer = self.flow.analyzer.state_dict()
         st.history = [h.to_json() for h in self.history]
-        st.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
+        # Memory holds what a restarted supervisor reads back: a long run's map stays bounded.
+        self.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
+        st.batches = dict(self.batches)
         st.receipts = marks
         data = st.dump()
         if data != self._written:

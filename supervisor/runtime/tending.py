@@ -162,15 +162,22 @@ class CheckpointTending:
             return f"checkpoint is {manifest.health.value} now"
         return None
 
-    def retain(self, protected: Iterable[int]) -> None:
+    def retain(self, state: RuntimeState, protected: Iterable[int]) -> None:
+        """Apply retention; the steps it deleted leave the state's checkpoint lists, which so hold
+        what the store holds (bounded by ``checkpoint.keep``) rather than every save of the run."""
         if self.store is None:
             return
         from supervisor.checkpoint import collect_garbage
 
         try:
-            collect_garbage(self.store, self.keep, set(protected))
+            report = collect_garbage(self.store, self.keep, set(protected))
         except SupervisorError as exc:  # retention must never stop supervision: retried at the next call
             log.warning("retention_failed", error=exc.one_line())
+            return
+        if report.deleted:
+            gone = set(report.deleted)
+            for name in ("checkpoints_seen", "checkpoints_verified", "checkpoints_healthy"):
+                setattr(state, name, [s for s in getattr(state, name) if s not in gone])
 
     def protected_for(self, onsets: Iterable[int]) -> set[int]:
         """Steps incidents may still need: the two newest healthy checkpoints before each open
