@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from supervisor.drills.emulator import EmulatorConfig, ScaleSupervisor, start_host
-    from supervisor.runtime.names import NAMESPACE, supervisor_name
+    from supervisor.runtime.names import NAMESPACE, supervisor_env, supervisor_name
     from supervisor.runtime.settings import RuntimeSettings
 
     root = Path(tempfile.mkdtemp(prefix="scale-"))
@@ -100,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         sup = (
             ray.remote(ScaleSupervisor)
-            .options(name=supervisor_name(job["name"]), namespace=NAMESPACE, max_concurrency=64, num_cpus=0)
+            .options(
+                name=supervisor_name(job["name"]),
+                namespace=NAMESPACE,
+                max_concurrency=64,
+                num_cpus=0,
+                runtime_env=supervisor_env(settings.niceness),
+            )
             .remote(job, settings.model_dump(), False, args.hosts)
         )
         spy = _profile(sup, args.profile) if args.profile else None

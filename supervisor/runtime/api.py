@@ -12,7 +12,7 @@ from supervisor.config.job import JobSpec
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.cluster import head_node_id
-from supervisor.runtime.names import NAMESPACE, named_actors, priority, supervisor_name
+from supervisor.runtime.names import NAMESPACE, named_actors, supervisor_env, supervisor_name
 from supervisor.runtime.settings import RuntimeSettings
 
 RemoteSupervisor = ray.remote(SupervisorActor)
@@ -47,7 +47,7 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
         max_restarts=3 if detached else 0,
         num_cpus=0,
         scheduling_strategy=here,
-        runtime_env=priority(settings.niceness),
+        runtime_env=supervisor_env(settings.niceness),
     ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
 
 
