@@ -34,6 +34,9 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+STARTED = b"Ray runtime started."
+"""What ``ray start`` prints once its node runs (head or worker)."""
+
 WORKER_PORTS = 61
 """The size of a node's worker port range (``--min-worker-port`` .. ``--max-worker-port``)."""
 
@@ -89,6 +92,11 @@ class RayNode:
         tail = (self.log_path.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"`ray start` on {self.ip} exited {self.proc.returncode}: {tail}")
 
+    def up(self) -> bool:
+        """True once ``ray start`` says its node runs; raises (``running``) once it has exited."""
+        self.log.flush()
+        return self.running() and STARTED in self.log_path.read_bytes()
+
     def pids(self) -> list[int]:
         """The ``ray start`` process and every process under it, as it is now."""
         try:
@@ -135,3 +143,24 @@ class RayNode:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace_s)
         self.log.close()
+
+
+def join(ip: str, temp_dir: Path, head_address: str, *, num_cpus: int, env: dict[str, str],
+         tries: int = 3, timeout_s: float = 120.0) -> RayNode:  # fmt: skip
+    """A worker node joined to ``head_address``, once ``ray start`` says it runs. Ray gives a joining
+    raylet 30 s to register (``ray/_private/node.py``), which a loaded machine can exceed: ``ray
+    start`` then exits, and the node is stopped by PID and started again, up to ``tries`` times."""
+    for attempt in range(1, tries + 1):
+        node = RayNode(ip, temp_dir, num_cpus=num_cpus, head_address=head_address, env=env)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not node.up():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"`ray start` on {ip} did not start its node within {timeout_s:.0f}s")
+                time.sleep(0.2)
+            return node
+        except RuntimeError:
+            node.stop()
+            if attempt == tries:
+                raise
+    raise AssertionError("tries must be at least 1")

@@ -26,7 +26,7 @@ import yaml
 from tenacity import Retrying, stop_after_attempt, wait_fixed
 
 from supervisor.config.job import JobSpec
-from tests.runtime.raynodes import RayNode
+from tests.runtime.raynodes import RayNode, join
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayNode, RayNod
     try:
         nodes.append(RayNode("127.0.0.1", root, num_cpus=2, env=env))
         _until("the head listens", lambda: nodes[0].running() and _listening(nodes[0].address), 90)
-        nodes.append(RayNode("127.0.0.2", root, num_cpus=2, head_address=nodes[0].address, env=env))
+        nodes.append(join("127.0.0.2", root, nodes[0].address, num_cpus=2, env=env))
         yield nodes[0], nodes[1]
     finally:
         for node in reversed(nodes):

@@ -4,6 +4,7 @@ Pure: nothing is started."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,32 @@ def test_a_ray_start_that_exited_says_why_at_once(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited 0: ValueError: Ray component worker_ports"):
         node.running()
     node.log.close()
+
+
+def test_a_worker_node_whose_raylet_missed_rays_startup_wait_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray gives a joining raylet 30 s to register; at load 20 the slow half's two-node test saw
+    `ray start` exit with this line, and the test failed before it began."""
+    started: list[raynodes.RayNode] = []
+
+    class Node(raynodes.RayNode):
+        def __init__(self, ip: str, temp_dir: Path, **_kw: object) -> None:
+            first = not started
+            self.ip, self.head, self.seen = ip, False, {}
+            self.log_path = tmp_path / f"ray-start-{len(started)}.log"
+            self.log_path.write_bytes(b"Exception: The current node timed out during startup.\n" if first
+                                      else raynodes.STARTED + b"\n")  # fmt: skip
+            self.log = self.log_path.open("ab")
+            cmd = ["true"] if first else [sys.executable, "-c", "import time; time.sleep(60)"]
+            self.proc = raynodes.subprocess.Popen(cmd, start_new_session=True)
+            started.append(self)
+
+    monkeypatch.setattr(raynodes, "RayNode", Node)
+    node = raynodes.join("127.0.0.9", tmp_path, "127.0.0.1:1", num_cpus=1, env={})
+    try:
+        assert len(started) == 2 and node is started[1]
+        assert started[0].proc.poll() is not None and started[0].log.closed  # the first one was stopped
+    finally:
+        node.stop()
+    assert node.proc.poll() is not None
