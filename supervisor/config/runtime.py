@@ -52,7 +52,11 @@ class RuntimeSection(BaseModel):
         description="Records a worker buffers while the supervisor is away (oldest dropped).",
     )
     flush_interval_s: float = Field(
-        0.2, gt=0, le=3600, description="How often a worker flushes its record batch."
+        0.05,
+        gt=0,
+        le=3600,
+        description="How often a command entrypoint's process (torchrun, a framework script) sends its "
+        "buffered records to its rank's worker; an in-process rank sends each record as it is made.",
     )
     poll_interval_s: float = Field(0.1, gt=0, le=3600, description="How often a worker polls for directives.")
     startup_timeout_s: float = Field(

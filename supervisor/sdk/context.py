@@ -119,8 +119,9 @@ def from_env() -> EnvContext | None:
     job = JobSpec.model_validate_json(os.environ[JOB_ENV])
     link = LocalLink(os.environ[SOCKET_ENV])
     # Held at the last step until the supervisor is done with it, as in-process ranks are.
-    transport = BatchingTransport(link.send, link.directives, flush_interval_s=0.05, name="supervisor",
-                                  hold_at_end_s=HOLD_AT_END_S, answers=lambda: link.answers)  # fmt: skip
+    transport = BatchingTransport(link.send, link.directives, flush_interval_s=job.runtime.flush_interval_s,
+                                  name="supervisor", hold_at_end_s=HOLD_AT_END_S,
+                                  answers=lambda: link.answers)  # fmt: skip
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     resume = os.environ.get(RESUME_ENV)
     backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
