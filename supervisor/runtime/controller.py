@@ -406,6 +406,9 @@ class Controller:
         self._end(phase, reason)
 
     def _end(self, phase: JobPhase, reason: str) -> None:
+        # An action in flight never ran to its end: recorded so before the end closes its incident,
+        # whose events are not looked at again (a job failed mid-observation left it pending).
+        self._abandon_pending_events(f"job ended ({phase.value}: {reason})")
         self.apply_all(self.flow.close_at_end(phase, reason, self.current_step))
         self.close_time_lost()
         self.set_phase(phase, reason)
@@ -627,11 +630,11 @@ class Controller:
         self.receipts.made_durable(marks)
         self._last_persist = time.monotonic()
 
-    def _abandon_pending_events(self) -> None:
+    def _abandon_pending_events(self, reason: str = "job ended") -> None:
         for incident in self.incidents.active(self.job.name):
             for ev in self.incidents.pending_events(incident.id):
                 if ev.status is EventStatus.PENDING:
-                    self.incidents.finish(ev.id, result={"reason": "job ended", "skipped": True}, failed=True)
+                    self.incidents.finish(ev.id, result={"reason": reason, "skipped": True}, failed=True)
 
     def _count_downtime(self) -> None:
         """Wall time during which training did not advance: frozen, restarting, or held for an incident."""

@@ -1,8 +1,10 @@
 """Two real Ray nodes (`ray start --head` and `ray start --address=...`, 2 + 2 CPUs, on loopback
 with their own temp folder and ports), a 4-rank job spread over both, the second node's raylet
-killed by PID mid-run: the supervisor, pinned to the head, stays up; the group no longer fits
-the node left, so `launch` fails at once with exit code 3 and one reason naming the lost node,
-and the fault's incident names the ranks that were on it. Every process is stopped by PID.
+killed by PID mid-incident (an LR fault's fix applied, its observation window begun): the
+supervisor, pinned to the head, stays up; the group no longer fits the node left, so `launch`
+fails at once with exit code 3 and one reason naming the lost node; the fault's incident names
+the ranks that were on it, and the LR incident is escalated with its observation recorded as
+cut short by the job's end, none of its actions left pending. Every process is stopped by PID.
 
 How it differs from production: both nodes are on one machine (the second on 127.0.0.2, so a
 driver's node is never ambiguous), and their resources are logical CPUs of the same cores."""
@@ -26,6 +28,7 @@ import yaml
 from tenacity import Retrying, stop_after_attempt, wait_fixed
 
 from supervisor.config.job import JobSpec
+from supervisor.incidents import EventKind, EventStatus, IncidentState
 from tests.runtime.raynodes import RayNode, join
 
 pytestmark = pytest.mark.slow
@@ -111,13 +114,14 @@ def _job_file(tmp_path: Path, address: str) -> Path:
         "checkpoint": {"every_steps": 20},
         "telemetry": {"min_history": 50, "window": 200, "hang_timeout_s": 120},
         "max_steps": 2000,
+        "faults": [{"kind": "lr_spike", "step": 60, "factor": 40}],
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
+def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
     tmp_path: Path, two_nodes: tuple[RayNode, RayNode]
 ) -> None:
     import ray
@@ -146,9 +150,12 @@ def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
         log = (tmp_path / "launch.log").open("wb")
         launched = subprocess.Popen([str(BIN / "supervisor"), "launch", str(job_file)], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
-        # 1. The job trains on both nodes; its supervisor is on the head.
+        # 1. The job trains on both nodes; its supervisor is on the head; the LR fault's incident
+        # is rolled back, fixed, and observed.
         handle = _until("the supervisor actor", lambda: _find(api, JOB), 120)
-        _until("30 trained steps", lambda: api.status(handle)["step"] >= 30, 240, every_s=1.0)
+        _until(
+            "the LR incident observes its fix", lambda: _action(api, handle) == "observe", 400, every_s=0.5
+        )
         assert api.status(handle)["supervisor_node"] == head_id
         group = WorkerGroup.find(job, RuntimeSettings.model_validate({}))
         assert group is not None
@@ -171,12 +178,23 @@ def test_a_lost_worker_node_fails_the_job_at_once_naming_its_ranks(
         assert machinery, "no incident for the lost node"
         incident, named = machinery[-1]
         assert incident.diagnosis.first_rank == lost[0] and f"rank(s) {lost}" in named, named
+        # 4. The LR incident is left to a person, its observation cut short by the end, nothing pending.
+        [lr] = [i for i in store.list_incidents(job=JOB) if i.id != incident.id]
+        assert lr.state is IncidentState.ESCALATED and not store.pending_events(lr.id)
+        [obs] = [e for e in store.timeline(lr.id) if e.kind is EventKind.OBSERVATION]
+        assert obs.status is EventStatus.FAILED and "job ended (failed" in obs.result["reason"], obs
         print(f"\nnode loss: ranks {lost} lost, exit {rc} {took:.1f}s after the kill")
     finally:
         if launched is not None and launched.poll() is None:
             launched.kill()
             launched.wait(timeout=30)
         ray.shutdown()
+
+
+def _action(api: Any, handle: Any) -> str | None:
+    """The action the job's incident plan is on (None: no plan runs)."""
+    incident = api.status(handle)["incident"]
+    return incident["action"] if incident else None
 
 
 def _find(api: Any, name: str) -> Any:

@@ -122,3 +122,31 @@ def test_a_foreground_launch_reads_the_outcome_of_a_job_stopped_from_another_she
     ctl.persist(force=True)  # as Controller.run does once the job ended
     final = api.follow(None, job, removed)
     assert (final["phase"], final["exit_code"], final["terminal"]) == ("stopped", 1, True)
+
+
+def test_a_job_that_fails_inside_the_observation_window_leaves_no_action_pending(tmp_path: Path) -> None:
+    """Two real Ray nodes, the second's raylet killed while an LR incident observed its fix: the group
+    could not be placed again and the job failed at once, as it should; the incident was escalated,
+    but its observation stayed `pending` in the timeline for good (only open incidents' pending
+    events were closed, after the end had closed the incident)."""
+    from supervisor.runtime.restarts import GroupEvent
+
+    _, ranks, workers, ctl = setup(tmp_path)
+
+    def in_window(n: int) -> bool:
+        obs = events(ctl, EventKind.OBSERVATION)
+        return bool(obs) and len(ctl.window_after(obs[0].payload["memo"]["from_step"])) >= n
+
+    ranks.run(ctl, lambda: in_window(10))
+    workers.events.append(GroupEvent("lost", (1,), "node 127.0.0.2 lost"))
+    workers.fail_launch.append("cannot place 2 workers x {'CPU': 1.0}: the 1 live node(s) hold 1 of them")
+    for _ in range(50):
+        if ctl.phase.is_terminal:
+            break
+        ctl.iterate()
+    assert ctl.phase is JobPhase.FAILED and "cannot restart the worker group" in ctl.state.reason
+    [obs] = events(ctl, EventKind.OBSERVATION)
+    assert obs.status is EventStatus.FAILED and obs.result["skipped"], obs
+    assert "job ended (failed" in obs.result["reason"], obs.result
+    assert not ctl.incidents.pending_events(the_incident(ctl).id)
+    assert the_incident(ctl).state is IncidentState.ESCALATED
