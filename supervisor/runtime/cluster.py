@@ -163,6 +163,21 @@ def _last_started_head() -> str | None:
         return None
 
 
+GCS_PORT = 6379
+"""The port ``ray start --head`` takes by default; a head started here takes a free one when another
+program (a Redis server, another user's head) listens there, where Ray would fail to start."""
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def _ensure_local_head(num_cpus: int) -> bool:
     """Join the local head started with ``ray start``, or start one; True when it was started here."""
     address = _last_started_head()
@@ -175,6 +190,9 @@ def _ensure_local_head(num_cpus: int) -> bool:
     exe = Path(sys.executable).with_name("ray")
     cmd = [str(exe) if exe.exists() else (shutil.which("ray") or "ray")]
     cmd += ["start", "--head", f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"]
+    if _port_taken(GCS_PORT):
+        log.info("ray_default_port_taken", port=GCS_PORT, why="the head takes a free port")
+        cmd.append("--port=0")
     log.info("ray_start_head", cmd=" ".join(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
