@@ -409,7 +409,7 @@ class Controller:
         # An action in flight never ran to its end: recorded so before the end closes its incident,
         # whose events are not looked at again (a job failed mid-observation left it pending).
         self._abandon_pending_events(f"job ended ({phase.value}: {reason})")
-        self.apply_all(self.flow.close_at_end(phase, reason, self.current_step))
+        self.apply_all(self.flow.close_at_end(phase, reason, self._event_step))
         self.close_time_lost()
         self.set_phase(phase, reason)
 
@@ -499,7 +499,7 @@ class Controller:
             if machinery is not None:  # a failure's restart is its own incident
                 self.incidents.finish(machinery[0], result={"error": exc.one_line()}, failed=True)
                 move(self.incidents, machinery[1], IncidentState.ESCALATED, f"relaunch failed: {exc.one_line()}",
-                     self.current_step)  # fmt: skip
+                     self._event_step)  # fmt: skip
             self._end_now(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
             return
         if machinery is not None:
@@ -507,8 +507,14 @@ class Controller:
                 machinery[0], result={"resume_step": resume, "generation": self.state.generation}
             )
             move(self.incidents, machinery[1], IncidentState.RESOLVED, f"worker group restarted from step {resume}",
-                 self.current_step)  # fmt: skip
+                 self._event_step)  # fmt: skip
         self._group_started()
+
+    @property
+    def _event_step(self) -> int | None:
+        """The step an incident event is recorded at: None while the timeline stands before step 0
+        (a group restarted from scratch, before its first record)."""
+        return self.current_step if self.current_step >= 0 else None
 
     def _quarantined(self, step: int) -> bool:
         """Checkpoint ``step`` exists and is quarantined (a failed check after it was chosen)."""

@@ -698,7 +698,7 @@ class IncidentFlow:
             effects.SetPhase(JobPhase.RUNNING, "no incident is being acted on", JobPhase.INCIDENT),
         ]
 
-    def close_at_end(self, phase: JobPhase, reason: str, step: int) -> Effects:
+    def close_at_end(self, phase: JobPhase, reason: str, step: int | None) -> Effects:
         """The job ends: no incident stays open or observing without a recorded reason (stopped on
         request: each one still open is recorded as stopped)."""
         to = IncidentState.STOPPED if phase is JobPhase.STOPPED else IncidentState.ESCALATED

@@ -150,3 +150,7 @@ def test_a_job_that_fails_inside_the_observation_window_leaves_no_action_pending
     assert "job ended (failed" in obs.result["reason"], obs.result
     assert not ctl.incidents.pending_events(the_incident(ctl).id)
     assert the_incident(ctl).state is IncidentState.ESCALATED
+    # With no checkpoint to restart from, the timeline stood before step 0 when the relaunch failed:
+    # no event says "step -1" (the moves to escalated did).
+    steps = [e.step for i in ctl.incidents.list_incidents(job="st") for e in ctl.incidents.timeline(i.id)]
+    assert all(s is None or s >= 0 for s in steps), steps
