@@ -151,8 +151,23 @@ def _state(e: Event, ctx: Context) -> str:
     return f"Incident {p.get('from')} → {p.get('to')}{why}.{release}"
 
 
+def seconds_words(v: Any) -> str:
+    x = float(v or 0.0)
+    return f"{x:.1f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"
+
+
+def incident_words(lost: dict[str, Any]) -> str:
+    """One incident's ``time_lost`` note in words."""
+    return (
+        f"{lost.get('steps_retrained', 0)} step(s) re-trained in {seconds_words(lost.get('retrain_s'))}; "
+        f"training stood still {seconds_words(lost.get('downtime_s'))}"
+    )
+
+
 def _note(e: Event, ctx: Context) -> str:
     p = e.payload
+    if isinstance(p.get("time_lost"), dict):
+        return f"Time lost to this incident: {incident_words(p['time_lost'])}."
     if "plan" in p:
         rule, _, actions = str(p["plan"]).partition(": ")
         steps = " → ".join(a.strip().replace("_", " ") for a in actions.split(",") if a.strip())

@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from supervisor.incidents.timeline import seconds_words
+
 #: The ``incidents`` key of the steps re-trained after worker-group restarts (no rollback of an incident).
 RESTARTS = "restarts"
 #: Steps whose surviving time is kept: a rollback or restart goes back to a checkpoint within them
@@ -136,25 +138,12 @@ def _no_loss() -> dict[str, Any]:
     return {"steps_retrained": 0, "retrain_s": 0.0, "rollbacks": []}
 
 
-def _secs(v: Any) -> str:
-    x = float(v or 0.0)
-    return f"{x:.1f} s" if x < 120 else f"{x / 60:.1f} min" if x < 7200 else f"{x / 3600:.1f} h"
-
-
 def run_words(summary: dict[str, Any] | None) -> str | None:
     """The run's time lost in one line (``TimeLedger.summary``); None before any was counted."""
     if not summary or summary.get("effective_training_time_ratio") is None:
         return None
     return (
-        f"effective training time {summary['effective_training_time_ratio']:.1%} of {_secs(summary['wall_s'])} "
-        f"wall; {summary['steps_retrained']} step(s) re-trained in {_secs(summary['retrain_s'])}; "
-        f"training stood still {_secs(summary['downtime_s'])}"
-    )
-
-
-def incident_words(lost: dict[str, Any]) -> str:
-    """One incident's ``time_lost`` note in words."""
-    return (
-        f"{lost.get('steps_retrained', 0)} step(s) re-trained in {_secs(lost.get('retrain_s'))}; "
-        f"training stood still {_secs(lost.get('downtime_s'))}"
+        f"effective training time {summary['effective_training_time_ratio']:.1%} of {seconds_words(summary['wall_s'])} "
+        f"wall; {summary['steps_retrained']} step(s) re-trained in {seconds_words(summary['retrain_s'])}; "
+        f"training stood still {seconds_words(summary['downtime_s'])}"
     )

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.runtime.time_lost import RESTARTS, TimeLedger, incident_words, run_words
+from supervisor.incidents.timeline import incident_words
+from supervisor.runtime.time_lost import RESTARTS, TimeLedger, run_words
 
 
 def rec(step_time: float | None = None, t: float | None = None) -> SimpleNamespace:
