@@ -57,6 +57,8 @@ EVENT_REANCHORS = {
     "grad_clip_override": ("update",),
     "data_override": ("tokens",),
 }
+#: The baselines a change of the data-parallel degree moves (the global batch changed).
+WORLD_SIZE_REANCHORS = ("grad", "update", "tokens")
 #: Rules that read the optimizer alone; inside the supervisor's own observation window they open
 #: nothing without the loss or a non-finite value (its own fix moves exactly these signals).
 OPTIMIZER_ONLY_RULES = frozenset({"grad", "resume"})
@@ -127,6 +129,8 @@ class StreamingAnalyzer:
         self.overflow_run: tuple[int, int] | None = None
         #: Ranks that reported the last complete step (fewer later: a rank's records were lost).
         self.rank_count = 0
+        #: The data-parallel degree the last records named (0: none named one).
+        self.world_size = 0
         #: Steps whose loss (or one rank's) left its band, opened or not: a periodic fault's
         #: earlier occurrences under the alarm threshold.
         self.excursions: deque[tuple[int, int | None, float]] = deque(maxlen=EXCURSIONS)
@@ -150,6 +154,7 @@ class StreamingAnalyzer:
         summary = summarize(step, records)
         if summary.events & RESUME_EVENTS or incomplete_resume(summary.events):
             self._on_resume(summary.events, step)
+        self._on_world_size(records, step)
         mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
             updates += self._on_gap(self.detector.score(summary, mult))
@@ -188,6 +193,17 @@ class StreamingAnalyzer:
             self.ramp_end = None
             self.detector.reanchor(step, ("update",))
         return updates
+
+    def _on_world_size(self, records: list[Record], step: int) -> None:
+        """The records name another data-parallel degree (a group restarted on fewer ranks, an
+        elastic run): the global batch changed, and with it the mean gradient's noise, the update
+        and a step's tokens. Their levels re-form from this step on; their noise scales are kept."""
+        world = max((r.world_size for r in records if r.world_size), default=0)
+        if not world:
+            return
+        if self.world_size and world != self.world_size:
+            self.detector.reanchor(step - 1, WORLD_SIZE_REANCHORS)
+        self.world_size = world
 
     def _on_resume(self, events: set[str], step: int) -> None:
         """A restore. Within ``resume_window`` steps of the supervisor's own rollback target it is
@@ -677,6 +693,7 @@ class StreamingAnalyzer:
             "own_restore": self.own_restore,
             "observe_until": self.observe_until,
             "ramp_end": self.ramp_end,
+            "world_size": self.world_size,
             "lr_fault": list(self.lr_fault) if self.lr_fault is not None else None,
             "excursions": [list(e) for e in self.excursions],
             "learning": self.learning.state_dict(),
@@ -694,6 +711,7 @@ class StreamingAnalyzer:
         self.own_restore = state.get("own_restore")
         self.observe_until = state.get("observe_until")
         self.ramp_end = state.get("ramp_end")
+        self.world_size = int(state.get("world_size") or 0)
         lf = state.get("lr_fault")
         self.lr_fault = (int(lf[0]), float(lf[1]), float(lf[2])) if lf else None
         self.known.load_state_dict(state.get("interventions", []))
