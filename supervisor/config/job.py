@@ -46,8 +46,29 @@ class Resources(Section):
         le=7 * 86_400,
         description="How long a worker group that the cluster's live nodes cannot hold (a node was "
         "lost) waits for nodes to join, e.g. an autoscaler replacing the lost one, before the job "
-        "fails. 0: it fails at once.",
+        "fails (or, with `min_workers`, restarts on fewer ranks). 0: at once.",
     )
+    min_workers: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WORKERS,
+        description="Fewest data-parallel ranks the group may run with when the cluster's live nodes "
+        "cannot hold `num_workers` (a node was lost): it then starts with as many ranks as fit, at "
+        "least this many, each with the same batch (the global batch shrinks), from the same data "
+        "position, the checkpoint resharded on load. Every restart tries `num_workers` first. "
+        "Absent: `num_workers` (the job fails when the full group does not fit).",
+    )
+
+    @model_validator(mode="after")
+    def _min_workers(self) -> Resources:
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must be <= num_workers ({self.num_workers})")
+        return self
+
+    @property
+    def fewest_workers(self) -> int:
+        """The fewest ranks the group may run with (``min_workers``, else ``num_workers``)."""
+        return self.num_workers if self.min_workers is None else self.min_workers
 
 
 class RaySection(Section):

@@ -190,6 +190,8 @@ class Controller:
         if self.attach:
             self.flow.rebuild_interventions()  # what it did, from its own records, before any record
             found = self.workers.find()
+            if found:
+                self._adopt_world_size()
             self._note_resumed(found)
             if found:
                 self._reacquire_acks()
@@ -249,6 +251,7 @@ class Controller:
                         self.persist(force=True)
                     self.workers.launch(self.state.generation, resume, after_seq,
                                         ready_timeout_s=START_TIMEOUT_S * 2 ** (tried - 1))  # fmt: skip
+                    self._adopt_world_size()
         except WorkerStartError as exc:
             budget = f"restarts.max_restarts={s.max_restarts} (policy)"
             if self.stop_requested is not None:
@@ -256,6 +259,16 @@ class Controller:
             raise WorkerStartError(
                 f"the worker group did not start after {tried} attempt(s) ({budget}): {exc.one_line()}"
             ) from None
+
+    def _adopt_world_size(self) -> None:
+        """The group's ranks as placed: fewer than ``num_workers`` when the live nodes held fewer
+        (``resources.min_workers``); every count of ranks follows it."""
+        n = self.workers.world_size
+        if n == self.world_size:
+            return
+        self.log.warning("world_size", old=self.world_size, new=n, num_workers=self.job.resources.num_workers,
+                         min_workers=self.job.resources.min_workers)  # fmt: skip
+        self.world_size = self.assembler.world_size = self.tending.world_size = n
 
     def _group_started(self) -> None:
         self.generation_started_at = time.time()
@@ -503,11 +516,14 @@ class Controller:
             self._end_now(JobPhase.FAILED, f"cannot restart the worker group: {exc.one_line()}")
             return
         if machinery is not None:
+            n, full = self.world_size, self.job.resources.num_workers
             self.incidents.finish(
-                machinery[0], result={"resume_step": resume, "generation": self.state.generation}
+                machinery[0],
+                result={"resume_step": resume, "generation": self.state.generation, "world_size": n},
             )
-            move(self.incidents, machinery[1], IncidentState.RESOLVED, f"worker group restarted from step {resume}",
-                 self._event_step)  # fmt: skip
+            fewer = f" on {n} of {full} ranks (resources.min_workers)" if n < full else ""
+            move(self.incidents, machinery[1], IncidentState.RESOLVED,
+                 f"worker group restarted from step {resume}{fewer}", self._event_step)  # fmt: skip
         self._group_started()
 
     @property

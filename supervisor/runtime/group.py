@@ -21,7 +21,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from supervisor.config.job import JobSpec
+from supervisor.config.job import MAX_WORKERS, JobSpec
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
 from supervisor.runtime.names import NAMESPACE, named_actors, placement_group_name, priority
@@ -75,14 +75,21 @@ class WorkerGroup:
         """Place and start every rank; training begins from ``resume_step`` (None: fresh)."""
         res = self.job.resources
         bundle = {"CPU": res.cpus_per_worker} | ({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})
-        # 1. Reserve all ranks at once, so a group never starts half placed.
-        self.pg = placement_group(
-            [dict(bundle) for _ in range(self.world_size)],
-            strategy="PACK",
-            name=placement_group_name(self.job.name, self.generation),
-            lifetime="detached",
-        )
-        self._await_placement(bundle, ready_timeout_s)
+        # 1. Reserve all ranks at once, so a group never starts half placed; with fewer ranks
+        # (``resources.min_workers``) when the live nodes cannot hold them all.
+        try:
+            self._place(bundle, ready_timeout_s)
+        except GroupDoesNotFit as exc:
+            fit = min(bundles_that_fit(bundle, ray.nodes()), self.world_size - 1)
+            if fit < res.fewest_workers:
+                if res.min_workers is not None:
+                    raise GroupDoesNotFit(f"{exc} (resources.min_workers={res.min_workers})") from None
+                raise
+            self.log.warning("group_shrunk", world_size=fit, num_workers=res.num_workers,
+                             why=f"{exc}; resources.min_workers={res.min_workers} allows {fit}")  # fmt: skip
+            self.world_size = fit
+            self._place(bundle, ready_timeout_s)
+        assert self.pg is not None
         self.rank_nodes = self._bundle_nodes()
         # 2. One detached, named actor per rank: it outlives the supervisor that created it.
         self.workers = [
@@ -130,6 +137,15 @@ class WorkerGroup:
         self.log.info(
             "group_launched", world_size=self.world_size, resume_step=resume_step, master=f"{addr}:{port}"
         )
+
+    def _place(self, bundle: dict[str, float], timeout_s: float) -> None:
+        self.pg = placement_group(
+            [dict(bundle) for _ in range(self.world_size)],
+            strategy="PACK",
+            name=placement_group_name(self.job.name, self.generation),
+            lifetime="detached",
+        )
+        self._await_placement(bundle, timeout_s)
 
     def _await_placement(self, bundle: dict[str, float], timeout_s: float) -> None:
         """``GroupDoesNotFit`` once the live nodes cannot hold it for ``resources.wait_for_nodes_s``;
@@ -220,6 +236,7 @@ class WorkerGroup:
             group.workers = [ray.get_actor(gens[gen][r], namespace=NAMESPACE) for r in sorted(gens[gen])]
         except (KeyError, ValueError):
             return None
+        group.world_size = len(group.workers)  # fewer than num_workers after a restart on fewer ranks
         try:
             group.pg = ray.util.get_placement_group(placement_group_name(job.name, gen))
         except ValueError:
@@ -337,17 +354,28 @@ def raylets_gone(nodes: list[dict[str, Any]], timeout_s: float = RAYLET_PROBE_S)
     return {str(n["NodeID"]) for n, v in zip(nodes, verdicts, strict=True) if v}
 
 
+def bundles_that_fit(
+    bundle: dict[str, float], nodes: list[dict[str, Any]], unbounded: int = MAX_WORKERS
+) -> int:
+    """How many ``bundle``s the live nodes' total resources hold, each on one node (``unbounded``
+    when the bundle asks for nothing)."""
+    need = {k: v for k, v in bundle.items() if v > 0}
+    fits = 0
+    for node in nodes:
+        if node.get("Alive"):
+            have = node.get("Resources") or {}
+            fits += min((int(have.get(k, 0.0) / v + 1e-9) for k, v in need.items()), default=unbounded)
+    return fits
+
+
 def shortfall(bundle: dict[str, float], count: int, nodes: list[dict[str, Any]]) -> str | None:
     """Why ``count`` bundles cannot fit the live nodes' total resources (each bundle on one node), or
     None. Totals, not what is free now: what other jobs hold comes back, a lost node does not."""
-    alive = [n for n in nodes if n.get("Alive")]
-    need = {k: v for k, v in bundle.items() if v > 0}
-    fits = 0
-    for node in alive:
-        have = node.get("Resources") or {}
-        fits += min((int(have.get(k, 0.0) / v + 1e-9) for k, v in need.items()), default=count)
+    fits = bundles_that_fit(bundle, nodes, count)
     if fits >= count:
         return None
+    alive = [n for n in nodes if n.get("Alive")]
+    need = {k: v for k, v in bundle.items() if v > 0}
     totals = {k: sum(float((n.get("Resources") or {}).get(k, 0.0)) for n in alive) for k in need}
     dead = [n for n in nodes if not n.get("Alive")]
     lost = ""

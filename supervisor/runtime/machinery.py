@@ -43,6 +43,11 @@ class WorkerSupervision:
         self.group = WorkerGroup(self.job, self.settings, generation)
         self.group.launch(resume, after_seq=after_seq, ready_timeout_s=ready_timeout_s)
 
+    @property
+    def world_size(self) -> int:
+        """The ranks of the group now (fewer than ``num_workers`` once restarted on fewer)."""
+        return self.group.world_size if self.group is not None else self.job.resources.num_workers
+
     def watch(self, silent_ranks: list[int]) -> GroupEvent | None:
         """What the group did since the last call (None: it trains on, or there is no group).
         ``silent_ranks``: heard nothing from for too long while they should train."""

@@ -208,7 +208,13 @@ class FakeWorkers:
         self.launches: list[tuple[int, int | None, int]] = []
         self.fail_launch: list[str | Exception] = []
         """What the next launches raise: a message (RuntimeBackendError) or the exception itself."""
+        self.place: list[int] = []
+        """How many ranks the next launches place (fewer: a group restarted on fewer ranks)."""
         self.running = False
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks.world_size if self.ranks is not None else 1
 
     def find(self) -> bool:
         return self.running
@@ -224,6 +230,8 @@ class FakeWorkers:
             raise failure if isinstance(failure, Exception) else RuntimeBackendError(failure)
         self.launches.append((generation, resume, after_seq))
         self.running = True
+        if self.place and self.ranks is not None:
+            self.ranks.world_size = self.place.pop(0)
         if self.ranks is not None:  # the new generation starts from the resume point
             self.ranks.generation, self.ranks.after_seq = generation, after_seq
             self.ranks.step, self.ranks.frozen, self.ranks.ended = resume or 0, False, False

@@ -4,7 +4,9 @@ killed by PID mid-incident (an LR fault's fix applied, its observation window be
 supervisor, pinned to the head, stays up; the group no longer fits the node left, so `launch`
 fails at once with exit code 3 and one reason naming the lost node; the fault's incident names
 the ranks that were on it, and the LR incident is escalated with its observation recorded as
-cut short by the job's end, none of its actions left pending. Every process is stopped by PID.
+cut short by the job's end, none of its actions left pending. With `resources.min_workers: 2`
+the group goes on with the 2 ranks the head holds instead, and the run ends at its last step.
+Every process is stopped by PID.
 
 How it differs from production: both nodes are on one machine (the second on 127.0.0.2, so a
 driver's node is never ambiguous), and their resources are logical CPUs of the same cores."""
@@ -100,8 +102,8 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _job_file(tmp_path: Path, address: str) -> Path:
-    spec = {
+def _job_file(tmp_path: Path, address: str, **over: Any) -> Path:
+    spec: dict[str, Any] = {
         "name": JOB,
         "entrypoint": "examples.tinylm.train:main",
         "config": {
@@ -116,6 +118,7 @@ def _job_file(tmp_path: Path, address: str) -> Path:
         "max_steps": 2000,
         "faults": [{"kind": "lr_spike", "step": 60, "factor": 40}],
     }
+    spec.update(over)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -202,3 +205,59 @@ def _find(api: Any, name: str) -> Any:
         return api.find(name)
     except Exception:
         return None
+
+
+def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks_left(
+    tmp_path: Path, two_nodes: tuple[RayNode, RayNode]
+) -> None:
+    """``resources.min_workers: 2``: the group restarts on the head's 2 CPUs with 2 of its 4 ranks,
+    from the checkpoint before the LR incident's onset; the incident's fix is redelivered and
+    observed, and the run trains to its last step on 2 ranks (exit 0)."""
+    import ray
+
+    from supervisor.runtime import api
+    from supervisor.runtime.names import NAMESPACE
+    from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+
+    head, second = two_nodes
+    resources = {"num_workers": 4, "cpus_per_worker": 1, "min_workers": 2}
+    job_file = _job_file(tmp_path, head.address, resources=resources, max_steps=360)
+    job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
+    for attempt in Retrying(stop=stop_after_attempt(4), wait=wait_fixed(3), reraise=True):
+        with attempt:
+            ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
+    launched = None
+    try:
+        _until(
+            "two live nodes", lambda: second.running() and sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90
+        )
+        log = (tmp_path / "launch.log").open("wb")
+        launched = subprocess.Popen([str(BIN / "supervisor"), "launch", str(job_file)], cwd=ROOT,
+                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
+        handle = _until("the supervisor actor", lambda: _find(api, JOB), 120)
+        _until(
+            "the LR incident observes its fix", lambda: _action(api, handle) == "observe", 400, every_s=0.5
+        )
+        second.kill_raylet()
+        rc = launched.wait(timeout=400)
+        out = (tmp_path / "launch.log").read_text(errors="replace")
+        assert rc == 0, out[-3000:]
+        store = open_incident_store(job)
+        [restart] = [i for i in store.list_incidents(job=JOB) if i.diagnosis and i.diagnosis.first_rank in (2, 3)
+                     and any("machinery" in e.payload for e in store.timeline(i.id))]  # fmt: skip
+        assert restart.state is IncidentState.RESOLVED
+        [ev] = [e for e in store.timeline(restart.id) if e.kind is EventKind.WORKER_RESTARTED]
+        assert (ev.result or {}).get("world_size") == 2, ev
+        lr = next(i for i in store.list_incidents(job=JOB) if i.id != restart.id and i.onset_step is not None)
+        assert lr.state is IncidentState.RESOLVED and not store.pending_events(lr.id), lr
+        checkpoints = open_checkpoint_store(job)
+        last = checkpoints.manifest(360)
+        assert last.world_size == 2 and checkpoints.latest() == 360
+        print(
+            f"\nnode loss with min_workers: went on with 2 ranks, resumed from {(ev.result or {}).get('resume_step')}"
+        )
+    finally:
+        if launched is not None and launched.poll() is None:
+            launched.kill()
+            launched.wait(timeout=30)
+        ray.shutdown()

@@ -1,0 +1,64 @@
+"""A group restarted on fewer ranks (``resources.min_workers``): every count of ranks the
+supervisor keeps follows the group as placed, and the restart says how many ranks it has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.config.job import Resources
+from supervisor.incidents import EventKind, IncidentState
+from supervisor.runtime.controller import Controller
+from supervisor.runtime.group import bundles_that_fit, shortfall
+from supervisor.runtime.restarts import GroupEvent
+from supervisor.runtime.state import JobPhase
+from tests.runtime.conftest import FAST, make_job
+from tests.runtime.harness import FakeRanks, FakeWorkers
+from tests.runtime.test_crash_consistency import HOLD
+
+
+def test_a_group_restarted_on_fewer_ranks_trains_to_the_end_on_them(tmp_path: Path) -> None:
+    job = make_job(tmp_path, "fewer", max_steps=120, policy=HOLD,
+                   resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
+    ranks = FakeRanks(4, 120)
+    workers = FakeWorkers(ranks)
+    ctl = Controller(job, FAST, workers=workers)
+    ctl.boot()
+    ranks.run(ctl, lambda: ranks.step >= 60)
+    workers.place = [2]  # the live nodes hold two of the four ranks
+    workers.events.append(GroupEvent("lost", (2, 3), "rank(s) [2, 3] do not answer (on node 10.0.0.2)"))
+    ctl.iterate()
+    ctl.iterate()
+    assert ctl.phase is JobPhase.RUNNING and ctl.world_size == 2 and ctl.assembler.world_size == 2
+    ranks.run(ctl, lambda: ctl.phase.is_terminal)
+
+    assert ctl.phase is JobPhase.FINISHED and ctl.state.reason == "all 2 ranks finished", ctl.status()
+    assert ctl.current_step == 120
+    [restart] = ctl.incidents.list_incidents(job="fewer")
+    assert restart.state is IncidentState.RESOLVED and restart.diagnosis is not None
+    assert restart.diagnosis.first_rank == 2
+    [ev] = [e for e in ctl.incidents.timeline(restart.id) if e.kind is EventKind.WORKER_RESTARTED]
+    assert (ev.result or {})["world_size"] == 2
+    moves = [e.payload.get("reason", "") for e in ctl.incidents.timeline(restart.id)]
+    assert any("on 2 of 4 ranks (resources.min_workers)" in str(m) for m in moves), moves
+
+
+def test_min_workers_is_at_most_num_workers() -> None:
+    assert Resources(num_workers=4, min_workers=2).fewest_workers == 2
+    assert Resources(num_workers=4).fewest_workers == 4
+    with pytest.raises(ValueError, match=r"min_workers \(5\) must be <= num_workers \(4\)"):
+        Resources(num_workers=4, min_workers=5)
+
+
+def test_the_bundles_the_live_nodes_hold_count_each_bundle_on_one_node() -> None:
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 3.0}},
+        {"Alive": True, "Resources": {"CPU": 1.5, "GPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0}},  # lost: holds nothing
+    ]
+    assert bundles_that_fit({"CPU": 1.0}, nodes) == 4  # 3 + 1: half a CPU left on each is no bundle
+    assert bundles_that_fit({"CPU": 1.0, "GPU": 1.0}, nodes) == 1
+    assert shortfall({"CPU": 1.0}, 4, nodes) is None
+    why = shortfall({"CPU": 1.0}, 5, nodes)
+    assert why is not None and "hold 4 of them" in why and "1 node(s) lost" in why
