@@ -298,7 +298,11 @@ def _check_shard(
     saved = (manifest.extra.get("rank_summaries") or {}).get(str(rank)) or {}
     model_state = dcp_state.live_state(model, optimizer)["model"]
     layout = dcp_state.shard_layout(model_state, store.settings.checksum)
-    if saved.get("shard_layout") != layout or manifest.world_size != dist_world_size():
+    # Sharded (DTensor) state on another world size is resharded: this rank's local shards are
+    # not the saved rank's, even where their shapes match. Replicated state is the whole model on
+    # every rank, at any world size (a group restarted on fewer ranks): compared bit for bit.
+    sharded = any(hasattr(v, "to_local") for v in model_state.values())
+    if saved.get("shard_layout") != layout or (sharded and manifest.world_size != dist_world_size()):
         return None  # resharded (another world size or module layout): nothing to compare bit for bit
     live = (
         {"shard_checksum": folded}

@@ -6,7 +6,9 @@ every rank), ``world_size`` (compatible with the job: a DCP checkpoint reshards 
 ``deep`` ``loadable`` (each torch.save file opens with torch; a DCP ``.metadata`` loads and
 covers exactly the listed files). The result goes into the manifest: a pass moves ``unverified`` to
 ``verified``; a failure moves the checkpoint to ``quarantined`` with the first problem as
-the reason, so it is never selected as a rollback target.
+the reason, so it is never selected as a rollback target. A world size the checkpoint's layout
+cannot load on (sharded state, a group restarted on fewer ranks) fails the check for this job
+only: the checkpoint is passed over, never quarantined.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class VerifyResult:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
+    unfit: list[str] = field(default_factory=list)
+    """The problems that are this job's, not the checkpoint's (a world size its layout cannot load
+    on): it is no target now, and is never quarantined for them."""
 
     def to_json(self) -> dict:
         health = self.manifest.health.value if self.manifest else None
@@ -76,7 +81,7 @@ def verify(
     problems += ws_problems
     if deep and not problems:
         problems += _loadable(store, manifest)
-    result = VerifyResult(step, not problems, checks, problems, notes, manifest)
+    result = VerifyResult(step, not problems, checks, problems, notes, manifest, unfit=ws_problems)
     store.log.info("verified", step=step, ok=result.ok, problems=problems[:3], by=by)
     if record:
         result.manifest = _record(store, step, result, by)
@@ -200,12 +205,13 @@ def _record(store: CheckpointStore, step: int, result: VerifyResult, by: str) ->
         time=time.time(), ok=result.ok, checks=result.checks, problems=result.problems, by=by
     )
     updated = current.model_copy(update={"verifications": [*current.verifications[-19:], entry]})
-    if result.ok and updated.health == HealthMark.UNVERIFIED:
+    damage = [p for p in result.problems if p not in result.unfit]
+    if not damage and updated.health == HealthMark.UNVERIFIED:
         updated = updated.with_health(
             HealthMark.VERIFIED, f"verification passed ({', '.join(result.checks)})"
         )
-    elif not result.ok and updated.health != HealthMark.QUARANTINED:
-        updated = updated.with_health(HealthMark.QUARANTINED, f"verification failed: {result.problems[0]}")
+    elif damage and updated.health != HealthMark.QUARANTINED:
+        updated = updated.with_health(HealthMark.QUARANTINED, f"verification failed: {damage[0]}")
     store.save_manifest(updated)
     return updated
 

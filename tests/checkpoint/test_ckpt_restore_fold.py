@@ -117,3 +117,22 @@ def test_a_model_item_left_to_dcps_own_path_gives_no_folded_checksum(
     want = build(0)[0]
     assert dcp_state.load(store, store.manifest(1), model, opt, shard_hash=True) is None
     assert torch.equal(model[2].weight, want[2].weight)  # DCP's own path read it
+
+
+def test_a_corrupt_replicated_model_is_refused_on_another_world_size_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicated (plain or DDP) state is the whole model on every rank, whatever the world size: a
+    group restarted on fewer ranks checks it bit for bit as a same-size restore does. (Sharded
+    DTensor state reshards: its local shards are not the saved ones, and are not compared.)"""
+    from supervisor.checkpoint import training_state
+
+    store, _, _ = saved(tmp_path)
+    monkeypatch.setattr(training_state, "dist_world_size", lambda: 2)  # restored by a group of 2
+    model, opt = build(1)
+    loaded = load_training_state(store, 1, rank=0, world_size=2, model=model, optimizer=opt)
+    assert loaded.shard_checksum is not None
+    _corrupt_model_bytes(store, ("model.0.weight",))
+    model, opt = build(1)
+    with pytest.raises(RestoreCheckError, match="differs from the saved one"):
+        load_training_state(store, 1, rank=0, world_size=2, model=model, optimizer=opt)

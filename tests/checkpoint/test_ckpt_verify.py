@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,22 @@ def test_every_checksum_algorithm_catches_a_flipped_byte(algorithm: str, tmp_pat
     assert verify(reader, 1, record=False).ok
     _flip_byte(reader, entry_key(reader, 1, "model"), at=4000)
     assert "checksum mismatch" in verify(reader, 1, record=False).problems[0]
+
+
+def test_a_sharded_checkpoint_another_world_size_cannot_load_is_passed_over_never_quarantined(
+    store: CheckpointStore,
+) -> None:
+    """Sharded state saved by 4 ranks cannot load on 2 (a group restarted on fewer ranks): that is
+    this job's limit, not damage. The checkpoint is not a target now, and stays healthy for a group
+    of 4 again."""
+    files = [
+        store.write_file(6, f"shard{r}", lambda f: f.write(os.urandom(64)), rank=r, components=["model", "optimizer"])
+        for r in range(4)
+    ]
+    store.commit(6, world_size=4, files=files, layout="sharded")
+    assert verify(store, 6, expected_world_size=4).ok
+    store.mark(6, HealthMark.HEALTHY, "the window after it was clean")
+    result = verify(store, 6, expected_world_size=2)
+    assert not result.ok and "sharded state cannot be resharded" in result.problems[0]
+    assert store.manifest(6).health is HealthMark.HEALTHY
+    assert verify(store, 6, expected_world_size=4).ok and store.manifest(6).health is HealthMark.HEALTHY
