@@ -173,7 +173,9 @@ def test_a_sharded_checkpoint_another_world_size_cannot_load_is_passed_over_neve
     this job's limit, not damage. The checkpoint is not a target now, and stays healthy for a group
     of 4 again."""
     files = [
-        store.write_file(6, f"shard{r}", lambda f: f.write(os.urandom(64)), rank=r, components=["model", "optimizer"])
+        store.write_file(
+            6, f"shard{r}", lambda f: f.write(os.urandom(64)), rank=r, components=["model", "optimizer"]
+        )
         for r in range(4)
     ]
     store.commit(6, world_size=4, files=files, layout="sharded")
