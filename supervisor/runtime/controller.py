@@ -250,7 +250,8 @@ class Controller:
                         self.state.restart_steps.append(at)
                         self.persist(force=True)
                     self.workers.launch(self.state.generation, resume, after_seq,
-                                        ready_timeout_s=START_TIMEOUT_S * 2 ** (tried - 1))  # fmt: skip
+                                        ready_timeout_s=START_TIMEOUT_S * 2 ** (tried - 1),
+                                        ranks=self._ranks_for(resume))  # fmt: skip
                     self._adopt_world_size()
         except WorkerStartError as exc:
             budget = f"restarts.max_restarts={s.max_restarts} (policy)"
@@ -259,6 +260,17 @@ class Controller:
             raise WorkerStartError(
                 f"the worker group did not start after {tried} attempt(s) ({budget}): {exc.one_line()}"
             ) from None
+
+    def _ranks_for(self, resume: int | None) -> int | None:
+        """The ranks a group resuming from checkpoint ``resume`` must have: as many as saved it when
+        its state cannot be resharded (the ``sharded`` layout); None: as ``resources`` allow."""
+        if resume is None or resume < 0 or self.checkpoints is None:
+            return None
+        try:
+            manifest = self.checkpoints.find(resume)
+        except CheckpointError:
+            return None
+        return manifest.world_size if manifest is not None and manifest.layout == "sharded" else None
 
     def _adopt_world_size(self) -> None:
         """The group's ranks as placed: fewer than ``num_workers`` when the live nodes held fewer

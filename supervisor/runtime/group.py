@@ -71,9 +71,21 @@ class WorkerGroup:
         """Rank -> the node it was placed on (what names the ranks a lost node took with it)."""
         self.log = get_logger("supervisor.runtime.group", job=job.name, generation=generation)
 
-    def launch(self, resume_step: int | None, *, after_seq: int = 0, ready_timeout_s: float = 120.0) -> None:
-        """Place and start every rank; training begins from ``resume_step`` (None: fresh)."""
+    def launch(
+        self,
+        resume_step: int | None,
+        *,
+        after_seq: int = 0,
+        ready_timeout_s: float = 120.0,
+        ranks: int | None = None,
+    ) -> None:
+        """Place and start every rank; training begins from ``resume_step`` (None: fresh). ``ranks``:
+        exactly this many (a checkpoint whose state cannot be resharded), else ``num_workers`` or,
+        when the live nodes cannot hold them, as many as they hold down to ``resources.min_workers``."""
         res = self.job.resources
+        if ranks is not None:
+            self.world_size = ranks
+        fewest = res.fewest_workers if ranks is None else ranks
         bundle = {"CPU": res.cpus_per_worker} | ({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})
         # 1. Reserve all ranks at once, so a group never starts half placed; with fewer ranks
         # (``resources.min_workers``) when the live nodes cannot hold them all.
@@ -81,9 +93,14 @@ class WorkerGroup:
             self._place(bundle, ready_timeout_s)
         except GroupDoesNotFit as exc:
             fit = min(bundles_that_fit(bundle, ray.nodes()), self.world_size - 1)
-            if fit < res.fewest_workers:
+            if fit < fewest:
                 if res.min_workers is not None:
-                    raise GroupDoesNotFit(f"{exc} (resources.min_workers={res.min_workers})") from None
+                    why = f"resources.min_workers={res.min_workers}" + (
+                        f"; the checkpoint it resumes from loads on {ranks} ranks only"
+                        if ranks is not None
+                        else ""
+                    )
+                    raise GroupDoesNotFit(f"{exc} ({why})") from None
                 raise
             self.log.warning("group_shrunk", world_size=fit, num_workers=res.num_workers,
                              why=f"{exc}; resources.min_workers={res.min_workers} allows {fit}")  # fmt: skip

@@ -37,11 +37,16 @@ class WorkerSupervision:
         return WorkerGroup.find(self.job, self.settings) is not None
 
     def launch(
-        self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
+        self,
+        generation: int,
+        resume: int | None,
+        after_seq: int,
+        ready_timeout_s: float = 120.0,
+        ranks: int | None = None,
     ) -> None:
         """Raises SupervisorError (``WorkerStartError`` when Ray did not start it)."""
         self.group = WorkerGroup(self.job, self.settings, generation)
-        self.group.launch(resume, after_seq=after_seq, ready_timeout_s=ready_timeout_s)
+        self.group.launch(resume, after_seq=after_seq, ready_timeout_s=ready_timeout_s, ranks=ranks)
 
     @property
     def world_size(self) -> int:

@@ -208,6 +208,8 @@ class FakeWorkers:
         self.launches: list[tuple[int, int | None, int]] = []
         self.fail_launch: list[str | Exception] = []
         """What the next launches raise: a message (RuntimeBackendError) or the exception itself."""
+        self.ranks_asked: list[int | None] = []
+        """The exact size each launch was asked for (None: as ``resources`` allow)."""
         self.place: list[int] = []
         """How many ranks the next launches place (fewer: a group restarted on fewer ranks)."""
         self.running = False
@@ -223,8 +225,14 @@ class FakeWorkers:
         return False
 
     def launch(
-        self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
+        self,
+        generation: int,
+        resume: int | None,
+        after_seq: int,
+        ready_timeout_s: float = 120.0,
+        ranks: int | None = None,
     ) -> None:
+        self.ranks_asked.append(ranks)
         if self.fail_launch:
             failure = self.fail_launch.pop(0)
             raise failure if isinstance(failure, Exception) else RuntimeBackendError(failure)

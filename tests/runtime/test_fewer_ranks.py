@@ -62,3 +62,34 @@ def test_the_bundles_the_live_nodes_hold_count_each_bundle_on_one_node() -> None
     assert shortfall({"CPU": 1.0}, 4, nodes) is None
     why = shortfall({"CPU": 1.0}, 5, nodes)
     assert why is not None and "hold 4 of them" in why and "1 node(s) lost" in why
+
+
+def test_a_group_resuming_sharded_state_is_asked_for_exactly_the_ranks_that_saved_it(tmp_path: Path) -> None:
+    """Sharded torch.save state loads only on as many ranks as saved it: a restart from it is
+    never placed on fewer (nor more) ranks; DCP and replicated state may be."""
+    import os
+
+    job = make_job(tmp_path, "sharded", max_steps=120, policy=HOLD,
+                   resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
+    ranks = FakeRanks(4, 120)
+    workers = FakeWorkers(ranks)
+    ctl = Controller(job, FAST, workers=workers)
+    ctl.boot()
+    assert ctl.checkpoints is not None
+    from supervisor.checkpoint.verify import verify
+
+    for step, layout in ((20, "replicated"), (40, "sharded")):
+        files = [
+            ctl.checkpoints.write_file(
+                step, f"s{r}", lambda f: f.write(os.urandom(32)), rank=r, components=["model", "optimizer"]
+            )  # fmt: skip
+            for r in range(4)
+        ]
+        ctl.checkpoints.commit(step, world_size=4, files=files, layout=layout)
+        assert verify(ctl.checkpoints, step, expected_world_size=4).ok
+    assert ctl._ranks_for(40) == 4 and ctl._ranks_for(20) is None and ctl._ranks_for(None) is None
+    ranks.run(ctl, lambda: ranks.step >= 45)
+    workers.events.append(GroupEvent("lost", (3,), "worker actor died"))
+    ctl.iterate()
+    ctl.iterate()
+    assert workers.launches[-1][1] == 40 and workers.ranks_asked[-1] == 4
