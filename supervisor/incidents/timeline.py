@@ -107,6 +107,10 @@ def _where(d: dict[str, Any], ctx: Context) -> str:
 
 def _detected(e: Event, ctx: Context) -> str:
     d = _diagnosis(e)
+    fault = field(e, "machinery")
+    if isinstance(fault, str):  # the worker group's own fault (a rank lost, failed or hung), not a metric
+        what = fault.split(": ", 1)[0]  # "worker rank(s) [2, 3] lost"; the restart says why
+        return f"Detected a worker-group fault{_at(e)}: {quote(what)}."
     fa = d.get("first_anomaly") or {}
     first = ""
     if fa.get("metric"):

@@ -42,6 +42,13 @@ def test_a_group_restarted_on_fewer_ranks_trains_to_the_end_on_them(tmp_path: Pa
     assert (ev.result or {})["world_size"] == 2
     moves = [e.payload.get("reason", "") for e in ctl.incidents.timeline(restart.id)]
     assert any("on 2 of 4 ranks (resources.min_workers)" in str(m) for m in moves), moves
+    # The report calls it what it was: the group's fault, not a loss spike.
+    from supervisor.incidents.postmortem import build_postmortem
+
+    texts = [t for _, t in build_postmortem(ctl.incidents, restart.id).timeline]
+    assert (
+        texts[0].startswith("Detected a worker-group fault at step") and "rank(s) [2, 3] lost" in texts[0]
+    ), texts
 
 
 def test_min_workers_is_at_most_num_workers() -> None:
