@@ -32,7 +32,13 @@ def render_table(st: dict[str, Any]) -> Table:
     t.add_row("grad norm", _num(st.get("grad_norm")))
     t.add_row("tokens/s", _num(st.get("tokens_per_s"), ",.0f"))
     t.add_row("lr", _num(st.get("lr"), ".3g"))
-    t.add_row("workers", f"generation {st.get('generation')}, restarts {st.get('group_restarts')}"
+    ranks, full = st.get("world_size"), st.get("num_workers")
+    fewer = (
+        f", {ranks} of {full} ranks"
+        if isinstance(ranks, int) and isinstance(full, int) and ranks < full
+        else ""
+    )
+    t.add_row("workers", f"generation {st.get('generation')}, restarts {st.get('group_restarts')}{fewer}"
                          + ("  [yellow]frozen[/]" if st.get("frozen") else ""))  # fmt: skip
     inc = st.get("incident")
     if inc:

@@ -941,6 +941,8 @@ class Controller:
             "lr": last.lr if last else None,
             "frozen": self.state.frozen,
             "generation": self.state.generation,
+            "world_size": self.world_size,
+            "num_workers": self.job.resources.num_workers,
             "group_restarts": len(self.state.restart_steps),
             "incident": self.flow.summary(),
             "incidents_total": len(set(self.state.incident_keys.values())),  # a reopen: a key, same id

@@ -100,3 +100,30 @@ def test_a_group_resuming_sharded_state_is_asked_for_exactly_the_ranks_that_save
     ctl.iterate()
     ctl.iterate()
     assert workers.launches[-1][1] == 40 and workers.ranks_asked[-1] == 4
+
+
+def test_a_supervisor_restarted_beside_a_smaller_group_counts_its_ranks(tmp_path: Path) -> None:
+    """A supervisor killed after the group went on with fewer ranks re-attaches to that group: the
+    steps it assembles, the ranks it waits for and the status follow it, not ``num_workers``."""
+    job = make_job(tmp_path, "fewer_attach", max_steps=120, policy=HOLD,
+                   resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
+    ranks = FakeRanks(4, 120)
+    workers = FakeWorkers(ranks)
+    ctl = Controller(job, FAST, workers=workers)
+    ctl.boot()
+    ranks.run(ctl, lambda: ranks.step >= 40)
+    workers.place = [3]
+    workers.events.append(GroupEvent("lost", (3,), "worker actor died"))
+    ctl.iterate()
+    ctl.iterate()
+    ranks.run(ctl, lambda: ranks.step >= 70)
+    ctl.persist(force=True)
+    del ctl  # killed: the group of 3 trains on
+
+    again = Controller(job, FAST, attach=True, workers=workers)
+    again.boot()
+    assert again.world_size == 3 and again.assembler.world_size == 3
+    st = again.status()
+    assert (st["world_size"], st["num_workers"]) == (3, 4)
+    ranks.run(again, lambda: again.phase.is_terminal)
+    assert again.phase is JobPhase.FINISHED and again.state.reason == "all 3 ranks finished", again.status()
