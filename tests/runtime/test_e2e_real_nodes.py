@@ -13,6 +13,7 @@ driver's node is never ambiguous), and their resources are logical CPUs of the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -124,21 +125,18 @@ def _job_file(tmp_path: Path, address: str, **over: Any) -> Path:
     return path
 
 
-def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
-    tmp_path: Path, two_nodes: tuple[RayNode, RayNode]
-) -> None:
+@contextlib.contextmanager
+def _observing(
+    tmp_path: Path, nodes: tuple[RayNode, RayNode], job_file: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Any]]:
+    """A driver on the head, the job launched, and its LR incident observing its fix (the launch
+    process and the handle of its supervisor); the launch is killed and the driver shut down at the end."""
     import ray
 
     from supervisor.runtime import api
-    from supervisor.runtime.cluster import head_node_id
-    from supervisor.runtime.group import WorkerGroup
     from supervisor.runtime.names import NAMESPACE
-    from supervisor.runtime.settings import RuntimeSettings
-    from supervisor.runtime.stores import open_incident_store
 
-    head, second = two_nodes
-    job_file = _job_file(tmp_path, head.address)
-    job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
+    head, second = nodes
     # A driver's first GCS calls can miss their deadline on a loaded machine: a few tries.
     for attempt in Retrying(stop=stop_after_attempt(4), wait=wait_fixed(3), reraise=True):
         with attempt:
@@ -148,17 +146,40 @@ def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
         _until(
             "two live nodes", lambda: second.running() and sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90
         )
-        head_id = head_node_id()
-        second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
         log = (tmp_path / "launch.log").open("wb")
         launched = subprocess.Popen([str(BIN / "supervisor"), "launch", str(job_file)], cwd=ROOT,
                                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
-        # 1. The job trains on both nodes; its supervisor is on the head; the LR fault's incident
-        # is rolled back, fixed, and observed.
+        # The job trains on both nodes; the LR fault's incident is rolled back, fixed, and observed.
         handle = _until("the supervisor actor", lambda: _find(api, JOB), 120)
         _until(
             "the LR incident observes its fix", lambda: _action(api, handle) == "observe", 400, every_s=0.5
         )
+        yield launched, handle
+    finally:
+        if launched is not None and launched.poll() is None:
+            launched.kill()
+            launched.wait(timeout=30)
+        ray.shutdown()
+
+
+def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
+    tmp_path: Path, two_nodes: tuple[RayNode, RayNode]
+) -> None:
+    import ray
+
+    from supervisor.runtime import api
+    from supervisor.runtime.cluster import head_node_id
+    from supervisor.runtime.group import WorkerGroup
+    from supervisor.runtime.settings import RuntimeSettings
+    from supervisor.runtime.stores import open_incident_store
+
+    head, second = two_nodes
+    job_file = _job_file(tmp_path, head.address)
+    job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
+    with _observing(tmp_path, two_nodes, job_file) as (launched, handle):
+        # 1. The job trains on both nodes; its supervisor is on the head.
+        head_id = head_node_id()
+        second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
         assert api.status(handle)["supervisor_node"] == head_id
         group = WorkerGroup.find(job, RuntimeSettings.model_validate({}))
         assert group is not None
@@ -187,11 +208,6 @@ def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
         [obs] = [e for e in store.timeline(lr.id) if e.kind is EventKind.OBSERVATION]
         assert obs.status is EventStatus.FAILED and "job ended (failed" in obs.result["reason"], obs
         print(f"\nnode loss: ranks {lost} lost, exit {rc} {took:.1f}s after the kill")
-    finally:
-        if launched is not None and launched.poll() is None:
-            launched.kill()
-            launched.wait(timeout=30)
-        ray.shutdown()
 
 
 def _action(api: Any, handle: Any) -> str | None:
@@ -215,49 +231,35 @@ def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks
     observed, and the run trains to its last step on 2 ranks (exit 0)."""
     import ray
 
-    from supervisor.runtime import api
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.runtime.group import WorkerGroup
+    from supervisor.runtime.settings import RuntimeSettings
     from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
 
     head, second = two_nodes
     resources = {"num_workers": 4, "cpus_per_worker": 1, "min_workers": 2}
     job_file = _job_file(tmp_path, head.address, resources=resources, max_steps=360)
     job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
-    for attempt in Retrying(stop=stop_after_attempt(4), wait=wait_fixed(3), reraise=True):
-        with attempt:
-            ray.init(address=head.address, namespace=NAMESPACE, log_to_driver=False)
-    launched = None
-    try:
-        _until(
-            "two live nodes", lambda: second.running() and sum(1 for n in ray.nodes() if n["Alive"]) == 2, 90
-        )
-        log = (tmp_path / "launch.log").open("wb")
-        launched = subprocess.Popen([str(BIN / "supervisor"), "launch", str(job_file)], cwd=ROOT,
-                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ})  # fmt: skip
-        handle = _until("the supervisor actor", lambda: _find(api, JOB), 120)
-        _until(
-            "the LR incident observes its fix", lambda: _action(api, handle) == "observe", 400, every_s=0.5
-        )
+    with _observing(tmp_path, two_nodes, job_file) as (launched, _):
+        second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
+        group = WorkerGroup.find(job, RuntimeSettings.model_validate({}))
+        assert group is not None
+        lost = sorted(r for r, n in group.rank_nodes.items() if n == second_id)
+        assert len(lost) == 2, group.rank_nodes
         second.kill_raylet()
         rc = launched.wait(timeout=400)
-        out = (tmp_path / "launch.log").read_text(errors="replace")
-        assert rc == 0, out[-3000:]
-        store = open_incident_store(job)
-        [restart] = [i for i in store.list_incidents(job=JOB) if i.diagnosis and i.diagnosis.first_rank in (2, 3)
-                     and any("machinery" in e.payload for e in store.timeline(i.id))]  # fmt: skip
-        assert restart.state is IncidentState.RESOLVED
-        [ev] = [e for e in store.timeline(restart.id) if e.kind is EventKind.WORKER_RESTARTED]
-        assert (ev.result or {}).get("world_size") == 2, ev
-        lr = next(i for i in store.list_incidents(job=JOB) if i.id != restart.id and i.onset_step is not None)
-        assert lr.state is IncidentState.RESOLVED and not store.pending_events(lr.id), lr
-        checkpoints = open_checkpoint_store(job)
-        last = checkpoints.manifest(360)
-        assert last.world_size == 2 and checkpoints.latest() == 360
-        print(
-            f"\nnode loss with min_workers: went on with 2 ranks, resumed from {(ev.result or {}).get('resume_step')}"
-        )
-    finally:
-        if launched is not None and launched.poll() is None:
-            launched.kill()
-            launched.wait(timeout=30)
-        ray.shutdown()
+    out = (tmp_path / "launch.log").read_text(errors="replace")
+    assert rc == 0, out[-3000:]
+    store = open_incident_store(job)
+    [restart] = [i for i in store.list_incidents(job=JOB) if any("machinery" in e.payload for e in store.timeline(i.id))]  # fmt: skip
+    assert restart.state is IncidentState.RESOLVED and restart.diagnosis is not None
+    assert restart.diagnosis.first_rank == lost[0], restart.diagnosis
+    [ev] = [e for e in store.timeline(restart.id) if e.kind is EventKind.WORKER_RESTARTED]
+    assert (ev.result or {}).get("world_size") == 2, ev
+    lr = next(i for i in store.list_incidents(job=JOB) if i.id != restart.id and i.onset_step is not None)
+    assert lr.state is IncidentState.RESOLVED and not store.pending_events(lr.id), lr
+    checkpoints = open_checkpoint_store(job)
+    last = checkpoints.manifest(360)
+    assert last.world_size == 2 and checkpoints.latest() == 360
+    print(
+        f"\nnode loss with min_workers: went on with 2 ranks, resumed from {(ev.result or {}).get('resume_step')}"
+    )

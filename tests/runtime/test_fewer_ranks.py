@@ -18,18 +18,30 @@ from tests.runtime.harness import FakeRanks, FakeWorkers
 from tests.runtime.test_crash_consistency import HOLD
 
 
-def test_a_group_restarted_on_fewer_ranks_trains_to_the_end_on_them(tmp_path: Path) -> None:
-    job = make_job(tmp_path, "fewer", max_steps=120, policy=HOLD,
+def _started(tmp_path: Path, name: str) -> tuple[Controller, FakeRanks, FakeWorkers]:
+    """A 4-rank job that may go on with 2, booted on harness workers."""
+    job = make_job(tmp_path, name, max_steps=120, policy=HOLD,
                    resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
     ranks = FakeRanks(4, 120)
     workers = FakeWorkers(ranks)
     ctl = Controller(job, FAST, workers=workers)
     ctl.boot()
+    return ctl, ranks, workers
+
+
+def _lose(ctl: Controller, workers: FakeWorkers, lost: tuple[int, ...], placed: int | None = None) -> None:
+    """Ranks ``lost`` fail; the restart places ``placed`` ranks (None: all of them)."""
+    if placed is not None:
+        workers.place = [placed]
+    workers.events.append(GroupEvent("lost", lost, f"rank(s) {list(lost)} do not answer (on node 10.0.0.2)"))
+    ctl.iterate()
+    ctl.iterate()
+
+
+def test_a_group_restarted_on_fewer_ranks_trains_to_the_end_on_them(tmp_path: Path) -> None:
+    ctl, ranks, workers = _started(tmp_path, "fewer")
     ranks.run(ctl, lambda: ranks.step >= 60)
-    workers.place = [2]  # the live nodes hold two of the four ranks
-    workers.events.append(GroupEvent("lost", (2, 3), "rank(s) [2, 3] do not answer (on node 10.0.0.2)"))
-    ctl.iterate()
-    ctl.iterate()
+    _lose(ctl, workers, (2, 3), placed=2)  # the live nodes hold two of the four ranks
     assert ctl.phase is JobPhase.RUNNING and ctl.world_size == 2 and ctl.assembler.world_size == 2
     ranks.run(ctl, lambda: ctl.phase.is_terminal)
 
@@ -76,12 +88,7 @@ def test_a_group_resuming_sharded_state_is_asked_for_exactly_the_ranks_that_save
     never placed on fewer (nor more) ranks; DCP and replicated state may be."""
     import os
 
-    job = make_job(tmp_path, "sharded", max_steps=120, policy=HOLD,
-                   resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
-    ranks = FakeRanks(4, 120)
-    workers = FakeWorkers(ranks)
-    ctl = Controller(job, FAST, workers=workers)
-    ctl.boot()
+    ctl, ranks, workers = _started(tmp_path, "sharded")
     assert ctl.checkpoints is not None
     from supervisor.checkpoint.verify import verify
 
@@ -96,26 +103,17 @@ def test_a_group_resuming_sharded_state_is_asked_for_exactly_the_ranks_that_save
         assert verify(ctl.checkpoints, step, expected_world_size=4).ok
     assert ctl._ranks_for(40) == 4 and ctl._ranks_for(20) is None and ctl._ranks_for(None) is None
     ranks.run(ctl, lambda: ranks.step >= 45)
-    workers.events.append(GroupEvent("lost", (3,), "worker actor died"))
-    ctl.iterate()
-    ctl.iterate()
+    _lose(ctl, workers, (3,))
     assert workers.launches[-1][1] == 40 and workers.ranks_asked[-1] == 4
 
 
 def test_a_supervisor_restarted_beside_a_smaller_group_counts_its_ranks(tmp_path: Path) -> None:
     """A supervisor killed after the group went on with fewer ranks re-attaches to that group: the
     steps it assembles, the ranks it waits for and the status follow it, not ``num_workers``."""
-    job = make_job(tmp_path, "fewer_attach", max_steps=120, policy=HOLD,
-                   resources={"num_workers": 4, "min_workers": 2})  # fmt: skip
-    ranks = FakeRanks(4, 120)
-    workers = FakeWorkers(ranks)
-    ctl = Controller(job, FAST, workers=workers)
-    ctl.boot()
+    ctl, ranks, workers = _started(tmp_path, "fewer_attach")
+    job = ctl.job
     ranks.run(ctl, lambda: ranks.step >= 40)
-    workers.place = [3]
-    workers.events.append(GroupEvent("lost", (3,), "worker actor died"))
-    ctl.iterate()
-    ctl.iterate()
+    _lose(ctl, workers, (3,), placed=3)
     ranks.run(ctl, lambda: ranks.step >= 70)
     ctl.persist(force=True)
     del ctl  # killed: the group of 3 trains on
