@@ -99,8 +99,9 @@ class CheckpointTending:
                 log.warning("checkpoint_verify_failed", step=step, error=exc.one_line())
                 state.checkpoints_seen.remove(step)
                 continue
-            state.checkpoints_verified.append(step)
-            if not result.ok:
+            if result.ok:
+                state.checkpoints_verified.append(step)
+            else:  # never counted verified: a later save of the same step (a re-run) is verified afresh
                 state.checkpoints_seen.remove(step)
 
     def abandon_after(self, state: RuntimeState, step: int) -> None:

@@ -77,3 +77,28 @@ def test_catching_up_latest_with_no_healthy_step_left_leaves_latest_as_it_is(tmp
     tending = CheckpointTending(store, world_size=1, healthy_after_steps=20, keep=0)
     assert tending.catch_up_latest(state) is None
     assert state.checkpoints_healthy == []
+
+
+def test_a_step_whose_save_failed_verification_is_verified_again_when_it_is_saved_again(
+    tmp_path: Path,
+) -> None:
+    """The corrupt-checkpoint drill under load: a late record of the dead generation named the
+    corrupt save of step 100 after the restart's rewind; its failed verification left 100 counted
+    as verified, so the new timeline's re-save of 100 was never verified, never healthy, and
+    retention removed it together with the quarantined save kept beside it."""
+    store = CheckpointStore(open_backend(str(tmp_path / "store")), "job")
+    m = save_plain(store, 100)
+    model = store.file_key(m, next(f.name for f in m.files if "model" in f.components))
+    store.backend.put_bytes(
+        model, bytes(len(store.backend.get_bytes(model)))
+    )  # a byte-for-byte forgery's opposite
+    state = RuntimeState(job="job", checkpoints_seen=[100])
+    tending = CheckpointTending(store, world_size=1, healthy_after_steps=20, keep=0)
+    tending.tend(state, 101, quiet=True, near_incident=lambda _s: False)
+    assert store.manifest(100).health is HealthMark.QUARANTINED
+    assert 100 not in state.checkpoints_verified and 100 not in state.checkpoints_seen
+    save_plain(store, 100)  # the new timeline saves step 100 again (the quarantined save is kept beside it)
+    state.checkpoints_seen.append(100)
+    tending.tend(state, 125, quiet=True, near_incident=lambda _s: False)
+    assert store.manifest(100).health is HealthMark.HEALTHY and state.checkpoints_healthy == [100]
+    assert [m.health for m in store.saves(100)] == [HealthMark.QUARANTINED, HealthMark.HEALTHY]
