@@ -99,9 +99,14 @@ class CheckpointTending:
                 log.warning("checkpoint_verify_failed", step=step, error=exc.one_line())
                 state.checkpoints_seen.remove(step)
                 continue
-            if result.ok:
+            usable = result.manifest is not None and result.manifest.health in (
+                HealthMark.VERIFIED,
+                HealthMark.HEALTHY,
+            )
+            if result.ok and usable:
                 state.checkpoints_verified.append(step)
-            else:  # never counted verified: a later save of the same step (a re-run) is verified afresh
+            else:  # failed, or quarantined before (an abandoned timeline's save a late record named):
+                # never counted verified, so a later save of the same step (a re-run) is verified afresh
                 state.checkpoints_seen.remove(step)
 
     def abandon_after(self, state: RuntimeState, step: int) -> None:

@@ -79,19 +79,22 @@ def test_catching_up_latest_with_no_healthy_step_left_leaves_latest_as_it_is(tmp
     assert state.checkpoints_healthy == []
 
 
+@pytest.mark.parametrize("how", ["corrupt", "abandoned"])
 def test_a_step_whose_save_failed_verification_is_verified_again_when_it_is_saved_again(
-    tmp_path: Path,
+    tmp_path: Path, how: str
 ) -> None:
     """The corrupt-checkpoint drill under load: a late record of the dead generation named the
-    corrupt save of step 100 after the restart's rewind; its failed verification left 100 counted
-    as verified, so the new timeline's re-save of 100 was never verified, never healthy, and
-    retention removed it together with the quarantined save kept beside it."""
+    corrupt save of step 100 after the restart's rewind; its verification (failed, or passed on
+    the files of a save already quarantined) left 100 counted as verified, so the new timeline's
+    re-save of 100 was never verified, never healthy, and retention removed it together with the
+    quarantined save kept beside it."""
     store = CheckpointStore(open_backend(str(tmp_path / "store")), "job")
     m = save_plain(store, 100)
-    model = store.file_key(m, next(f.name for f in m.files if "model" in f.components))
-    store.backend.put_bytes(
-        model, bytes(len(store.backend.get_bytes(model)))
-    )  # a byte-for-byte forgery's opposite
+    if how == "corrupt":  # its files damaged: verification fails and quarantines it
+        model = store.file_key(m, next(f.name for f in m.files if "model" in f.components))
+        store.backend.put_bytes(model, bytes(len(store.backend.get_bytes(model))))
+    else:  # intact, but of the timeline a rollback abandoned: quarantined before any verification
+        store.quarantine(100, "abandoned timeline: training went back to step 75")
     state = RuntimeState(job="job", checkpoints_seen=[100])
     tending = CheckpointTending(store, world_size=1, healthy_after_steps=20, keep=0)
     tending.tend(state, 101, quiet=True, near_incident=lambda _s: False)
