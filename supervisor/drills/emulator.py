@@ -48,6 +48,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
 from supervisor.runtime.actor import SupervisorActor
+from supervisor.runtime.machinery import Workers
 from supervisor.runtime.names import NAMESPACE, supervisor_name
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.sdk.wire import pack
@@ -553,9 +554,21 @@ class EmulatedWorkers:
     def exists_on_cluster(self) -> bool:
         return False
 
+    @property
+    def world_size(self) -> int:
+        """The emulated ranks: always the job's ``num_workers`` (its hosts never place fewer)."""
+        return int(self.job.resources.num_workers)
+
     def launch(
-        self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = 120.0
+        self,
+        generation: int,
+        resume: int | None,
+        after_seq: int,
+        ready_timeout_s: float = 120.0,
+        ranks: int | None = None,
     ) -> None:
+        if ranks is not None and ranks != self.world_size:
+            raise RuntimeBackendError(f"the emulator runs {self.world_size} ranks, not {ranks}")
         try:
             self.hosts = [
                 ray.get_actor(host_name(self.job.name, i), namespace=NAMESPACE) for i in range(self.n)
@@ -629,7 +642,7 @@ class ScaleSupervisor(SupervisorActor):
 
         self.ctl._analyse = timed  # type: ignore[method-assign]
 
-    def _worker_supervision(self, spec: Any, settings: Any) -> Any:
+    def _worker_supervision(self, spec: Any, settings: Any) -> Workers:
         return EmulatedWorkers(spec, settings, self._hosts)
 
     def probe(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from supervisor.errors import SupervisorError
 from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
+from supervisor.runtime.machinery import Workers
 from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
 from supervisor.sdk.wire import WireError, tidy, unpack
@@ -52,7 +53,7 @@ class SupervisorActor:
         self.thread = threading.Thread(target=self._run, name="supervisor-loop", daemon=True)
         self.thread.start()
 
-    def _worker_supervision(self, spec: JobSpec, settings: RuntimeSettings) -> Any:
+    def _worker_supervision(self, spec: JobSpec, settings: RuntimeSettings) -> Workers | None:
         """Who supervises the worker group: None for the real one (``machinery.WorkerSupervision``).
         The rank emulator (``supervisor/drills/emulator.py``) answers its own."""
         return None

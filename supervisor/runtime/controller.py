@@ -47,7 +47,7 @@ from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.group import WorkerStartError
 from supervisor.runtime.incidents import IncidentFlow, Now
 from supervisor.runtime.lifecycle import Ended, Ending, Lifecycle, Relaunching, Running, Stopping
-from supervisor.runtime.machinery import WorkerSupervision
+from supervisor.runtime.machinery import Workers, WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
 from supervisor.runtime.receipts import Receipts
@@ -84,7 +84,7 @@ class Controller:
         settings: RuntimeSettings | None = None,
         *,
         attach: bool = False,
-        workers: WorkerSupervision | None = None,
+        workers: Workers | None = None,
     ) -> None:
         self.job = job
         self.settings = settings or RuntimeSettings.model_validate({})

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import RayError
@@ -20,6 +20,33 @@ from supervisor.runtime.restarts import GroupEvent
 from supervisor.runtime.settings import RuntimeSettings
 
 log = get_logger("supervisor.runtime.machinery")
+
+
+class Workers(Protocol):
+    """What the controller asks of whoever runs the worker group: ``WorkerSupervision`` on Ray, the
+    rank emulator's hosts (``drills/emulator.py``) in the scale bench."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def find(self) -> bool: ...
+
+    def exists_on_cluster(self) -> bool: ...
+
+    def launch(self, generation: int, resume: int | None, after_seq: int, ready_timeout_s: float = ...,
+               ranks: int | None = ...) -> None: ...  # fmt: skip
+
+    def watch(self, silent_ranks: list[int]) -> GroupEvent | None: ...
+
+    def link_acks(self) -> list[tuple[int, dict[str, Any], int | None]]: ...
+
+    def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None: ...
+
+    def shutdown(self) -> None: ...
+
+    def replay(self, step: int, suspects: list[str], numeric: bool) -> Any: ...
+
+    def ray_result(self, ref: Any) -> tuple[bool, Any] | None: ...
 
 
 class WorkerSupervision:
