@@ -357,4 +357,9 @@ def test_the_supervisors_store_rebuilds_from_the_jobs_storage(tmp_path: Path) ->
         listed = [i.id for i in store.list_incidents(job="job-a")]
         time.sleep(0.05)
     assert listed == [inc.id] and store.rebuilt[0]["restored"] == [inc.id]
-    assert store.rebuilt[0]["problem"] == "incident database vanished while the supervisor had it open"
+    # Seen as gone, or -- when another thread's first connection (the exporter's) recreated an
+    # empty file at the path before the check ran, as happens on a loaded machine -- as replaced.
+    assert store.rebuilt[0]["problem"] in (
+        "incident database vanished while the supervisor had it open",
+        "incident database was replaced by another file while the supervisor had it open",
+    )
