@@ -40,6 +40,8 @@ LOADS = ("idle", "busy")
 MAX_STEPS = 150
 WARMUP_STEPS = 15
 CHECKPOINT_EVERY = 20
+MIN_STEPS = 46
+"""The shortest run every moment fits in: a warm-up, a checkpoint's second save and the final 5%."""
 BAD_SOURCE = "web"
 """The fourth data source, as large as the three others together: the one `bad_source` breaks."""
 ESCALATES = frozenset({"lr_persistent"})
@@ -149,6 +151,10 @@ def onset(moment: str, rng: random.Random, max_steps: int = MAX_STEPS) -> int:
     """A step for ``moment``: inside the LR warm-up (after the first few steps); one or two steps
     after a checkpoint (from the second one to the last before the final 5%); anywhere in the middle
     third; or inside the last 5% of the run (before its very last step)."""
+    if max_steps < MIN_STEPS:
+        raise ValueError(
+            f"max_steps {max_steps} is too short for the sampler's moments (at least {MIN_STEPS})"
+        )
     if moment == "warmup":
         return rng.randint(4, WARMUP_STEPS - 1)
     if moment == "after_checkpoint":

@@ -50,20 +50,30 @@ def test_every_dimension_is_covered_over_many_seeds() -> None:
     assert seen["moment"] == set(space.MOMENTS)
 
 
+@pytest.mark.parametrize("max_steps", [space.MIN_STEPS, 60, 99, space.MAX_STEPS, 401])
 @pytest.mark.parametrize("moment", space.MOMENTS)
-def test_onsets_fall_in_their_moment(moment: str) -> None:
+def test_onsets_fall_in_their_moment(moment: str, max_steps: int) -> None:
     import random
 
-    rng = random.Random(moment)
+    rng = random.Random(f"{moment}:{max_steps}")
     for _ in range(200):
-        step = space.onset(moment, rng)
-        assert 1 <= step < space.MAX_STEPS
+        step = space.onset(moment, rng, max_steps)
+        assert 1 <= step < max_steps
         if moment == "warmup":
             assert step < space.WARMUP_STEPS
         elif moment == "after_checkpoint":
             assert step % space.CHECKPOINT_EVERY in (1, 2) and step >= 2 * space.CHECKPOINT_EVERY
+            assert step < max_steps * 95 // 100
         elif moment == "last_5pct":
-            assert step >= space.MAX_STEPS * 95 // 100
+            assert step >= max_steps * 95 // 100
+
+
+@pytest.mark.parametrize("moment", space.MOMENTS)
+def test_a_run_too_short_for_the_moments_is_refused(moment: str) -> None:
+    import random
+
+    with pytest.raises(ValueError, match=f"at least {space.MIN_STEPS}"):
+        space.onset(moment, random.Random(0), space.MIN_STEPS - 1)
 
 
 def test_recurring_shard_recurs_with_one_occurrence_at_the_moment() -> None:
