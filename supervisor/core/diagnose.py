@@ -7,8 +7,9 @@ the preliminary diagnosis at "opened" is refined into the final one without spec
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from supervisor.core.causes import calm_grads, rank_causes, typical_step
@@ -210,9 +211,10 @@ class IncidentTrack:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["trajectory"] = [asdict(p) for p in self.trajectory]
-        return d
+        """What ``asdict`` gives, built without its deep copies: it is written with every state
+        write while an incident is open (``asdict`` took ~40 ms for a 200-step trajectory)."""
+        state: dict[str, Any] = _plain(self)
+        return state
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> IncidentTrack:
@@ -227,6 +229,25 @@ class IncidentTrack:
         d["facts"] = Facts(**facts)
         d["trajectory"] = [Point(**p) for p in d["trajectory"]]
         return cls(**d)
+
+
+def _plain(v: Any) -> Any:
+    """A dataclass as ``dataclasses.asdict`` renders it, for values whose leaves are immutable."""
+    t = type(v)
+    if t in _LEAVES:
+        return v
+    if t is list:
+        return [_plain(x) for x in v]
+    if t is tuple:
+        return tuple(_plain(x) for x in v)
+    if t is dict:
+        return {_plain(k): _plain(x) for k, x in v.items()}
+    if is_dataclass(v):
+        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
+    return copy.deepcopy(v)
+
+
+_LEAVES = frozenset((int, float, str, bool, type(None)))
 
 
 def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:

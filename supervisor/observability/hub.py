@@ -78,6 +78,10 @@ class Observability:
         if self.tensorboard is not None:
             self._guard("tensorboard", self.tensorboard.on_step, step, records, agg)
 
+    def flush(self) -> None:
+        """Write what the incident series still holds back (the job ends)."""
+        self._guard("series", self.series.flush)
+
     def close(self) -> None:
         self._stop.set()
         self.metrics.close()

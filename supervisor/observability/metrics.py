@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -48,11 +48,6 @@ from prometheus_client.utils import floatToGoString
 PREFIX = "spike_supervisor_"
 DELAY_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100)
 HEALTH_MARKS = ("unverified", "verified", "healthy", "diagnostic", "quarantined")
-
-
-def field_of(rec: Any, name: str) -> Any:
-    """A record field, from a ``Record`` or a record dict."""
-    return rec.get(name) if isinstance(rec, dict) else getattr(rec, name, None)
 
 
 def _num(v: Any) -> float | None:
@@ -98,15 +93,25 @@ class SupervisorMetrics:
         with self._lock:
             s = self._s
             s.step = step
-            for rec in records:
-                rank = int(field_of(rec, "rank") or 0)
-                dropped = (field_of(rec, "attrs") or {}).get("dropped_records")
-                prev = s.ranks.get(rank)
-                s.ranks[rank] = _Rank(
-                    step=int(field_of(rec, "step")),
-                    time=_num(field_of(rec, "time")),
-                    dropped=int(dropped) if isinstance(dropped, int) else (prev.dropped if prev else 0),
-                )
+            ranks = s.ranks
+            step_of: Any
+            for rec in records:  # every rank every step: attribute reads, one object per rank kept
+                if isinstance(rec, dict):
+                    rank, step_of, t, attrs = (
+                        int(rec.get("rank") or 0),
+                        rec.get("step"),
+                        rec.get("time"),
+                        rec.get("attrs"),
+                    )
+                else:
+                    rank, step_of, t, attrs = rec.rank, rec.step, rec.time, rec.attrs
+                dropped = attrs.get("dropped_records") if attrs else None
+                row = ranks.get(rank)
+                if row is None:
+                    row = ranks[rank] = _Rank(step=0, time=None)
+                row.step, row.time = int(step_of), _num(t)
+                if isinstance(dropped, int):
+                    row.dropped = int(dropped)
             agg = aggregate or {}
             s.loss, s.grad_norm = _num(agg.get("loss")), _num(agg.get("grad_norm"))
             s.tokens_per_s = _num(agg.get("tokens_per_s"))
@@ -164,7 +169,7 @@ class SupervisorMetrics:
         job = self.job
         with self._lock:
             s = self._s
-            ranks = dict(s.ranks)
+            ranks = {k: replace(v) for k, v in s.ranks.items()}  # on_step updates the rows in place
             snap = (s.step, s.loss, s.grad_norm, s.tokens_per_s)
             incidents, actions, delays = Counter(s.incidents), Counter(s.actions), list(s.delays)
             checkpoints, newest = (

@@ -4,9 +4,10 @@ The incident flow attaches the per-step aggregates around the onset when it make
 What a person reviewing the incident also needs, this recorder adds to the incident store
 (``IncidentStore.attach_series``) while the incident is open:
 
-- **per-rank rows** (loss, grad norm, ... of every rank, at most ``MAX_RANKS``), from a ring of
-  recent steps at first sight of the incident and then step by step, so a rank-local incident
-  can be drawn rank by rank;
+- **per-rank rows** (loss, grad norm, ... of every rank, at most ``MAX_RANKS``), step by step from
+  the incident's first sight, and the ring of recent steps before it written over the steps that
+  follow (``BACKFILL_STEPS`` at a time, all of it when the incident ends or the job does), so a
+  rank-local incident can be drawn rank by rank;
 - the **abandoned timeline** up to the rollback (the steps between the plan and the freeze);
 - the **new timeline** after each rollback, as ``replay`` n (n-th rollback of that incident),
   through the observation window, so the plots can overlay both.
@@ -19,7 +20,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from supervisor.incidents.scrub import series_row
 from supervisor.logging import get_logger
 
 log = get_logger("supervisor.observability.series")
@@ -28,14 +28,15 @@ log = get_logger("supervisor.observability.series")
 RING_STEPS = 128
 #: Ranks stored per step (the first of them, plus the incident's first rank when it is beyond).
 MAX_RANKS = 64
+#: Ring steps written per analysed step after an incident's first sight (its earlier rows).
+BACKFILL_STEPS = 16
 
 
-def _rows(records: list[Any], keep_rank: int | None) -> list[dict[str, Any]]:
+def _rows(records: list[Any], keep_rank: int | None) -> list[Any]:
     # Choose by rank before converting: a job of 1,024 ranks must not convert 1,024 records a step
-    # (131,072 for the ring) to keep 65 of them (tests/scale/test_rank_costs.py).
-    chosen = [r for r in records if (rk := _rank(r)) < MAX_RANKS or rk == keep_rank]
-    dicts = [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in chosen]
-    return [row for row in (series_row(d) for d in dicts) if row is not None]
+    # (131,072 for the ring) to keep 65 of them (tests/scale/test_rank_costs.py). The store converts
+    # and scrubs what it is given (``IncidentStore.attach_series``), once.
+    return [r for r in records if (rk := _rank(r)) < MAX_RANKS or rk == keep_rank]
 
 
 def _rank(record: Any) -> int:
@@ -46,12 +47,20 @@ def _rank(record: Any) -> int:
         return 0
 
 
+Ring = tuple[int, list[Any], dict[str, Any] | None]
+"""(step, every rank's record, the step's aggregate) of one recent step."""
+
+
 class IncidentSeries:
     def __init__(self, store: Any, job: str) -> None:
         self.store = store
         self.job = job
-        self.ring: deque[tuple[int, list[Any], dict[str, Any] | None]] = deque(maxlen=RING_STEPS)
+        self.ring: deque[Ring] = deque(maxlen=RING_STEPS)
         self.replay: dict[int, int] = {}  # open incident id -> the replay number its rows go to
+        self.backfill: dict[int, tuple[int, list[Ring]]] = {}
+        """Per incident: the replay number and the ring's steps before its first sight still to
+        write, at most ``BACKFILL_STEPS`` a step -- the steps right after a detection are those of
+        its plan and freeze, which must not wait on a write of the whole ring."""
 
     def on_rewind(self, to_step: int) -> None:
         """Training went back to ``to_step``: what follows is a new timeline of every open incident."""
@@ -65,27 +74,52 @@ class IncidentSeries:
         open_now = {inc.id: inc for inc in self.store.active(self.job)}
         for gone in set(self.replay) - set(open_now):
             del self.replay[gone]
+            self._backfill(gone, None, everything=True)  # the incident ended: its review is complete
         for incident_id, inc in open_now.items():
             first_rank = (inc.diagnosis_json or {}).get("first_rank")
             if incident_id not in self.replay:
                 self.replay[incident_id] = self._stored_replay(incident_id)
                 onset = inc.onset_step if inc.onset_step is not None else step
-                self._write(incident_id, [e for e in self.ring if e[0] >= onset - RING_STEPS], first_rank)
-            else:
-                self._write(incident_id, [self.ring[-1]], first_rank)
+                earlier = [e for e in list(self.ring)[:-1] if e[0] >= onset - RING_STEPS]
+                if earlier:
+                    self.backfill[incident_id] = (self.replay[incident_id], earlier)
+            self._write(incident_id, [self.ring[-1]], first_rank)
+            self._backfill(incident_id, first_rank)
+
+    def flush(self) -> None:
+        """Write every back-fill still pending (the job ends)."""
+        for incident_id in list(self.backfill):
+            self._backfill(incident_id, None, everything=True)
+
+    def _backfill(self, incident_id: int, first_rank: Any, *, everything: bool = False) -> None:
+        pending = self.backfill.get(incident_id)
+        if pending is None:
+            return
+        replay, steps = pending
+        if first_rank is None:
+            inc = self.store.get(incident_id)
+            first_rank = (inc.diagnosis_json or {}).get("first_rank")
+        cut = 0 if everything else max(0, len(steps) - BACKFILL_STEPS)
+        self._write(incident_id, steps[cut:], first_rank, replay=replay)  # newest first: nearest the onset
+        if cut:
+            self.backfill[incident_id] = (replay, steps[:cut])
+        else:
+            del self.backfill[incident_id]
 
     def _stored_replay(self, incident_id: int) -> int:
         rows = self.store.series(incident_id, replay=None)
         return max((int(r.get("replay", 0)) for r in rows), default=0)
 
     def _write(
-        self, incident_id: int, steps: list[tuple[int, list[Any], dict[str, Any] | None]], first_rank: Any
+        self, incident_id: int, steps: list[Ring], first_rank: Any, *, replay: int | None = None
     ) -> None:
         keep = first_rank if isinstance(first_rank, int) else None
-        rows: list[dict[str, Any]] = []
+        rows: list[Any] = []
         for step, records, aggregate in steps:
             rows.extend(_rows(records, keep))
             if aggregate is not None:
                 rows.append({k: v for k, v in {**aggregate, "step": step}.items() if k != "rank"})
         if rows:
-            self.store.attach_series(incident_id, rows, replay=self.replay[incident_id])
+            self.store.attach_series(
+                incident_id, rows, replay=self.replay[incident_id] if replay is None else replay
+            )

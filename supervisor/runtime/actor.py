@@ -94,8 +94,7 @@ class SupervisorActor:
             groups = unpack(batch, as_dicts=self._dicts)
         except WireError as exc:
             return self._refuse(exc)
-        ingest = self.ctl.ingest_batch
-        return [ingest(rank, records, seqs, link, held) for rank, link, held, seqs, records in groups]
+        return self.ctl.ingest_groups(groups)
 
     def _refuse(self, exc: Exception) -> dict[str, Any]:
         self.refused += 1

@@ -66,22 +66,28 @@ class StepAssembler:
         rec = raw if isinstance(raw, Record) else self._parse(rank, raw)
         if rec is None:
             return False
-        rank = rec.rank
-        self.last_seen[rank] = self.clock()
+        rank, step, now = rec.rank, rec.step, self.clock()
+        self.last_seen[rank] = now
         if self._resync_at is not None and rank not in self._synced:
-            if rec.step > self._resync_at + 1:
+            if step > self._resync_at + 1:
                 return False
             self._synced.add(rank)
-        self.last_step[rank] = rec.step
-        if rec.step <= self.watermark:
+        self.last_step[rank] = step
+        if step <= self.watermark:
             return False
-        old = self._tags.get(rec.step, {}).pop(rank, None)
+        tags = self._tags.get(step)
+        old = tags.pop(rank, None) if tags else None
         if old is not None:
             self.on_release(old)
-        self._pending.setdefault(rec.step, {})[rank] = rec
+        pending = self._pending.get(step)
+        if pending is None:  # the step's first record: its deadline starts
+            pending = self._pending[step] = {}
+            self._first_seen[step] = now
+        pending[rank] = rec
         if tag is not None:
-            self._tags.setdefault(rec.step, {})[rank] = tag
-        self._first_seen.setdefault(rec.step, self.clock())
+            if tags is None:
+                tags = self._tags[step] = {}
+            tags[rank] = tag
         return True
 
     def _parse(self, rank: int, raw: dict[str, Any]) -> Record | None:

@@ -26,7 +26,7 @@ import queue
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -36,6 +36,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype, Severity
 from supervisor.core.policy import action_names, load_policy
+from supervisor.core.records import Record
 from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorError
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
@@ -64,6 +65,7 @@ from supervisor.runtime.stores import (
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.runtime.time_lost import TimeLedger
 from supervisor.sdk.directives import Directive, Finish, Stop
+from supervisor.sdk.wire import Group
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
 #: steps before the incident's onset (a rollback in the plan brings its own margin).
@@ -72,6 +74,8 @@ RESTART_MARGIN_STEPS = 10
 HISTORY_KEPT = 1000
 #: The state is written at most this often while records flow (each write acknowledges them).
 PERSIST_INTERVAL_S = 0.5
+Queued = tuple[int, list[Any], list[int] | None, str | None]
+"""(rank, records, seqs, link id) of one link's batch taken into the inbox."""
 START_TIMEOUT_S = 120.0
 """Time a worker generation has to be placed and to answer; doubled on each retry (``_launch``)."""
 _END = "end_reached:"
@@ -109,9 +113,8 @@ class Controller:
             (StepStats(**h) for h in self.state.history), maxlen=max(HISTORY_KEPT, job.telemetry.window)
         )
         self.batches: dict[int, int] = {int(k): v for k, v in self.state.batches.items()}
-        self.inbox: queue.SimpleQueue[tuple[int, list[dict[str, Any]], list[int] | None, str | None]] = (
-            queue.SimpleQueue()
-        )
+        self.inbox: queue.SimpleQueue[list[Queued]] = queue.SimpleQueue()
+        """One item per ingest call: its links' accepted batches, in the order they came."""
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
@@ -160,6 +163,7 @@ class Controller:
         self._abandon_pending_events()
         self.persist(force=True)
         summary = self.time_lost.summary(self.state.downtime_s)
+        self.observability.flush()
         if self.incidents.exporter is not None:  # incident exports run on their own thread: finish them
             self.incidents.exporter.close()
         if self._trace is not None:
@@ -306,24 +310,27 @@ class Controller:
     # -- records in ---------------------------------------------------------------------------
     def ingest(self) -> bool:
         took = False
+        receipts, note, add = self.receipts, self._note, self.assembler.add
         while True:
             try:
-                rank, batch, seqs, link = self.inbox.get_nowait()
+                item = self.inbox.get_nowait()
             except queue.Empty:
                 break
             took = True
-            fresh = []
-            for i, rec in enumerate(batch):
-                tag = (link, seqs[i]) if link is not None and seqs is not None and i < len(seqs) else None
-                if tag is not None and not self.receipts.fresh(*tag):
-                    continue  # a resend of a record this supervisor already has
-                fresh.append(rec)
-                self._note(rank, rec)
-                if tag is not None:  # unconsumed until its step is analysed or it is dropped (on_release)
-                    self.receipts.hold(tag)
-                self.assembler.add(rank, rec, tag)
-            if self._trace is not None and fresh:
-                self._trace.write(fresh)
+            for rank, batch, seqs, link in item:
+                tags = [(link, seq) for seq in seqs] if link is not None and seqs is not None else []
+                fresh = []
+                for i, rec in enumerate(batch):
+                    tag = tags[i] if i < len(tags) else None
+                    if tag is not None and not receipts.fresh(*tag):
+                        continue  # a resend of a record this supervisor already has
+                    fresh.append(rec)
+                    note(rank, rec)
+                    if tag is not None:  # unconsumed until its step is analysed or it is dropped (on_release)
+                        receipts.hold(tag)
+                    add(rank, rec, tag)
+                if self._trace is not None and fresh:
+                    self._trace.write(fresh)
         self._analyse_ready(final=self.workers_gone())
         return took
 
@@ -345,16 +352,20 @@ class Controller:
         self.observability.on_step(step, records, self.history[-1])
         self.observability.metrics.on_time_lost(self.time_lost.summary(self.downtime_now()))
 
-    def _note(self, rank: int, rec: dict[str, Any]) -> None:
-        events = [e for e in rec.get("events") or () if isinstance(e, str)]
-        step = rec.get("step")
-        if not isinstance(step, int):
-            return
-        rank = int(rec.get("rank", rank))
-        self.directives.note_events(rank, step, events)
-        if not rec.get("control"):
+    def _note(self, rank: int, rec: dict[str, Any] | Record) -> None:
+        if type(rec) is Record:  # decoded from the wire: typed fields, never a control message
+            step, rank, events, attrs, control = rec.step, rec.rank, rec.events, rec.attrs, False
+        else:
+            events = [e for e in rec.get("events") or () if isinstance(e, str)]
+            sent = rec.get("step")
+            if not isinstance(sent, int):
+                return
+            step, rank = sent, int(rec.get("rank", rank))
+            attrs, control = rec.get("attrs") or {}, bool(rec.get("control"))
+        if events:
+            self.directives.note_events(rank, step, events)
+        if not control and self.state.held_at:
             self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
-        attrs = rec.get("attrs") or {}
         batch = attrs.get("batch")
         if isinstance(batch, int):
             self.batches[step] = batch
@@ -903,17 +914,28 @@ class Controller:
         """Queue a worker's batch. ``seqs``/``link``/``held``: its records' numbers, its link's id and
         the range of numbers that link still holds. The answer says what is durable, and asks
         for a resend when the link holds older records this supervisor never received."""
-        reply: dict[str, Any] = {
-            "acked": self.receipts.ack_for(link) if link else 0,
-            "incarnation": self.incarnation,
-        }
-        if link is not None and seqs is not None:
-            resend = self.receipts.offer(link, seqs, tuple(held) if held else None)  # type: ignore[arg-type]
-            if resend is not None:
-                return reply | {"resend_from": resend}
-        if batch:
-            self.inbox.put((rank, batch, seqs, link))
-        return reply
+        return self.ingest_groups([(rank, link, held, seqs, batch)])[0]
+
+    def ingest_groups(self, groups: Sequence[Group]) -> list[dict[str, Any]]:
+        """Several links' batches of one call (a packed batch, ``sdk/wire.py``), each answered as
+        :meth:`ingest_batch` answers it, those taken queued together as one inbox item."""
+        replies, taken = [], []
+        for rank, link, held, seqs, batch in groups:
+            reply: dict[str, Any] = {
+                "acked": self.receipts.ack_for(link) if link else 0,
+                "incarnation": self.incarnation,
+            }
+            if link is not None and seqs is not None:
+                resend = self.receipts.offer(link, seqs, tuple(held) if held else None)  # type: ignore[arg-type]
+                if resend is not None:
+                    reply["resend_from"] = resend
+                    batch = []
+            if batch:
+                taken.append((rank, batch, seqs, link))
+            replies.append(reply)
+        if taken:
+            self.inbox.put(taken)
+        return replies
 
     def directives_after(self, rank: int, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         return self.directives.after(seq, wait_s)

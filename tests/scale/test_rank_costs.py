@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.core.records import Record
+from supervisor.incidents.scrub import series_row
 from supervisor.observability import series as series_mod
 from supervisor.observability.series import MAX_RANKS, IncidentSeries
 
@@ -28,8 +29,10 @@ class _Store:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def attach_series(self, incident_id: int, rows: list[dict[str, Any]], replay: int = 0) -> None:
-        self.rows.extend(rows)
+    def attach_series(self, incident_id: int, rows: list[Any], replay: int = 0) -> None:
+        """Converts what it is given, as ``IncidentStore.attach_series`` does."""
+        converted = (series_row(r.to_dict() if hasattr(r, "to_dict") else r) for r in rows)
+        self.rows.extend(row for row in converted if row is not None)
 
     def series(self, incident_id: int, replay: int | None = 0) -> list[dict[str, Any]]:
         return []
