@@ -29,7 +29,7 @@ RING_STEPS = 128
 #: Ranks stored per step (the first of them, plus the incident's first rank when it is beyond).
 MAX_RANKS = 64
 #: Ring steps written per analysed step after an incident's first sight (its earlier rows).
-BACKFILL_STEPS = 16
+BACKFILL_STEPS = 4
 
 
 def _rows(records: list[Any], keep_rank: int | None) -> list[Any]:
