@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from supervisor.incidents.states import IncidentState
 from supervisor.logging import get_logger
 
 log = get_logger("supervisor.observability.series")
@@ -28,7 +29,7 @@ log = get_logger("supervisor.observability.series")
 RING_STEPS = 128
 #: Ranks stored per step (the first of them, plus the incident's first rank when it is beyond).
 MAX_RANKS = 64
-#: Ring steps written per analysed step after an incident's first sight (its earlier rows).
+#: Ring steps written per analysed step once an incident's plan has begun (its earlier rows).
 BACKFILL_STEPS = 4
 
 
@@ -59,8 +60,9 @@ class IncidentSeries:
         self.replay: dict[int, int] = {}  # open incident id -> the replay number its rows go to
         self.backfill: dict[int, tuple[int, list[Ring]]] = {}
         """Per incident: the replay number and the ring's steps before its first sight still to
-        write, at most ``BACKFILL_STEPS`` a step -- the steps right after a detection are those of
-        its plan and freeze, which must not wait on a write of the whole ring."""
+        write, ``BACKFILL_STEPS`` a step once its plan has begun (no longer ``open``) -- the steps
+        right after a detection are those of its plan and freeze, which must not wait on a write
+        of the whole ring."""
 
     def on_rewind(self, to_step: int) -> None:
         """Training went back to ``to_step``: what follows is a new timeline of every open incident."""
@@ -72,24 +74,31 @@ class IncidentSeries:
     def on_step(self, step: int, records: list[Any], aggregate: dict[str, Any] | None) -> None:
         self.ring.append((step, records, aggregate))
         open_now = {inc.id: inc for inc in self.store.active(self.job)}
-        for gone in set(self.replay) - set(open_now):
-            del self.replay[gone]
-            self._backfill(gone, None, everything=True)  # the incident ended: its review is complete
-        for incident_id, inc in open_now.items():
-            first_rank = (inc.diagnosis_json or {}).get("first_rank")
-            if incident_id not in self.replay:
-                self.replay[incident_id] = self._stored_replay(incident_id)
-                onset = inc.onset_step if inc.onset_step is not None else step
-                earlier = [e for e in list(self.ring)[:-1] if e[0] >= onset - RING_STEPS]
-                if earlier:
-                    self.backfill[incident_id] = (self.replay[incident_id], earlier)
-            self._write(incident_id, [self.ring[-1]], first_rank)
-            self._backfill(incident_id, first_rank)
+        if not open_now and not self.replay:
+            return
+        with self.store.transaction():  # one commit a step, whatever it writes
+            for gone in set(self.replay) - set(open_now):
+                del self.replay[gone]
+                self._backfill(gone, None, everything=True)  # the incident ended: its review is complete
+            for incident_id, inc in open_now.items():
+                first_rank = (inc.diagnosis_json or {}).get("first_rank")
+                if incident_id not in self.replay:
+                    self.replay[incident_id] = self._stored_replay(incident_id)
+                    onset = inc.onset_step if inc.onset_step is not None else step
+                    earlier = [e for e in list(self.ring)[:-1] if e[0] >= onset - RING_STEPS]
+                    if earlier:
+                        self.backfill[incident_id] = (self.replay[incident_id], earlier)
+                self._write(incident_id, [self.ring[-1]], first_rank)
+                if inc.state is not IncidentState.OPEN:  # its plan has begun: the freeze is not waiting
+                    self._backfill(incident_id, first_rank)
 
     def flush(self) -> None:
         """Write every back-fill still pending (the job ends)."""
-        for incident_id in list(self.backfill):
-            self._backfill(incident_id, None, everything=True)
+        if not self.backfill:
+            return
+        with self.store.transaction():
+            for incident_id in list(self.backfill):
+                self._backfill(incident_id, None, everything=True)
 
     def _backfill(self, incident_id: int, first_rank: Any, *, everything: bool = False) -> None:
         pending = self.backfill.get(incident_id)

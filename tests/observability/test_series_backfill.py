@@ -1,7 +1,8 @@
-"""An incident's earlier rows (the ring of recent steps before its first sight) are written over
-the steps that follow, ``BACKFILL_STEPS`` at a time, not at once on the control loop: at 1,024
-emulated ranks that one write of ~80 steps took 0.8 s of CPU (1.8 s wall on a loaded box) at the
-detection step, in front of the plan and its freeze. What ends up stored is unchanged."""
+"""An incident's earlier rows (the ring of recent steps before its first sight) are written once
+its plan has begun (it is no longer ``open``), ``BACKFILL_STEPS`` ring steps with each analysed
+step, in that step's one transaction -- not at once on the control loop: at 1,024 emulated ranks
+that one write of ~80 steps took 0.8 s of CPU (1.8 s wall on a loaded box) at the detection step,
+in front of the plan and its freeze. What ends up stored is unchanged."""
 
 from __future__ import annotations
 
@@ -46,11 +47,13 @@ def test_the_first_sight_writes_its_own_step_and_the_ring_follows_in_slices(stor
     series = IncidentSeries(store, "tinylm")
     _feed(series, range(1, 100))  # no incident yet: the ring only
     inc = store.open_incident("tinylm", diagnosis(onset_step=100, first_rank=MAX_RANKS + 3), key=1)
-    _feed(series, range(100, 101))
+    _feed(series, range(100, 102))
     kept = set(range(MAX_RANKS)) | {MAX_RANKS + 3, None}  # None: the step's aggregate
+    assert set(_stored(store, inc.id)) == {100, 101}  # open: its own steps only, its plan comes first
+    store.transition(inc.id, "frozen", "plan: freeze", actor="supervisor")
+    _feed(series, range(102, 103))
     first = _stored(store, inc.id)
-    assert len(first) == 1 + BACKFILL_STEPS, sorted(first)  # its step and the nearest ring slice only
-    assert set(first) == {100, *range(100 - BACKFILL_STEPS, 100)}
+    assert set(first) == {100, 101, 102, *range(100 - BACKFILL_STEPS, 100)}  # the nearest ring slice
     earlier = len([s for s in range(1, 100) if s >= 100 - RING_STEPS])
     for _ in range(-(-earlier // BACKFILL_STEPS)):
         _feed(series, range(series.ring[-1][0] + 1, series.ring[-1][0] + 2))
@@ -65,6 +68,7 @@ def test_a_rollback_before_the_backfill_ends_keeps_it_on_the_first_timeline(stor
     series = IncidentSeries(store, "tinylm")
     _feed(series, range(1, 100))
     inc = store.open_incident("tinylm", diagnosis(onset_step=100, first_rank=1), key=1)
+    store.transition(inc.id, "acting", "plan: rollback", actor="supervisor")
     _feed(series, range(100, 103))
     series.on_rewind(80)  # rolled back to 80 while earlier rows are still to write
     assert series.backfill
