@@ -78,7 +78,7 @@ def measure(steps: list[tuple[int, list[Record]]]) -> dict[str, float]:
     }
 
 
-def _export(rev: str, into: Path) -> Path:
+def export_tree(rev: str, into: Path) -> Path:
     """``supervisor/`` and ``bench/`` as they were at ``rev``, unpacked under ``into``."""
     root = Path(__file__).resolve().parents[1]
     tar = into / "tree.tar"
@@ -119,7 +119,7 @@ def _one_round(tree: Path, ranks: int, steps: int, trace: str | None) -> dict[st
 
 def compare(rev: str, ranks: int, steps: int, rounds: int, trace: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        old, new = _export(rev, Path(tmp)), Path(__file__).resolve().parents[1]
+        old, new = export_tree(rev, Path(tmp)), Path(__file__).resolve().parents[1]
         runs: dict[str, list[dict[str, float]]] = {"this tree": [], rev: []}
         for _ in range(rounds):  # alternate, so that a busy spell on the machine hits both
             runs["this tree"].append(_one_round(new, ranks, steps, trace))

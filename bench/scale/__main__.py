@@ -18,15 +18,21 @@ rank acknowledged it, state-file and incident-store write costs, records produce
 lost. The last line:
 
     scale: ranks R, ingest X records/s, supervisor Y ms CPU/step, frozen in Z s (W steps), acked in V s, lost L
+
+``--against REV`` runs the same bench on this tree and on git revision REV (exported with ``git
+archive``), one after the other, ``--rounds`` times each, and prints each side's medians and
+their ratios: the figures of one machine at one time, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +61,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the run's storage (its path is printed)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--smoke", action="store_true", help="16 ranks, 100 steps: the path works")
+    ap.add_argument(
+        "--against", metavar="REV", help="this tree and git revision REV, alternating: the ratios"
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="with --against: runs of each side")
     args = ap.parse_args(argv)
     if args.smoke:
         args.ranks, args.steps, args.free_steps, args.step_time = 16, 100, 30, 0.08
@@ -78,6 +88,8 @@ def _job(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.against:
+        return _compare(args)
     import ray
 
     from supervisor.drills.emulator import EmulatorConfig, ScaleSupervisor, start_host
@@ -126,6 +138,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=1))
     return 0 if figures["ok"] else 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """This tree and ``args.against``, alternating, each run in a fresh process of its own tree."""
+    from bench.detect_throughput import export_tree
+
+    same = ["--ranks", str(args.ranks), "--steps", str(args.steps), "--hosts", str(args.hosts),
+            "--step-time", str(args.step_time), "--free-steps", str(args.free_steps), "--ahead", str(args.ahead),
+            "--restore-s", str(args.restore_s), "--timeout", str(args.timeout),
+            *(["--no-fault"] if args.no_fault else ["--fault-step", str(args.fault_step)])]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"this tree": HERE.parents[1], args.against: export_tree(args.against, Path(tmp))}
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+        for r in range(args.rounds):  # alternate, so that a busy spell on the machine hits both
+            for i, (label, tree) in enumerate(trees.items()):
+                out = Path(tmp) / f"run-{r}-{i}.json"
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                cmd = [sys.executable, "-m", "bench.scale", *same, "--json", str(out)]
+                subprocess.run(cmd, cwd=tree, env=env, check=False, stdout=subprocess.DEVNULL)
+                if not out.exists():
+                    print(f"{label}: the run wrote no figures (its bench.scale failed)", file=sys.stderr)
+                    return 1
+                runs[label].append(json.loads(out.read_text()))
+    print(
+        f"scale against {args.against}: ranks {args.ranks}, {args.rounds} alternating run(s) each (medians)"
+    )
+    med: dict[str, dict[str, float | None]] = {}
+    for label, rs in runs.items():
+        med[label] = {k: _median([x[k] for x in rs]) for k in ("cpu_ms_per_step", "cpu_s_total",
+                      "ingest_records_per_s", "frozen_s", "frozen_steps", "acked_s", "lost", "wall_s")}  # fmt: skip
+        m = med[label]
+        print(f"  {label:12} supervisor {_fmt(m['cpu_ms_per_step'])} ms CPU/step ({_fmt(m['cpu_s_total'])} s in "
+              f"all), ingest {_fmt(m['ingest_records_per_s'], '.0f')} records/s, frozen in {_fmt(m['frozen_s'])} s "
+              f"({_fmt(m['frozen_steps'], '.0f')} steps), acked in {_fmt(m['acked_s'])} s, lost "
+              f"{_fmt(m['lost'], '.0f')}, wall {_fmt(m['wall_s'], '.0f')} s")  # fmt: skip
+    a, b = med["this tree"], med[args.against]
+    ratios = ", ".join(f"{what} {_fmt(_ratio(a[k], b[k]))}" for what, k in (
+        ("CPU per paced step", "cpu_ms_per_step"), ("CPU in all", "cpu_s_total"),
+        ("ingest", "ingest_records_per_s"), ("detection -> frozen", "frozen_s")))  # fmt: skip
+    print(f"  this tree / {args.against}: {ratios}")
+    return 0
+
+
+def _median(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def _profile(sup: Any, out: Path) -> Any:
