@@ -5,9 +5,9 @@ What a person reviewing the incident also needs, this recorder adds to the incid
 (``IncidentStore.attach_series``) while the incident is open:
 
 - **per-rank rows** (loss, grad norm, ... of every rank, at most ``MAX_RANKS``), step by step from
-  the incident's first sight, and the ring of recent steps before it written over the steps that
-  follow (``BACKFILL_STEPS`` at a time, all of it when the incident ends or the job does), so a
-  rank-local incident can be drawn rank by rank;
+  the incident's first sight, and the ring of recent steps before it written once its plan has
+  begun, ``BACKFILL_STEPS`` ring steps in each step's transaction (all of it when the incident ends
+  or the job does), so a rank-local incident can be drawn rank by rank;
 - the **abandoned timeline** up to the rollback (the steps between the plan and the freeze);
 - the **new timeline** after each rollback, as ``replay`` n (n-th rollback of that incident),
   through the observation window, so the plots can overlay both.
