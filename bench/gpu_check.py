@@ -167,8 +167,8 @@ def job_rows(device: str, work: Path) -> list[Row]:
     import ray
 
     from supervisor.incidents import EventKind
+    from supervisor.ranks.names import NAMESPACE
     from supervisor.runtime import api
-    from supervisor.runtime.names import NAMESPACE
 
     size = SIZES[device]["job"]
     fault = [{"kind": "lr_spike", "step": size["fault_step"], "factor": 40}]
@@ -206,7 +206,7 @@ def _start_job(
 ) -> tuple[Any, Any, Path]:
     """Launch the demo job on the local Ray: (its spec, the supervisor's handle, its trace)."""
     from supervisor.config.job import JobSpec
-    from supervisor.runtime.settings import RuntimeSettings
+    from supervisor.config.runtime import RuntimeSettings
 
     job = JobSpec.model_validate({
         "name": f"gpu-check-{name}", "entrypoint": "examples.tinylm.train:main", "max_steps": size["max_steps"],

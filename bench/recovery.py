@@ -33,12 +33,12 @@ from typing import Any
 import ray
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.policy.loader import load_policy
 from supervisor.incidents import EventKind
+from supervisor.ranks.names import NAMESPACE
 from supervisor.runtime import api
 from supervisor.runtime.group import WorkerGroup
-from supervisor.runtime.names import NAMESPACE
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.stores import open_incident_store
 
 POLICY = """

@@ -68,8 +68,8 @@ class Result:
 
 
 def run_cell(cell: Cell, out: Path, max_steps: int, timeout_s: float) -> Result:
+    from supervisor.config.runtime import settings_for
     from supervisor.runtime import api
-    from supervisor.runtime.settings import settings_for
 
     work = (out / cell.name).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -295,7 +295,7 @@ def run_matrix(
     import ray
 
     from supervisor.drills.glue import TRACE_ENV
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.ranks.names import NAMESPACE
 
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
     start_ray(2 * jobs + 2, NAMESPACE)  # logical CPUs: 2 workers per job, room for replay tasks

@@ -171,9 +171,9 @@ def final_loss(
 
 def run_cell(cell: Cell, out: Path, timeout_s: float) -> Result:
     from bench.matrix.run import _incidents, _release
+    from supervisor.config.runtime import settings_for
     from supervisor.drills import series
     from supervisor.runtime import api
-    from supervisor.runtime.settings import settings_for
 
     work = (out / job_name(cell)).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -264,7 +264,7 @@ def run_all(
 
     from bench.matrix.run import BusyCore, start_ray
     from supervisor.drills.glue import TRACE_ENV
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.ranks.names import NAMESPACE
 
     os.environ[TRACE_ENV] = "1"  # before ray.init: the workers inherit it and write the loss trace
     start_ray(4 * jobs + 2, NAMESPACE)  # logical CPUs: up to 4 ranks per job, room for replay tasks

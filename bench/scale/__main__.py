@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     import ray
 
+    from supervisor.config.runtime import RuntimeSettings
     from supervisor.drills.emulator import EmulatorConfig, ScaleSupervisor, start_host
-    from supervisor.runtime.names import NAMESPACE, supervisor_env, supervisor_name
-    from supervisor.runtime.settings import RuntimeSettings
+    from supervisor.ranks.names import NAMESPACE, supervisor_env, supervisor_name
 
     root = Path(tempfile.mkdtemp(prefix="scale-"))
     job = _job(args, root)

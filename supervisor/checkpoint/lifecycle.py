@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from supervisor.checkpoint.manifest import Manifest
 from supervisor.checkpoint.store import CheckpointStore, is_manifest_name
@@ -26,6 +27,9 @@ from supervisor.checkpoint.verify import verify
 from supervisor.core.model import HealthMark
 from supervisor.errors import CheckpointError
 from supervisor.storage.local import LocalBackend
+
+if TYPE_CHECKING:
+    from supervisor.config.job import JobSpec
 
 
 @dataclass(slots=True)
@@ -166,10 +170,50 @@ def _orphans(store: CheckpointStore, dirs: dict[int, list[str]], manifests: dict
     return out
 
 
+def open_checkpoint_store(job: JobSpec) -> CheckpointStore:
+    """The job's ``CheckpointStore`` on its storage backend (local directory or S3)."""
+    from supervisor.storage import open_backend
+
+    backend = open_backend(job.storage.path, job.storage.endpoint_url, job.storage.region)
+    return CheckpointStore(backend, job.name)
+
+
+def pick_rollback_target(
+    store: CheckpointStore | None, *, max_step: int, min_mark: str, world_size: int
+) -> tuple[int, dict[str, object]]:
+    """The rollback target at or before ``max_step``, re-verified (deep; one that fails is
+    quarantined by the store). ``min_mark="verified"``: a verified one when no healthy one qualifies."""
+    if store is None:
+        raise CheckpointError("the job has no checkpoint store")
+    try:
+        target = select_rollback_target(store, max_step, 0, expected_world_size=world_size)
+        return target.step, {"ok": True, "health": "healthy", "rejected": [list(r) for r in target.rejected]}
+    except CheckpointError:
+        if min_mark != "verified":
+            raise
+    for manifest in sorted(store.manifests(), key=lambda m: m.step, reverse=True):
+        if manifest.step <= max_step and manifest.health == HealthMark.VERIFIED:
+            result = verify(store, manifest.step, deep=True, expected_world_size=world_size, by="rollback")
+            if result.ok:
+                return manifest.step, {"ok": True, "health": "verified", "rejected": []}
+    raise CheckpointError(f"no healthy or verified checkpoint at or before step {max_step}", source=store.uri)
+
+
+def restart_step(checkpoints: CheckpointStore | None, world_size: int) -> int | None:
+    """The step a worker-group restart resumes from (``select_restart_target``), or None."""
+    if checkpoints is None:
+        return None
+    target = select_restart_target(checkpoints, expected_world_size=world_size, verify_unverified=False)
+    return None if target is None else int(target.step)
+
+
 __all__ = [
     "GcReport",
     "RollbackTarget",
     "collect_garbage",
+    "open_checkpoint_store",
+    "pick_rollback_target",
+    "restart_step",
     "select_restart_target",
     "select_rollback_target",
 ]

@@ -74,8 +74,8 @@ def launch(
     2 bad input, 3 Ray or the supervisor failed.
     """
     from supervisor.cli import display
+    from supervisor.config.runtime import settings_for
     from supervisor.runtime import api, cluster
-    from supervisor.runtime.settings import settings_for
     from supervisor.runtime.stores import open_incident_store
 
     job = load_checked_job(job_file, overrides) if job_file is not None else None

@@ -1,7 +1,7 @@
 """`supervisor logs JOB`: the output of a command entrypoint's training processes, per rank.
 
 The rank's worker actor keeps what its process prints in the job's storage
-(``<job>/logs/gen<G>/rank<R>.log``, bounded: see ``supervisor.runtime.process_logs``), so the
+(``<job>/logs/gen<G>/rank<R>.log``, bounded: see ``supervisor.ranks.process_logs``), so the
 logs outlive the workers, the supervisor and the machine they ran on.
 """
 
@@ -15,7 +15,7 @@ import click
 
 from supervisor.cli.output import FiniteFloat, JobName
 from supervisor.errors import ConfigError
-from supervisor.runtime.process_logs import generations, read_segments
+from supervisor.ranks.process_logs import generations, read_segments
 from supervisor.storage import Backend, open_backend
 
 

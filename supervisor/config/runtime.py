@@ -1,15 +1,20 @@
 """job.yaml's ``runtime:`` section: how the supervisor drives the worker group.
 
-Every knob of ``supervisor.runtime.settings.RuntimeSettings`` except the two job.yaml spells
-elsewhere (``telemetry.trace`` is the trace path; ``log_level`` defaults to the launching
-command's ``--log-level``). Defaults suit a real run; tests and drills shrink the deadlines.
+``RuntimeSettings`` (below) is every knob of it plus the two job.yaml spells elsewhere
+(``telemetry.trace`` is the trace path; ``log_level`` defaults to the launching command's
+``--log-level``). Defaults suit a real run; tests and drills shrink the deadlines.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from supervisor.logging import current_level
+
+if TYPE_CHECKING:
+    from supervisor.config.job import JobSpec
 
 _DAY_S = 86_400.0
 _WEEK_S = 7 * _DAY_S
@@ -88,3 +93,28 @@ class RuntimeSection(BaseModel):
         None,
         description="Level of the supervisor's and workers' own log lines (default: `launch --log-level`).",
     )
+
+
+class RuntimeSettings(RuntimeSection):
+    """The supervisor's runtime knobs, built by ``settings_for(job)`` (tests pass their own); they
+    travel to the actors as a plain dict."""
+
+    model_config = ConfigDict(strict=False)
+
+    trace_path: str | None = Field(
+        None,
+        description="Write every record the supervisor receives to per-rank JSONL traces "
+        "(job.yaml `telemetry.trace`; `{rank}` in the name is filled in, else `.rankN` is added).",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default_factory=current_level,  # type: ignore[arg-type]
+        description="Level of the supervisor's and workers' own log lines (default: the launching CLI's).",
+    )
+
+
+def settings_for(job: JobSpec) -> RuntimeSettings:
+    """The settings job.yaml asks for: its ``runtime:`` section and ``telemetry.trace``."""
+    chosen = job.runtime.model_dump(exclude_unset=True, exclude_none=True)
+    if job.telemetry.trace is not None:
+        chosen["trace_path"] = job.telemetry.trace
+    return RuntimeSettings.model_validate(chosen)

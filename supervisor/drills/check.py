@@ -133,7 +133,7 @@ class Checker:
         )
 
     def _latest_healthy(self) -> Check:
-        from supervisor.runtime.stores import open_checkpoint_store
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store
 
         store = open_checkpoint_store(self.job)
         healthy = [m.step for m in store.manifests() if m.health is HealthMark.HEALTHY]

@@ -1,7 +1,7 @@
 """A rank emulator: processes that each host many emulated ranks and drive the *real* supervisor.
 
 An emulator host (a Ray actor, ``emulator:<job>:<n>``) plays ranks ``lo..hi-1`` of one job and
-speaks the protocol a real rank's link speaks (``runtime/channel.py``, ``sdk/steering.py``):
+speaks the protocol a real rank's link speaks (``ranks/channel.py``, ``sdk/steering.py``):
 
 - every step, one record per rank of a real record's size (loss, token sums, LR, grad / param /
   update norms, 3 sources, 8 stable sample IDs, lengths, throughput, the batch index, a parameter
@@ -47,9 +47,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
+from supervisor.ranks.names import NAMESPACE, supervisor_name
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.machinery import Workers
-from supervisor.runtime.names import NAMESPACE, supervisor_name
 from supervisor.runtime.restarts import GroupEvent
 from supervisor.sdk.wire import pack
 
@@ -227,8 +227,8 @@ class EmulatorHost:
 
     def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any]:
         """The search rank 0's process runs (``TrainWorker.rollback_target``): torch is loaded here."""
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback_target
         from supervisor.errors import SupervisorError
-        from supervisor.runtime.stores import open_checkpoint_store, pick_rollback_target
 
         try:
             step, verification = pick_rollback_target(
@@ -503,10 +503,10 @@ class EmulatorHost:
     def _checkpoint(self, step: int, *, diagnostic: bool) -> None:
         import torch
 
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store
         from supervisor.checkpoint.store import CheckpointStore
         from supervisor.core.model import HealthMark
         from supervisor.errors import CheckpointError
-        from supervisor.runtime.stores import open_checkpoint_store
 
         store: CheckpointStore = open_checkpoint_store(self.job)
         existing = store.find(step)

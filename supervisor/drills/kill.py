@@ -98,8 +98,7 @@ def _attach_again(api: Any, job: Any, timeout_s: float = 60.0) -> Any:
 def _kill(handle: Any, job_name: str, kill: Kill, generation: int) -> str:
     import ray
 
-    from supervisor.runtime.group import worker_actor_name
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.ranks.names import NAMESPACE, worker_actor_name
 
     if kill.target == "supervisor":
         # A crash: Ray restarts a detached supervisor, which re-attaches; a foreground one stays dead.

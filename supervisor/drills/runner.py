@@ -89,7 +89,7 @@ def run_drills(
             "trace_may_be_missing", why=f"Ray was started before {TRACE_ENV} was set: loss checks may fail"
         )
     if started:
-        from supervisor.runtime.names import NAMESPACE
+        from supervisor.ranks.names import NAMESPACE
 
         _start_ray(num_cpus or _cpus_for(scenarios, concurrency), NAMESPACE)
     try:

@@ -1,6 +1,6 @@
-"""The runtime edge: the worker group on Ray, the telemetry channel, the supervisor actor, actions.
+"""The supervisor's side: the control loop, the worker group on Ray, the supervisor actor, actions.
 
-This is the only layer that imports Ray; it wires the pure core (detection, policy) to the
-storage, checkpoint, incident and SDK adapters. Entry points: ``launch`` / ``attach`` in
+It wires the pure core (detection, policy) to the storage, checkpoint, incident and rank-side
+(:mod:`supervisor.ranks`) adapters. Entry points: ``launch`` / ``attach`` in
 :mod:`supervisor.runtime.api`.
 """

@@ -13,12 +13,12 @@ import traceback
 from typing import Any
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.errors import SupervisorError
 from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.machinery import Workers
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
 from supervisor.sdk.wire import WireError, tidy, unpack
 

@@ -9,11 +9,11 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
+from supervisor.ranks.names import NAMESPACE, named_actors, supervisor_env, supervisor_name
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.cluster import head_node_id
-from supervisor.runtime.names import NAMESPACE, named_actors, supervisor_env, supervisor_name
-from supervisor.runtime.settings import RuntimeSettings
 
 RemoteSupervisor = ray.remote(SupervisorActor)
 

@@ -23,7 +23,7 @@ import ray
 from supervisor.config.job import JobSpec
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
-from supervisor.runtime.names import NAMESPACE
+from supervisor.ranks.names import NAMESPACE
 
 log = get_logger("supervisor.runtime.cluster")
 

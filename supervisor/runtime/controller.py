@@ -33,7 +33,9 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
+from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback_target, restart_step
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype, Severity
 from supervisor.core.policy import action_names, load_policy
 from supervisor.core.records import Record
@@ -51,17 +53,11 @@ from supervisor.runtime.lifecycle import Ended, Ending, Lifecycle, Relaunching, 
 from supervisor.runtime.machinery import Workers, WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
+from supervisor.runtime.rank_traces import open_traces
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, RestartSettings, decide
-from supervisor.runtime.settings import RuntimeSettings, open_traces
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, write_state
-from supervisor.runtime.stores import (
-    open_checkpoint_store,
-    open_incident_store,
-    pick_rollback_target,
-    restart_step,
-    runtime_state_path,
-)
+from supervisor.runtime.stores import open_incident_store, runtime_state_path
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.runtime.time_lost import TimeLedger
 from supervisor.sdk.directives import Directive, Finish, Stop
@@ -824,7 +820,7 @@ class Controller:
         self.log.info("directive_issued", kind=directive.kind, id=directive.id, step=self.current_step)
 
     def rollback_target(self, max_step: int, min_mark: str = "healthy") -> tuple[int, dict[str, Any]]:
-        """``stores.pick_rollback_target``, searched by rank 0's process when it can (it has torch and
+        """``checkpoint.lifecycle.pick_rollback_target``, searched by rank 0's process when it can (it has torch and
         DCP loaded for the deep re-verification; this process would import them, ~5 CPU-s), else
         here. Raises CheckpointError when no checkpoint qualifies."""
         found = self.workers.rollback_target(max_step, min_mark) if self.checkpoints is not None else None

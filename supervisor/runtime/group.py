@@ -22,11 +22,11 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from supervisor.config.job import MAX_WORKERS, JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
-from supervisor.runtime.names import NAMESPACE, named_actors, placement_group_name, priority
-from supervisor.runtime.settings import RuntimeSettings
-from supervisor.runtime.worker import TrainWorker
+from supervisor.ranks.names import NAMESPACE, named_actors, placement_group_name, priority, worker_actor_name
+from supervisor.ranks.worker import TrainWorker
 
 RemoteWorker = ray.remote(TrainWorker)
 
@@ -43,10 +43,6 @@ class GroupDoesNotFit(RuntimeBackendError):
 class WorkerStartError(RuntimeBackendError):
     """A worker group not placed in time, or a rank that did not answer or failed to begin (exit
     code 3); the controller retries it within the restart budget (``Controller._launch``)."""
-
-
-def worker_actor_name(job: str, generation: int, rank: int) -> str:
-    return f"worker:{job}:{generation}:{rank}"
 
 
 @dataclass(frozen=True)
@@ -267,7 +263,7 @@ class WorkerGroup:
         if self.job.is_command and self.workers:
             # A command's process gets SIGTERM and a grace period before its actor (and, through
             # PDEATHSIG, anything it left behind) is killed.
-            from supervisor.runtime.process import STOP_GRACE_S
+            from supervisor.ranks.process import STOP_GRACE_S
 
             refs = [w.terminate.remote(STOP_GRACE_S) for w in self.workers]
             with contextlib.suppress(RayError):

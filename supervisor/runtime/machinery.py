@@ -13,11 +13,11 @@ import ray
 from ray.exceptions import RayError
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.logging import get_logger
+from supervisor.ranks.names import priority
 from supervisor.runtime.group import GroupHealth, WorkerGroup
-from supervisor.runtime.names import priority
 from supervisor.runtime.restarts import GroupEvent
-from supervisor.runtime.settings import RuntimeSettings
 
 log = get_logger("supervisor.runtime.machinery")
 

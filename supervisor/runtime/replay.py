@@ -73,10 +73,10 @@ def run_replay(job: dict[str, Any], step: int, suspects: list[str], numeric: boo
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from supervisor.checkpoint.lifecycle import open_checkpoint_store
     from supervisor.checkpoint.training_state import load_training_state
     from supervisor.config.job import JobSpec
-    from supervisor.runtime.entrypoint import resolve_module
-    from supervisor.runtime.stores import open_checkpoint_store
+    from supervisor.ranks.entrypoint import resolve_module
 
     torch.set_num_threads(1)
     spec = JobSpec.model_validate(job)

@@ -1,7 +1,7 @@
 """What the runtime hands to the training function, and the offline fallback.
 
 The runtime calls the user's ``main(config, ctx)`` with a context object (see
-``supervisor.runtime.context.WorkerContext``); ``sdk.init(..., ctx=ctx)`` reads these
+``supervisor.ranks.context.WorkerContext``); ``sdk.init(..., ctx=ctx)`` reads these
 attributes, all optional: ``rank``, ``world_size``, ``transport`` (a ``Transport``),
 ``checkpoint_store`` (a ``CheckpointStore``), ``resume_step``, ``job`` (a ``JobSpec``:
 ``max_steps``, ``telemetry.fingerprint_every``, ``telemetry.canary_every``,

@@ -1,6 +1,6 @@
 """The telemetry wire: record batches as columns on the Ray hop from the ranks to the supervisor.
 
-A rank's link (``runtime/channel.py``) and the rank emulator (``drills/emulator.py``) send their
+A rank's link (``ranks/channel.py``) and the rank emulator (``drills/emulator.py``) send their
 records as one *packed batch*: per field one column over all records (numbers as ``array``
 buffers, which Ray copies as bytes instead of unpickling one object per value), sources, sample
 IDs and events as flat columns with per-record counts, and the records of several links in one

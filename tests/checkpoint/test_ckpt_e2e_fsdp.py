@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import ray
 
+from supervisor.checkpoint.lifecycle import open_checkpoint_store
 from supervisor.incidents import EventKind, EventStatus
 from supervisor.runtime import api
-from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+from supervisor.runtime.stores import open_incident_store
 from tests.runtime.conftest import FAST, TINY, make_job, ray_local  # noqa: F401 - the Ray fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from supervisor.cli.main import cli
 from supervisor.errors import ConfigError
-from supervisor.runtime.entrypoint import resolve
+from supervisor.ranks.entrypoint import resolve
 
 
 def test_relative_to_where_launch_runs_not_to_the_job_file(

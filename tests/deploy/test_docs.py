@@ -216,7 +216,7 @@ def _block(section: str, lang: str) -> str:
 @pytest.mark.slow
 def test_readme_own_training_diff_and_job_file_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from supervisor.config.job import load_job
-    from supervisor.runtime.entrypoint import resolve
+    from supervisor.ranks.entrypoint import resolve
 
     diff = _block(_section("Supervise your own training"), "diff")
     after = [ln[1:] for ln in diff.splitlines() if ln[:1] in ("+", " ")]

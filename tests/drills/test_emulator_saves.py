@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from supervisor.checkpoint.lifecycle import open_checkpoint_store
 from supervisor.core.model import HealthMark
 from supervisor.drills.emulator import EmulatorConfig, EmulatorHost
 from supervisor.runtime.state import RuntimeState
-from supervisor.runtime.stores import open_checkpoint_store
 from supervisor.runtime.tending import CheckpointTending
 from tests.runtime.conftest import make_job
 

@@ -44,7 +44,7 @@ def test_core_imports_only_core_and_shared_types() -> None:
 
 def test_stage_packages_do_not_import_the_runtime() -> None:
     """Only the orchestration layer (runtime, cli, drills) may import the runtime."""
-    for stage in ("core", "traces", "checkpoint", "storage", "incidents", "sdk"):
+    for stage in ("core", "traces", "checkpoint", "storage", "incidents", "sdk", "ranks"):
         for f in (PKG / stage).rglob("*.py") if (PKG / stage).exists() else []:
             bad = {
                 m

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from supervisor.cli.main import cli
 from supervisor.config.job import JobSpec, load_job
-from supervisor.config.runtime import RuntimeSection
+from supervisor.config.runtime import RuntimeSection, RuntimeSettings, settings_for
 from supervisor.errors import ConfigError
-from supervisor.runtime.settings import RankTraces, RuntimeSettings, settings_for
+from supervisor.runtime.rank_traces import RankTraces
 
 VALID = {
     "name": "tiny",

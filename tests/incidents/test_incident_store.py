@@ -340,8 +340,9 @@ def test_without_exports_a_lost_database_fails_loudly(tmp_path: Path) -> None:
 
 def test_the_supervisors_store_rebuilds_from_the_jobs_storage(tmp_path: Path) -> None:
     """The wiring the runtime uses: `open_incident_store(job)` rebuilds from `<storage>/<job>/incidents/`."""
+    from supervisor.checkpoint.lifecycle import open_checkpoint_store
     from supervisor.incidents.export import export_incident
-    from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+    from supervisor.runtime.stores import open_incident_store
 
     job = JobSpec.model_validate(
         {"name": "job-a", "entrypoint": "m:f", "storage": {"path": str(tmp_path / "store")}, "max_steps": 10}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from supervisor.config.job import JobSpec
-from supervisor.runtime.settings import RuntimeSettings
+from supervisor.config.runtime import RuntimeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 LEAN = str(Path(__file__).parent / "lean.yaml")
@@ -26,7 +26,7 @@ SMALL = "--d-model 32 --layers 1 --data-bytes 150000"
 def ray_local() -> Iterator[None]:
     import ray
 
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.ranks.names import NAMESPACE
 
     # Ray gives its raylet a fixed 30 s to register; on a saturated 2-core machine that can pass.
     for attempt in range(3):

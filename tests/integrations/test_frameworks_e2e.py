@@ -54,7 +54,7 @@ def test_lr_fault_rolled_back_in_place_and_final_loss_matches_clean_run(tmp_path
     assert rolled.result["mode"] == ("restart" if hf else "in_place"), rolled.result
     assert final["generation"] == (1 if hf else 0), final
     if hf:  # the target was the Trainer's own checkpoint, adopted; the new group resumed from it
-        from supervisor.runtime.stores import open_checkpoint_store
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store
 
         assert "framework checkpoint" in rolled.result["mode_why"], rolled.result
         store = open_checkpoint_store(job)  # retention kept the newest: the new timeline's, adopted too

@@ -8,11 +8,12 @@ import pytest
 import ray
 from click.testing import CliRunner
 
+from supervisor.checkpoint.lifecycle import open_checkpoint_store
 from supervisor.cli.main import cli
 from supervisor.incidents import EventKind, IncidentState
+from supervisor.ranks.process_logs import generations, read_segments
 from supervisor.runtime import api
-from supervisor.runtime.process_logs import generations, read_segments
-from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+from supervisor.runtime.stores import open_incident_store
 from tests.integrations.conftest import command_job, final_loss, plain_torchrun, settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

@@ -15,10 +15,10 @@ import pytest
 
 from supervisor.config.job import JobSpec
 from supervisor.errors import ConfigError
-from supervisor.runtime.entrypoint import resolve
-from supervisor.runtime.process import RankProcess, Topology, child_env, command_line, describe_exit
-from supervisor.runtime.process_link import LinkServer
-from supervisor.runtime.process_logs import LogKeeper, generations, read_segments
+from supervisor.ranks.entrypoint import resolve
+from supervisor.ranks.process import RankProcess, Topology, child_env, command_line, describe_exit
+from supervisor.ranks.process_link import LinkServer
+from supervisor.ranks.process_logs import LogKeeper, generations, read_segments
 from supervisor.sdk.directives import Freeze
 from supervisor.sdk.local_link import LocalLink
 from supervisor.storage import open_backend

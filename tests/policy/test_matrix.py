@@ -25,7 +25,7 @@ def test_every_cell_is_a_valid_job_under_the_default_policy(tmp_path: Path) -> N
     persistent = Cell("gru", "sgd", "lr_persistent", "idle").job(tmp_path)
     assert persistent.config["lr_bug"] == {"step": 90, "factor": 30} and not persistent.faults
     # The job's runtime knobs reach the supervisor as `supervisor launch` passes them.
-    from supervisor.runtime.settings import settings_for
+    from supervisor.config.runtime import settings_for
 
     assert settings_for(persistent).loop_interval_s == RUNTIME["loop_interval_s"]
     assert [f.kind for f in Cell("encoder", "adamw", "garbage_rank", "busy").job(tmp_path).faults] == [

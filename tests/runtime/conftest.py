@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from supervisor.config.job import JobSpec
-from supervisor.runtime.settings import RuntimeSettings
+from supervisor.config.runtime import RuntimeSettings
 
 TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2}, "data": {"max_bytes_per_source": 200_000}}
 
@@ -19,7 +19,7 @@ TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2}, "data": {"max_byt
 def ray_local() -> Iterator[None]:
     import ray
 
-    from supervisor.runtime.names import NAMESPACE
+    from supervisor.ranks.names import NAMESPACE
 
     ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     try:

@@ -2,7 +2,7 @@
 the script waits at the boundary after its last step, applies what the supervisor sends, and
 ends only on ``Finish`` (issue 14: "the end of training is not the end of an incident").
 
-The worker actor's side is the real socket server (``runtime.process_link.LinkServer``) over a
+The worker actor's side is the real socket server (``ranks.process_link.LinkServer``) over a
 stand-in for the rank's ``SupervisorLink``; the script is a real process running the SDK."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from supervisor.config.job import JobSpec
-from supervisor.runtime.process_link import LinkServer
+from supervisor.ranks.process_link import LinkServer
 from supervisor.sdk.directives import ApplyOverrides, Finish
 
 SCRIPT = """

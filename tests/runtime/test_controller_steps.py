@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.incidents import IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.effects import (
@@ -32,7 +33,6 @@ from supervisor.runtime.effects import (
 )
 from supervisor.runtime.lifecycle import Ended, Ending, Relaunching, Running, Stopping
 from supervisor.runtime.restarts import GroupEvent, Restarting
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeWorkers

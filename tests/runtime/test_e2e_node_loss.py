@@ -10,9 +10,9 @@ import pytest
 import ray
 
 from supervisor.incidents import EventKind, EventStatus
+from supervisor.ranks.names import NAMESPACE
 from supervisor.runtime import api
 from supervisor.runtime.group import WorkerGroup
-from supervisor.runtime.names import NAMESPACE
 from supervisor.runtime.stores import open_incident_store
 from tests.runtime.conftest import FAST, make_job, wait_for
 

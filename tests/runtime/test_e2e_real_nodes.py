@@ -133,8 +133,8 @@ def _observing(
     process and the handle of its supervisor); the launch is killed and the driver shut down at the end."""
     import ray
 
+    from supervisor.ranks.names import NAMESPACE
     from supervisor.runtime import api
-    from supervisor.runtime.names import NAMESPACE
 
     head, second = nodes
     # A driver's first GCS calls can miss their deadline on a loaded machine: a few tries.
@@ -167,10 +167,10 @@ def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
 ) -> None:
     import ray
 
+    from supervisor.config.runtime import RuntimeSettings
     from supervisor.runtime import api
     from supervisor.runtime.cluster import head_node_id
     from supervisor.runtime.group import WorkerGroup
-    from supervisor.runtime.settings import RuntimeSettings
     from supervisor.runtime.stores import open_incident_store
 
     head, second = two_nodes
@@ -231,9 +231,10 @@ def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks
     observed, and the run trains to its last step on 2 ranks (exit 0)."""
     import ray
 
+    from supervisor.checkpoint.lifecycle import open_checkpoint_store
+    from supervisor.config.runtime import RuntimeSettings
     from supervisor.runtime.group import WorkerGroup
-    from supervisor.runtime.settings import RuntimeSettings
-    from supervisor.runtime.stores import open_checkpoint_store, open_incident_store
+    from supervisor.runtime.stores import open_incident_store
 
     head, second = two_nodes
     resources = {"num_workers": 4, "cpus_per_worker": 1, "min_workers": 2}

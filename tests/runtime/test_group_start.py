@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from ray.exceptions import GetTimeoutError
 
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.runtime import group as group_mod
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.group import WorkerGroup, WorkerStartError
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers

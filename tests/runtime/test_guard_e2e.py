@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.ranks.names import NAMESPACE, supervisor_name
 
 JOB = "guarded"
 
@@ -34,7 +34,7 @@ def test_with_no_supervisor_answering_a_nonfinite_loss_holds_the_rank(dataset: A
     from examples.tinylm.data import collate
     from examples.tinylm.model import TinyLM, TinyLMConfig, lm_loss
     from supervisor import sdk
-    from supervisor.runtime.channel import RayTransport, SupervisorLink
+    from supervisor.ranks.channel import RayTransport, SupervisorLink
     from tests.sdk.conftest import SEQ, poisoned, train
 
     # Defined here: Ray ships it by value (the workers need not import this test module).

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import logging as slog
-from supervisor.runtime.settings import RuntimeSettings
-from supervisor.runtime.worker import TrainWorker
+from supervisor.config.runtime import RuntimeSettings
+from supervisor.ranks.worker import TrainWorker
 from tests.runtime.conftest import make_job
 
 

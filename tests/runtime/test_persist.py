@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.runtime import group as group_module
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.group import WorkerGroup
 from supervisor.runtime.observe import StepStats
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.runtime.state import RuntimeState
 from supervisor.sdk.directives import Freeze
 from tests.runtime.conftest import FAST, make_job, wait_for

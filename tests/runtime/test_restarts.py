@@ -43,7 +43,7 @@ def test_a_failure_that_repeats_before_any_step_escalates_and_progress_resets_it
 
 
 def test_a_failed_process_is_named_by_the_last_error_line_of_its_output() -> None:
-    from supervisor.runtime.process import last_error_line
+    from supervisor.ranks.process import last_error_line
 
     out = (
         'step 10 loss 2.1\nTraceback (most recent call last):\n  File "train.py", line 3, in <module>\n'

@@ -2,7 +2,7 @@
 
 Rank 0 has torch and DCP loaded by training, and the target's deep re-verification opens every
 file with them; the supervisor would import both for it (~5 CPU-s of each rollback). The rank
-runs the very same search (``stores.pick_rollback_target``) on the same store: the same target,
+runs the very same search (``checkpoint.lifecycle.pick_rollback_target``) on the same store: the same target,
 the same verification, the same one-line reason when none qualifies. When the rank cannot
 answer, the supervisor searches itself.
 """
@@ -18,11 +18,11 @@ import torch
 import torch.distributed.checkpoint  # noqa: F401  # loaded, as in a rank that has trained
 
 from supervisor.checkpoint import verify
+from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback_target
 from supervisor.checkpoint.training_state import save_training_state
 from supervisor.errors import CheckpointError
+from supervisor.ranks.worker import TrainWorker
 from supervisor.runtime.controller import Controller
-from supervisor.runtime.stores import open_checkpoint_store, pick_rollback_target
-from supervisor.runtime.worker import TrainWorker
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers
 

@@ -62,7 +62,7 @@ def test_without_a_live_head_the_supervisor_is_pinned_to_the_launching_node(
 def test_the_supervisor_runs_with_few_malloc_arenas_and_its_niceness(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """A long run's RSS grew with glibc's per-thread arenas in the 64-thread actor (runtime/names.py)."""
+    """A long run's RSS grew with glibc's per-thread arenas in the 64-thread actor (ranks/names.py)."""
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     env = _options(monkeypatch, tmp_path, _nodes())["runtime_env"]["env_vars"]
     assert env == {"RAY_worker_niceness": str(FAST.niceness), "MALLOC_ARENA_MAX": "2"}

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.model import Diagnosis
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.effects import Effect
 from supervisor.runtime.observe import StepStats
-from supervisor.runtime.settings import RuntimeSettings
 from supervisor.sdk.directives import Directive
 
 

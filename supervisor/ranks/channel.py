@@ -23,12 +23,12 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from supervisor.logging import get_logger
-from supervisor.runtime.names import NAMESPACE, supervisor_name
+from supervisor.ranks.names import NAMESPACE, supervisor_name
 from supervisor.sdk.directives import Directive
 from supervisor.sdk.transport import HOLD_AT_END_S  # the same hold as a command entrypoint's process
 from supervisor.sdk.wire import pack
 
-log = get_logger("supervisor.runtime.channel")
+log = get_logger("supervisor.ranks.channel")
 
 _ACK = "directive_applied:"
 #: A directive long poll waits this long for news (the supervisor actor caps it at 5 s); a directive

@@ -18,7 +18,7 @@ from typing import Any
 from supervisor.logging import get_logger
 from supervisor.sdk.local_link import encode, read_lines
 
-log = get_logger("supervisor.runtime.process_link")
+log = get_logger("supervisor.ranks.process_link")
 
 
 class LinkServer:

@@ -49,3 +49,7 @@ def supervisor_env(niceness: int) -> dict[str, Any]:
     env = priority(niceness)
     env["env_vars"]["MALLOC_ARENA_MAX"] = os.environ.get("MALLOC_ARENA_MAX") or MALLOC_ARENAS
     return env
+
+
+def worker_actor_name(job: str, generation: int, rank: int) -> str:
+    return f"worker:{job}:{generation}:{rank}"

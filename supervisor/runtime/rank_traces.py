@@ -1,41 +1,12 @@
-"""The supervisor's runtime knobs: job.yaml's ``runtime:`` section plus the trace path and log level,
-built by ``settings_for(job)`` (tests pass their own); they travel to the actors as a plain dict."""
+"""The supervised run's telemetry written as per-rank JSONL traces (job.yaml ``telemetry.trace``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import Any, TextIO
 
-from pydantic import ConfigDict, Field
-
-from supervisor.config.runtime import RuntimeSection
-from supervisor.logging import current_level
-
-if TYPE_CHECKING:
-    from supervisor.config.job import JobSpec
-
-
-class RuntimeSettings(RuntimeSection):
-    model_config = ConfigDict(strict=False)
-
-    trace_path: str | None = Field(
-        None,
-        description="Write every record the supervisor receives to per-rank JSONL traces "
-        "(job.yaml `telemetry.trace`; `{rank}` in the name is filled in, else `.rankN` is added).",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        default_factory=current_level,  # type: ignore[arg-type]
-        description="Level of the supervisor's and workers' own log lines (default: the launching CLI's).",
-    )
-
-
-def settings_for(job: JobSpec) -> RuntimeSettings:
-    """The settings job.yaml asks for: its ``runtime:`` section and ``telemetry.trace``."""
-    chosen = job.runtime.model_dump(exclude_unset=True, exclude_none=True)
-    if job.telemetry.trace is not None:
-        chosen["trace_path"] = job.telemetry.trace
-    return RuntimeSettings.model_validate(chosen)
+from supervisor.config.runtime import RuntimeSettings
 
 
 class RankTraces:

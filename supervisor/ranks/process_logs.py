@@ -16,7 +16,7 @@ from supervisor.errors import SupervisorError
 from supervisor.logging import get_logger
 from supervisor.storage.base import join_key
 
-log = get_logger("supervisor.runtime.process_logs")
+log = get_logger("supervisor.ranks.process_logs")
 
 SEGMENT_BYTES = 4 << 20
 TAIL_BYTES = 4000

@@ -5,7 +5,7 @@ supervisor that dies leaves training running and a restarted one finds the worke
 Training runs in a thread, so the actor answers ``status`` / ``wait`` while a step runs.
 
 A command entrypoint (``python train.py``, torchrun-style) runs as the rank's own process
-(:mod:`supervisor.runtime.process`); the training thread relays its records and directives
+(:mod:`supervisor.ranks.process`); the training thread relays its records and directives
 through a local socket, keeps its output in storage, and reports its exit.
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 import ray
 
 from supervisor.config.job import JobSpec
+from supervisor.config.runtime import RuntimeSettings
 from supervisor.logging import configure as configure_logging
 from supervisor.logging import get_logger
-from supervisor.runtime.channel import RayTransport, SupervisorLink
-from supervisor.runtime.context import WorkerContext
-from supervisor.runtime.settings import RuntimeSettings
+from supervisor.ranks.channel import RayTransport, SupervisorLink
+from supervisor.ranks.context import WorkerContext
 
 
 class TrainWorker:
@@ -43,9 +43,7 @@ class TrainWorker:
         self.generation = generation
         self.settings = RuntimeSettings.model_validate(settings)
         configure_logging(self.settings.log_level)
-        self.log = get_logger(
-            "supervisor.runtime.worker", job=self.job.name, rank=rank, generation=generation
-        )
+        self.log = get_logger("supervisor.ranks.worker", job=self.job.name, rank=rank, generation=generation)
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._outcome: dict[str, Any] = {"state": "idle"}
@@ -71,14 +69,14 @@ class TrainWorker:
         return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
     def rollback_target(self, max_step: int, min_mark: str) -> dict[str, Any] | None:
-        """``stores.pick_rollback_target`` run where training has loaded torch and DCP already: the
+        """``checkpoint.lifecycle.pick_rollback_target`` run where training has loaded torch and DCP already: the
         deep re-verification needs both, which the supervisor would import for it (~5 CPU-s). None
         when this process has not loaded them (a command entrypoint, no checkpoint written yet): the
         supervisor then searches itself. ``{"error": ...}``: no checkpoint qualifies."""
         if "torch.distributed.checkpoint" not in sys.modules:
             return None
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback_target
         from supervisor.errors import SupervisorError
-        from supervisor.runtime.stores import open_checkpoint_store, pick_rollback_target
 
         try:
             step, verification = pick_rollback_target(
@@ -141,7 +139,7 @@ class TrainWorker:
         import torch
         import torch.distributed as dist
 
-        from supervisor.runtime.entrypoint import resolve
+        from supervisor.ranks.entrypoint import resolve
 
         torch.set_num_threads(max(1, int(self.job.resources.cpus_per_worker)))
         use_cuda = self.job.resources.gpus_per_worker > 0
@@ -186,15 +184,15 @@ class TrainWorker:
     def _run_command(
         self, master_addr: str, master_port: int, resume_step: int | None, after_seq: int
     ) -> None:
-        from supervisor.runtime.process import (
+        from supervisor.ranks.process import (
             RankProcess,
             child_env,
             command_line,
             describe_exit,
             last_error_line,
         )
-        from supervisor.runtime.process_link import LinkServer
-        from supervisor.runtime.process_logs import LogKeeper
+        from supervisor.ranks.process_link import LinkServer
+        from supervisor.ranks.process_logs import LogKeeper
 
         server = keeper = None
         try:
@@ -236,9 +234,8 @@ class TrainWorker:
             self._done.set()
 
     def _topology(self, master_addr: str, master_port: int) -> Any:
-        from supervisor.runtime.group import worker_actor_name
-        from supervisor.runtime.names import NAMESPACE
-        from supervisor.runtime.process import Topology
+        from supervisor.ranks.names import NAMESPACE, worker_actor_name
+        from supervisor.ranks.process import Topology
 
         peers = [
             ray.get_actor(worker_actor_name(self.job.name, self.generation, r), namespace=NAMESPACE)
@@ -250,7 +247,7 @@ class TrainWorker:
 
 def _open_store(job: JobSpec) -> Any:
     try:
-        from supervisor.runtime.stores import open_checkpoint_store
+        from supervisor.checkpoint.lifecycle import open_checkpoint_store
     except ImportError:
         return None
     return open_checkpoint_store(job)
