@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
+from supervisor.cli.dryrun import ExplainedIncident, checkpoints_from_records, dry_run
 from supervisor.cli.output import FiniteFloat, json_option, print_json
 from supervisor.core.policy import load_policy, resolve_policy_path, shipped_policies
-from supervisor.core.policy.dryrun import ExplainedIncident, checkpoints_from_records, dry_run
 from supervisor.core.policy.loader import check_policy
 from supervisor.core.policy.plan import CheckpointRef
 from supervisor.errors import EXIT_BAD_INPUT, PolicyError

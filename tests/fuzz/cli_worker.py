@@ -31,7 +31,7 @@ def main() -> None:
     # Warm every command's lazy imports before the limit, so the limit bounds the input's cost only.
     for args in (["analyze", "--help"], ["policy", "explain", "--help"], ["validate", "--help"]):
         CliRunner().invoke(cli, args)
-    import supervisor.core.policy.dryrun  # noqa: F401
+    import supervisor.cli.dryrun  # noqa: F401
     import supervisor.traces  # noqa: F401
 
     cap = _vm_size() + headroom

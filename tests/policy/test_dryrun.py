@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from supervisor.cli.dryrun import checkpoints_from_records, dry_run
 from supervisor.core.model import HealthMark
 from supervisor.core.policy import Policy
-from supervisor.core.policy.dryrun import checkpoints_from_records, dry_run
 from supervisor.core.records import Record
 
 from .conftest import diag
