@@ -20,7 +20,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.machinery import Workers
 from supervisor.runtime.state import JobPhase
-from supervisor.sdk.wire import WireError, tidy, unpack
+from supervisor.sdk.wire import WireError, unpack
 
 GC_YOUNG = 50_000
 """Allocations between two young-generation collections in the supervisor's process."""
@@ -73,20 +73,6 @@ class SupervisorActor:
         finally:
             self.done.set()
 
-    def ingest(
-        self,
-        rank: int,
-        batch: list[dict[str, Any]],
-        seqs: list[int] | None = None,
-        link: str | None = None,
-        held: tuple[int, int] | None = None,
-    ) -> dict[str, Any]:
-        """Queue a batch of record dicts; answers the link's durable mark (and ``resend_from`` when it
-        must resend). A batch that is no list of records is refused (``refused``), never queued."""
-        if not _well_formed(rank, batch, seqs, link, held):
-            return self._refuse(WireError("(rank, [record], [seq] or None, link id or None, held) expected"))
-        return self.ctl.ingest_batch(rank, [tidy(r) for r in batch], seqs, link, held)
-
     def ingest_packed(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
         """A packed batch of several links' records (``sdk/wire.py``), decoded in bulk: one answer per
         link, in order, as ``ingest`` answers; a malformed batch is refused whole (``refused``: why)."""
@@ -123,20 +109,3 @@ class SupervisorActor:
     def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
         self.done.wait(timeout_s)
         return self.status()
-
-
-def _well_formed(rank: Any, batch: Any, seqs: Any, link: Any, held: Any) -> bool:
-    """The shape the control loop relies on (a malformed call must never reach its inbox)."""
-    return (
-        type(rank) is int
-        and type(batch) is list
-        and (
-            seqs is None
-            or (type(seqs) is list and len(seqs) == len(batch) and all(type(s) is int for s in seqs))
-        )
-        and (link is None or type(link) is str)
-        and (
-            held is None
-            or (type(held) in (tuple, list) and len(held) == 2 and all(type(x) is int for x in held))
-        )
-    )

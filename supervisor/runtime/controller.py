@@ -737,6 +737,14 @@ class Controller:
         """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent."""
         self.effects_applied.append(effect)
         match effect:
+            case effects.Issue(directive):
+                self.issue(directive)
+            case effects.BlockLatest(incident, reason) if self.checkpoints is not None:
+                self.checkpoints.block(reason, incident=incident)
+            case effects.Submit(name, fn, args) if name not in self.tasks:  # once per name
+                self.tasks[name] = self.pool.submit(fn, *args)
+            case effects.SubmitReplay(name, step, suspects, numeric) if name not in self.tasks:
+                self.tasks[name] = self.workers.replay(step, list(suspects), numeric)
             case effects.Rewind(to_step, key, reason):
                 self.rewind(to_step, key, reason)
             case effects.NoteOverrides(step, params, reason):
@@ -781,6 +789,18 @@ class Controller:
             case effects.Persist():
                 self.persist(force=True)
 
+    def issue(self, directive: Directive) -> None:
+        """Persist, then publish: a worker can never fetch a directive a restart would not know."""
+        if self.directives.has(directive.id):
+            return
+        probe = DirectiveLog(self.directives.entries)
+        probe.append(directive)
+        self.state.directives = probe.entries
+        self.state.save(self.state_path)
+        self._written = None  # the file now holds more than the last persist wrote
+        self.directives.append(directive)
+        self.log.info("directive_issued", kind=directive.kind, id=directive.id, step=self.current_step)
+
     def _plan_of(self, incident: int, plan_no: int | None) -> ActivePlan | None:
         """The active plan, if it is incident ``incident``'s (and its plan ``plan_no``)."""
         active = self.state.active
@@ -806,18 +826,6 @@ class Controller:
     @property
     def diagnosis(self) -> Diagnosis:
         return self.flow.active_diagnosis
-
-    def issue(self, directive: Directive) -> None:
-        """Persist, then publish: a worker can never fetch a directive a restart would not know."""
-        if self.directives.has(directive.id):
-            return
-        probe = DirectiveLog(self.directives.entries)
-        probe.append(directive)
-        self.state.directives = probe.entries
-        self.state.save(self.state_path)
-        self._written = None  # the file now holds more than the last persist wrote
-        self.directives.append(directive)
-        self.log.info("directive_issued", kind=directive.kind, id=directive.id, step=self.current_step)
 
     def rollback_target(self, max_step: int, min_mark: str = "healthy") -> tuple[int, dict[str, Any]]:
         """``checkpoint.lifecycle.pick_rollback_target``, searched by rank 0's process when it can (it has torch and
@@ -863,14 +871,6 @@ class Controller:
 
     def batch_range(self, first_step: int, last_step: int) -> tuple[int, int]:
         return self.batches.get(first_step, first_step), self.batches.get(last_step, last_step)
-
-    def submit(self, name: str, fn: Any, *args: Any) -> None:
-        if name not in self.tasks:
-            self.tasks[name] = self.pool.submit(fn, *args)
-
-    def submit_replay(self, name: str, step: int, suspects: list[str], numeric: bool) -> None:
-        if name not in self.tasks:
-            self.tasks[name] = self.workers.replay(step, suspects, numeric)
 
     def result_of(self, name: str) -> tuple[bool, Any] | None:
         task = self.tasks.get(name)

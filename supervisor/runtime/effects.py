@@ -4,12 +4,49 @@ carries them out, in order, each keyed or idempotent (docs/architecture.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.policy import Plan
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.state import JobPhase
+from supervisor.sdk.directives import Directive
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A directive to every rank: on disk before any rank can fetch it; issued once per id."""
+
+    directive: Directive
+
+
+@dataclass(frozen=True)
+class BlockLatest:
+    """`latest` stops advancing until incident ``incident`` releases it (``ReleaseLatest``)."""
+
+    incident: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Submit:
+    """``fn(*args)`` runs on the supervisor's I/O pool as task ``name``, once per name; an executor
+    reads its result with ``Runtime.result_of(name)``."""
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class SubmitReplay:
+    """The offline replay from checkpoint ``step`` as task ``name`` (a Ray task), once per name."""
+
+    name: str
+    step: int
+    suspects: tuple[str, ...]
+    numeric: bool
 
 
 @dataclass(frozen=True)
@@ -156,7 +193,11 @@ class Persist:
 
 
 Effect = (
-    Rewind
+    Issue
+    | BlockLatest
+    | Submit
+    | SubmitReplay
+    | Rewind
     | NoteOverrides
     | SetFrozen
     | ReleaseLatest

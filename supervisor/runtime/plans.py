@@ -20,7 +20,7 @@ from supervisor.incidents.states import REOPEN, can_transition
 from supervisor.logging import get_logger
 from supervisor.runtime import effects
 from supervisor.runtime.actions import entry
-from supervisor.runtime.actions.base import Executor, Outcome, Runtime
+from supervisor.runtime.actions.base import Executor, Outcome, Runtime, Waiting
 from supervisor.runtime.state import ActivePlan
 
 log = get_logger("supervisor.runtime.plans")
@@ -103,8 +103,8 @@ class PlanRunner:
             self.began.setdefault(aid, event.wall_time)
             return Step(self._start(ex, rt, params, memo, aid), again=True)
         out = ex.poll(rt, params, memo)
-        if out is None:
-            return Step()
+        if out is None or isinstance(out, Waiting):
+            return Step(out.effects if out else ())
         result = dict(out.result) | ({"reason": out.reason} if out.reason else {})
         if out.skipped:
             result["skipped"] = True

@@ -15,6 +15,7 @@ import pytest
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Diagnosis
 from supervisor.observability import alerts
+from supervisor.runtime import effects
 from supervisor.runtime.actions.notify import AlertAction, send
 from tests.incidents.builders import diagnosis
 from tests.observability.conftest import Hook
@@ -117,8 +118,11 @@ class _Runtime:
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.tasks: dict[str, Future[Any]] = {}
 
-    def submit(self, name: str, fn: Any, *args: Any) -> None:
-        self.tasks[name] = self.pool.submit(fn, *args)
+    def start(self, action: AlertAction, params: dict[str, Any], memo: dict[str, Any]) -> None:
+        """``action.start``, and its effects carried out as the controller does (``Submit``)."""
+        for effect in action.start(self, params, memo):  # type: ignore[arg-type]
+            assert isinstance(effect, effects.Submit)
+            self.tasks[effect.name] = self.pool.submit(effect.fn, *effect.args)
 
     def result_of(self, name: str) -> tuple[bool, Any] | None:
         fut = self.tasks[name]
@@ -164,7 +168,7 @@ def test_alert_action_posts_and_records_no_secret(
         "task",
         "key",
     }
-    action.start(rt, {"message": "m"}, memo)  # type: ignore[arg-type]
+    rt.start(action, {"message": "m"}, memo)
     out = _poll(action, rt, memo)  # type: ignore[arg-type]
     assert out.ok and out.result["http_status"] == 200 and out.result["channels"] == ["log", "webhook"]
     (req,) = webhook.requests
@@ -177,7 +181,7 @@ def test_alert_action_fails_when_the_endpoint_keeps_refusing(webhook: Hook, tmp_
     rt = _Runtime(_job(tmp_path, webhook.url))
     action = AlertAction()
     memo = action.prepare(rt, {}, "a")  # type: ignore[arg-type]
-    action.start(rt, {}, memo)  # type: ignore[arg-type]
+    rt.start(action, {}, memo)
     out = _poll(action, rt, memo)  # type: ignore[arg-type]
     assert not out.ok and out.result["channels"] == ["log"]
     assert (
@@ -194,10 +198,10 @@ def test_an_alert_sent_again_after_a_restart_carries_the_same_key(webhook: Hook,
     memo = action.prepare(rt, {}, "i3-p1-a0-alert")  # type: ignore[arg-type]
     assert memo["key"].startswith("tinylm:i3-p1-a0-alert:")
     assert action.prepare(rt, {}, "i3-p1-a0-alert")["key"] != memo["key"]  # type: ignore[arg-type]  # a new run's
-    action.start(rt, {}, memo)  # type: ignore[arg-type]
+    rt.start(action, {}, memo)
     first = _poll(action, rt, memo)  # type: ignore[arg-type]
     again = _Runtime(_job(tmp_path, webhook.url))  # the restarted supervisor, the same recorded memo
-    action.start(again, {}, json.loads(json.dumps(memo)))  # type: ignore[arg-type]
+    again.start(action, {}, json.loads(json.dumps(memo)))
     _poll(action, again, memo)  # type: ignore[arg-type]
     keys = [(r["headers"]["Idempotency-Key"], r["body"]["idempotency_key"]) for r in webhook.requests]
     assert keys == [(memo["key"], memo["key"])] * 2 and first.result["idempotency_key"] == memo["key"]

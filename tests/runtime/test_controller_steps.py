@@ -19,9 +19,11 @@ from supervisor.incidents import IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.effects import (
     BeginAction,
+    BlockLatest,
     EndJob,
     EndPlan,
     FinishAction,
+    Issue,
     MoveIncident,
     NextAction,
     NoteOverrides,
@@ -47,9 +49,10 @@ def planned(rule: str) -> list[Any]:
     return [("note", "plan"), SetPhase(JobPhase.INCIDENT, f"incident 1: plan 1 ({rule})"), Persist()]
 
 
-def begins(action: str, state: str | None = None) -> list[Any]:
-    """The runner's effects when an action begins: the incident's move, then its pending event."""
-    return ([("move", state)] if state else []) + [("begin", action)]
+def begins(action: str, state: str | None = None, *started: Any) -> list[Any]:
+    """The runner's effects when an action begins: the incident's move, its pending event, then
+    what its start does (``started``: the directives it issues, in short, and its other effects)."""
+    return ([("move", state)] if state else []) + [("begin", action), *started]
 
 
 def done(action: str) -> list[Any]:
@@ -105,6 +108,8 @@ class Loop:
                 return ("move", to.value)
             case RecordEvent(payload=payload):
                 return ("note", next(iter(payload)))
+            case Issue(directive):
+                return ("issue", directive.id)
         return effect
 
 
@@ -116,27 +121,30 @@ def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_
     assert loop.step() == (JobPhase.RUNNING, False, [], [])
     loop.records(81, 81, loss=math.nan)
     # The incident is ready at once: its plan starts and its first action issues the freeze.
-    first = planned("nonfinite") + begins("i1-p1-a0-freeze", "frozen")
+    first = planned("nonfinite") + begins("i1-p1-a0-freeze", "frozen", ("issue", "i1-p1-a0-freeze"))
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], first)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # waiting for the rank
     loop.ack("i1-p1-a0-freeze", 81)
     assert loop.step() == (JobPhase.INCIDENT, True, [], [SetFrozen(True), *done("i1-p1-a0-freeze")])
     # block_latest begins (a store call, no directive)
-    assert loop.step()[2:] == ([], begins("i1-p1-a1-block_latest", "frozen"))
+    block = BlockLatest(1, "incident 1 open")
+    assert loop.step()[2:] == ([], begins("i1-p1-a1-block_latest", "frozen", block))
     assert loop.ctl.checkpoints.block_state() is not None
     assert loop.step()[2:] == ([], done("i1-p1-a1-block_latest"))  # ... and is done
-    assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], begins("i1-p1-a2-apply", "acting"))
+    apply = begins("i1-p1-a2-apply", "acting", ("issue", "i1-p1-a2-apply"))
+    assert loop.step() == (JobPhase.INCIDENT, True, ["i1-p1-a2-apply"], apply)
     loop.ack("i1-p1-a2-apply", 81)
     fix = NoteOverrides(81, {"grad_clip": 0.5}, "fix of incident 1")
     assert loop.step() == (JobPhase.INCIDENT, True, [], [fix, *done("i1-p1-a2-apply")])
     # The observation releases the freeze as it starts, then waits for its 50 steps.
-    observe = [*begins("i1-p1-a3-observe", "observing"), SetFrozen(False)]
+    observe = begins("i1-p1-a3-observe", "observing", ("issue", "i1-p1-a3-observe-release"), SetFrozen(False))
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a3-observe-release"], observe)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])
     loop.records(82, 131)
     # The window passed: observe done.
     assert loop.step() == (JobPhase.INCIDENT, False, [], done("i1-p1-a3-observe"))
-    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], begins("i1-p1-a4-resume"))
+    resume = begins("i1-p1-a4-resume", None, ("issue", "i1-p1-a4-resume"))
+    assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a4-resume"], resume)
     loop.ack("i1-p1-a4-resume", 131)
     resumed = [SetFrozen(False), ReleaseLatest(1), *done("i1-p1-a4-resume")]
     resumed += closed("resolved", ReleaseLatest(1))
@@ -157,9 +165,11 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     loop.records(82, 90)  # the steps that confirm it
     phase, _, issued, effects = loop.step()
     assert phase is JobPhase.INCIDENT
-    assert effects == planned("fallback") + begins("i1-p1-a0-escalate")
     snapshot, stop = issued
     assert snapshot.endswith("-escalate-snapshot") and stop.endswith("-escalate-stop")
+    assert effects == planned("fallback") + begins(
+        "i1-p1-a0-escalate", None, ("issue", snapshot), ("issue", stop)
+    )
     loop.ack(snapshot, 81)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # the stop is not acknowledged yet
     loop.ack(stop, 81)

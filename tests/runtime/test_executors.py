@@ -1,6 +1,6 @@
 """Action executors keep nothing of one run for the next (an executor is one object for the whole
 process, whose controllers' action ids repeat from job to job) and return what the job must do
-as effect values (``Outcome.effects``) instead of calling back into the controller."""
+as effect values (``start``'s, ``Waiting.effects``, ``Outcome.effects``) instead of calling back into the controller."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from supervisor.core.model import HealthMark
 from supervisor.runtime.actions import entry
-from supervisor.runtime.actions.base import Outcome
+from supervisor.runtime.actions.base import Outcome, Waiting
 from supervisor.runtime.actions.checkpoints import RollbackAction
 from supervisor.runtime.actions.fix import ApplyAction
-from supervisor.runtime.effects import NoteOverrides, Rewind
+from supervisor.runtime.effects import Issue, NoteOverrides, Rewind
 from supervisor.sdk.directives import RollbackInPlace
 
 
@@ -23,6 +23,9 @@ class _Ranks(SimpleNamespace):
 
     def acked_by(self, directive_id: str) -> dict[int, int]:
         return {}
+
+    def has(self, directive_id: str) -> bool:
+        return directive_id == "i1-p1-a3-rollback"  # the planned directive: issued by ``start``
 
 
 def _rt(refused: set[str], quarantined: set[int]) -> Any:
@@ -34,7 +37,6 @@ def _rt(refused: set[str], quarantined: set[int]) -> Any:
         directives=_Ranks(refused=refused),
         checkpoints=SimpleNamespace(find=find),
         rollback_target=lambda bound, mark: (40, {"ok": True}),
-        issue=lambda d: None,
         incident_id=1,
         world_size=1,
         workers_gone=lambda: False,
@@ -57,7 +59,9 @@ def _memo(started_at: float) -> dict[str, Any]:
 def test_a_target_passed_over_in_one_run_is_not_the_next_runs_target() -> None:
     ex = entry("rollback").executor
     first = _rt(refused={"i1-p1-a3-rollback"}, quarantined={80})
-    ex.poll(first, {}, _memo(time.time()))  # checkpoint 80 refused on the ranks: the rollback goes to 40
+    # Checkpoint 80 refused on the ranks: the rollback goes to 40, by a directive it asks to issue.
+    fallback = ex.poll(first, {}, _memo(time.time()))
+    assert fallback == Waiting((Issue(RollbackInPlace(step=40, id="i1-p1-a3-rollback~40")),))
     # A later job in the same process whose incident 1 plans the same action id, to checkpoint 80.
     later = _rt(refused=set(), quarantined=set())
     calls: list[str] = []

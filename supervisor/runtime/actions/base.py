@@ -1,18 +1,18 @@
-"""What an action executor is, and what it may ask of the runtime.
+"""What an action executor is, and what it may read of the job.
 
 An executor is a small state machine driven by the controller loop:
 
 1. ``prepare`` decides, without side effects, what the action will do (e.g. the directive
    and its id) -- the controller writes this memo into the ``pending`` timeline event;
-2. ``start`` then does it (a directive, a Ray task, a store call). It must be idempotent:
-   a restarted supervisor that finds the event still pending calls it again with the same
-   memo (a directive with the same id is not issued twice);
-3. ``poll`` returns ``None`` while the work is in flight, then an ``Outcome``.
+2. ``start`` returns what doing it takes (a directive, a task, a block on `latest`) as effects.
+   It must be idempotent: a restarted supervisor that finds the event still pending calls it
+   again with the same memo (a directive with the same id is not issued twice);
+3. ``poll`` returns ``None`` while the work is in flight (``Waiting`` when that takes a further
+   effect: a fallback directive, a task it hands off to), then an ``Outcome``.
 
-What an action does to the job is a value: ``start`` returns its effects, and an outcome carries
-those it needs (``Outcome.effects``), carried out before the action is marked done. An executor
-reads the job through ``Runtime`` and never changes the controller's state (docs/architecture.md).
-"""
+Executors read the job through ``Runtime`` and change nothing: what an action does is a value
+(``effects``) that the controller alone carries out; an outcome carries those it needs
+(``Outcome.effects``), carried out before the action is marked done (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.model import Diagnosis
 from supervisor.runtime.directives import DirectiveLog
-from supervisor.runtime.effects import Effect
+from supervisor.runtime.effects import Effect, Issue
 from supervisor.runtime.observe import StepStats
 from supervisor.sdk.directives import Directive
 
@@ -52,8 +52,15 @@ class Outcome:
         return cls(False, result | {"skipped": True}, f"skipped: {reason}", skipped=True)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The action is still in flight, and needs ``effects`` carried out to go on."""
+
+    effects: tuple[Effect, ...]
+
+
 class Runtime(Protocol):
-    """The controller, as the executors see it."""
+    """What an executor may read of the job (the controller's read-only face)."""
 
     job: JobSpec
     settings: RuntimeSettings
@@ -68,13 +75,10 @@ class Runtime(Protocol):
     @property
     def diagnosis(self) -> Diagnosis: ...
 
-    def issue(self, directive: Directive) -> None: ...
     def rollback_target(self, max_step: int, min_mark: str = "healthy") -> tuple[int, dict[str, Any]]: ...
     def observation_end(self, onset_step: int) -> int: ...
     def window_after(self, step: int) -> list[StepStats]: ...
     def baseline(self) -> dict[str, Any] | None: ...
-    def submit(self, name: str, fn: Any, *args: Any) -> None: ...
-    def submit_replay(self, name: str, step: int, suspects: list[str], numeric: bool) -> None: ...
     def result_of(self, name: str) -> tuple[bool, Any] | None: ...
     def incidents_opened_since(self, step: int) -> int: ...
     def recurrences_since(self, step: int) -> list[dict[str, Any]]: ...
@@ -87,7 +91,7 @@ class Runtime(Protocol):
 class Executor(Protocol):
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]: ...
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]: ...
-    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None: ...
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | Waiting | None: ...
 
 
 def await_acks(rt: Runtime, directive_id: str, started_at: float) -> Outcome | None:
@@ -121,10 +125,9 @@ class DirectiveAction:
         return {"directive": self.directive(rt, params, action_id).to_dict(), "started_at": time.time()}
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[Effect, ...]:
-        rt.issue(Directive.from_dict(memo["directive"]))
-        return ()
+        return (Issue(Directive.from_dict(memo["directive"])),)
 
-    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | Waiting | None:
         out = await_acks(rt, memo["directive"]["id"], memo["started_at"])
         if out is not None and out.ok:
             return self.finished(rt, params, memo, out)

@@ -10,7 +10,7 @@ from supervisor.config.recovery import rollback_mode
 from supervisor.core.model import HealthMark
 from supervisor.logging import get_logger
 from supervisor.runtime import effects
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, Waiting, await_acks
 from supervisor.runtime.directives import DirectiveLog
 from supervisor.sdk.directives import Directive, RollbackInPlace, Snapshot
 
@@ -39,9 +39,7 @@ class BlockLatestAction:
         return {"incident": rt.incident_id}
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
-        if rt.checkpoints is not None:
-            rt.checkpoints.block(f"incident {rt.incident_id} open", incident=rt.incident_id)
-        return ()
+        return (effects.BlockLatest(rt.incident_id, f"incident {rt.incident_id} open"),)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         if rt.checkpoints is None:
@@ -105,7 +103,7 @@ class RollbackAction(DirectiveAction):
             return (effects.RestartGroup(to_step, memo["restart_key"], why),)
         return super().start(rt, params, memo) if "directive" in memo else ()
 
-    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | Waiting | None:
         if "error" in memo:
             return Outcome.fail(memo["error"])
         if "restart_key" in memo:
@@ -120,6 +118,8 @@ class RollbackAction(DirectiveAction):
             return self.finished(rt, params, memo | now, out)
         if out is not None and now["passed_over"]:
             return Outcome.fail(out.reason, passed_over=now["passed_over"], **out.result)
+        if out is None and not rt.directives.has(now["directive"]["id"]):  # a fallback, not issued yet
+            return Waiting((effects.Issue(Directive.from_dict(now["directive"])),))
         return out
 
     def _in_force(
@@ -154,7 +154,6 @@ class RollbackAction(DirectiveAction):
                         target=target, directive=directive["id"])  # fmt: skip
             now = {"directive": directive, "to_step": target, "verification": verification,
                    "since": time.time(), "passed_over": passed}  # fmt: skip
-            rt.issue(Directive.from_dict(directive))  # the same id again after a restart: issued once
         self._chosen[key] = now
         return now
 

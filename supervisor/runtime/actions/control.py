@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from supervisor.runtime import effects
-from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, await_acks
+from supervisor.runtime.actions.base import DirectiveAction, Outcome, Runtime, Waiting, await_acks
 from supervisor.sdk.directives import Continue, Directive, Freeze, Snapshot, Stop
 
 
@@ -26,7 +26,7 @@ class ResumeAction(DirectiveAction):
     def directive(self, rt: Runtime, params: dict[str, Any], action_id: str) -> Directive:
         return Continue(id=action_id)
 
-    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | Waiting | None:
         if rt.workers_gone():  # nothing left to release; `latest` is released all the same
             return self.finished(rt, params, memo, Outcome.done(released=False, note="training had ended"))
         return super().poll(rt, params, memo)
@@ -60,9 +60,7 @@ class EscalateAction:
         return {"snapshot": snap.to_dict(), "stop": stop.to_dict(), "reason": why, "started_at": time.time()}
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
-        rt.issue(Directive.from_dict(memo["snapshot"]))
-        rt.issue(Directive.from_dict(memo["stop"]))
-        return ()
+        return tuple(effects.Issue(Directive.from_dict(memo[d])) for d in ("snapshot", "stop"))
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         snap = await_acks(rt, memo["snapshot"]["id"], memo["started_at"])

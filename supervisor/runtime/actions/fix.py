@@ -66,8 +66,7 @@ class ObserveAction:
         }
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
-        rt.issue(Directive.from_dict(memo["release"]))
-        return (effects.SetFrozen(False),)
+        return effects.Issue(Directive.from_dict(memo["release"])), effects.SetFrozen(False)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         window = rt.window_after(memo["from_step"])

@@ -59,7 +59,11 @@ class AlertAction:
                 "diagnosis": d.to_json(),
                 "idempotency_key": memo.get("key"),
             }
-            rt.submit(memo["task"], send, url, alerts.payload(doc, memo["format"]), memo.get("key"))
+            return (
+                effects.Submit(
+                    memo["task"], send, (url, alerts.payload(doc, memo["format"]), memo.get("key"))
+                ),
+            )
         return ()
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:

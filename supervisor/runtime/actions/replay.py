@@ -16,7 +16,7 @@ from typing import Any
 from supervisor.core.model import Cause
 from supervisor.errors import SupervisorError
 from supervisor.runtime import effects
-from supervisor.runtime.actions.base import Outcome, Runtime
+from supervisor.runtime.actions.base import Outcome, Runtime, Waiting
 from supervisor.sdk.directives import Replay
 from supervisor.sdk.replay import result_key
 
@@ -40,12 +40,10 @@ class ReplayAction:
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
         if "directive" in memo:
-            rt.issue(Replay.from_dict(memo["directive"]))
-        elif "error" not in memo:
-            rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
-        return ()
+            return (effects.Issue(Replay.from_dict(memo["directive"])),)
+        return () if "error" in memo else (offline(memo),)
 
-    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
+    def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | Waiting | None:
         if "error" in memo:
             return Outcome.fail(memo["error"])
         if "directive" in memo and not memo.get("offline"):
@@ -55,11 +53,9 @@ class ReplayAction:
             if isinstance(res, dict):
                 return judged(res)
             memo["offline"] = True  # the ranks could not replay: the single-process path takes over
-        if "directive" in memo:  # idempotent for a task already submitted
-            rt.submit_replay(memo["task"], memo["checkpoint"], memo["suspects"], memo["numeric"])
         res_task = rt.result_of(memo["task"])
-        if res_task is None:
-            return None
+        if res_task is None:  # handed off to the offline replay now, or in flight
+            return Waiting((offline(memo),)) if "directive" in memo else None
         ok, value = res_task
         if not ok:
             return Outcome.fail(f"replay task failed: {value}")
@@ -79,6 +75,11 @@ class ReplayAction:
                 return False  # acknowledged without a readable result: replay it offline instead
         limit = rt.settings.replay_timeout_s + rt.settings.directive_timeout_s
         return False if time.time() - memo["started_at"] > limit else None
+
+
+def offline(memo: dict[str, Any]) -> effects.SubmitReplay:
+    """The single-process replay task, submitted once per task name."""
+    return effects.SubmitReplay(memo["task"], memo["checkpoint"], tuple(memo["suspects"]), memo["numeric"])
 
 
 def judged(value: dict[str, Any]) -> Outcome:
