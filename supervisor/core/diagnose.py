@@ -213,8 +213,7 @@ class IncidentTrack:
     def state_dict(self) -> dict[str, Any]:
         """What ``asdict`` gives, built without its deep copies: it is written with every state
         write while an incident is open (``asdict`` took ~40 ms for a 200-step trajectory)."""
-        state: dict[str, Any] = _plain(self)
-        return state
+        return _plain(self)
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> IncidentTrack:

@@ -1,13 +1,11 @@
 """Judged against the run's own maxima: evidence that needs no mean/sd baseline.
 
-Before ``min_history`` there is no band to be out of, yet two quantities move only gradually: the
-**LR** (a schedule moves it by a few times per step at most; a warm-up doubles it once), so an LR
-``LR_JUMP``x the schedule's own step-to-step ratio and ``LR_ABOVE_PEAK``x every LR the run has used
-is a fault by itself, whatever the loss does yet (SGD can carry a x25 LR for many steps); and the
-**update ratio**, which follows the LR and the optimizer's state, both built up over steps: one
-``UPDATE_JUMP``x every earlier one is an oversized update. Both are read with the supervisor's own
-LR factor divided out. Only the steps that set a new maximum are kept (thinned to >= 1% growth), so
-a rollback forgets the abandoned timeline's maxima exactly and memory stays bounded.
+Before ``min_history`` there is no band to be out of, yet the LR (a schedule moves it gradually)
+and the update ratio (it follows the LR and the optimizer's state, both built up over steps) move
+only gradually: one far above every earlier value is a fault by itself, whatever the loss does yet
+(docs/detection.md, "an LR or an update far above every earlier one"). Both are read with the
+supervisor's own LR factor divided out. Only the steps that set a new maximum are kept (thinned to
+>= 1% growth), so a rollback forgets the abandoned timeline's maxima exactly and memory stays bounded.
 """
 
 from __future__ import annotations

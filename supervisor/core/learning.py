@@ -1,14 +1,8 @@
 """Which data source does not learn while the others do (``SourceLearning``).
 
 A source that serves garbage from the first steps has no level of its own to jump from: the model
-starts at chance on every source, and this one stays there. The evidence is across sources, on
-robust medians (its ``FIRST`` first appearances against its last ``RECENT``), at ``PERSIST``
-appearances in a row: the other sources' median log loss (same steps, same weights) fell by
-``OTHERS_FALL`` while its own fell by at most ``STALL_SHARE`` of that (real data, however hard,
-gives its unigram statistics away within a few steps), and it never learned before (a fall of
-``LEARNED_SHARE`` of the others' once: real data; a shard gone bad later is the young-source
-rule's). A source that joins late is measured from its own first appearances, when the others have
-little left to learn, so a mixture switch is no evidence. Rationale and figures: docs/detection.md.
+starts at chance on every source, and this one stays there while the others' losses fall. The rule,
+its rationale and figures: docs/detection.md, "When an incident opens".
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 A chain is one incident (the first occurrence, "the head") whose ``period`` is set and whose
 ``facts.occurrences`` lists every onset; occurrences opened before the period was known are merged
-into it. So that a long period is neither missed nor found late, the earlier two occurrences are
-searched among the recent incidents (an unrelated one in between does not break a chain), the
-spacing tolerance grows with the logging interval, and excursions the detector saw but did not open
-(before ``min_history``, or below the alarm threshold) count as occurrences when they sit exactly
-on the chain: two incidents plus one such excursion are already a chain.
+into it. How a chain is found so that a long period is neither missed nor found late (earlier
+occurrences searched among recent incidents, excursions under the alarm threshold counted):
+docs/detection.md, "Periodic faults".
 """
 
 from __future__ import annotations

@@ -3,13 +3,8 @@
 ``decide`` returns the ``Trigger`` (the rule that fired) for one step with no incident open, or
 None; ``locate_first`` walks back for the first abnormal quantity (earliest step, rank and metric
 out of band), often a grad norm or update ratio a few steps before the loss peak. The rules, in
-order, with their rationale: docs/detection.md, "When an incident opens". In short: non-finite
-values; disagreeing fingerprints; a restore that says it lost state; a rank split or a rank alone
-out of its own band; a young run's source jump; then, with history, the loss confirmed by the
-gradients (or beyond the heavy-tail guard with none logged), a metric artifact, a large loss-only
-jump, a source out of its own band, a slow ``trend``, one rank far out, an update-ratio jump after
-a restore, and grad norm / update ratio out of band 3 steps in a row. A source that does not learn
-(``learning.SourceLearning``) is asked by the analyzer when no rule here fired.
+order, with their rationale: docs/detection.md, "When an incident opens". A source that does not
+learn (``learning.SourceLearning``) is asked by the analyzer when no rule here fired.
 """
 
 from __future__ import annotations
@@ -140,11 +135,10 @@ SPLIT_MIN = math.log(1.5)
 def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
     """One rank far from the others beyond every split seen so far (``_rank_far``), the step's loss
     out of its band, and lifted ``min_loss_jump`` above the other ranks' median by it: evidence
-    across ranks and in time at once, so no co-moving gradient is needed (a garbage batch on 1 of 2
-    ranks moved the averaged grad norm 1.7x, within a young run's noise). The time band tells a rank
-    that rose from ranks that dipped (healthy 4-rank runs split 1.6-2x with the loss at its level);
-    the lift tells a bad batch on 1 of 2 ranks from one heavy micro-batch among 64. It needs
-    ``min_history`` steps of splits: with fewer, the window's largest split underestimates the tail."""
+    across ranks and in time at once, so no co-moving gradient is needed (docs/detection.md, the
+    rank split). The time band tells a rank that rose from ranks that dipped (healthy 4-rank runs
+    split 1.6-2x with the loss at its level). It needs ``min_history`` steps of splits: with fewer,
+    the window's largest split underestimates the tail."""
     s = sig.summary
     if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
         return False

@@ -172,13 +172,8 @@ def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Res
     target = eligible[-1]
     passed = [f"{c.step} {c.mark.value}" for c in known if target.step < c.step <= limit]
     params["target_step"] = target.step
-    if short:
-        detail = f"target step {target.step} ({target.mark.value}), margin {margin} steps{short}"
-    else:
-        detail = (
-            f"target step {target.step} ({target.mark.value}), margin {margin} steps: "
-            f"newest {p.min_mark} checkpoint {where}"
-        )
+    why_this = short or f": newest {p.min_mark} checkpoint {where}"
+    detail = f"target step {target.step} ({target.mark.value}), margin {margin} steps{why_this}"
     if passed:
         detail += f"; passing over {', '.join(passed)}"
     return params, detail + f"; re-verified before loading{complete}"
