@@ -778,6 +778,8 @@ class Controller:
             case effects.AmendPlan(incident, plan_no, plan):
                 if (active := self._plan_of(incident, plan_no)) is not None:
                     active.plan = plan
+            case effects.StartPlan(active):
+                self.state.active = active
             case effects.EndPlan():
                 self.state.active = None
             case effects.MoveIncident(incident, to, reason, step):

@@ -10,7 +10,7 @@ from typing import Any
 
 from supervisor.core.policy import Plan
 from supervisor.incidents import EventKind, IncidentState
-from supervisor.runtime.state import JobPhase
+from supervisor.runtime.state import ActivePlan, JobPhase
 from supervisor.sdk.directives import Directive
 
 
@@ -151,6 +151,14 @@ class AmendPlan:
 
 
 @dataclass(frozen=True)
+class StartPlan:
+    """``active`` is the plan in force: a new incident's, or one re-made (a changed diagnosis, a
+    failed observation); its first action begins once it is on disk (``Persist``)."""
+
+    active: ActivePlan
+
+
+@dataclass(frozen=True)
 class EndPlan:
     """No plan is active any more: no incident is acted on until the next one's plan is made."""
 
@@ -208,6 +216,7 @@ Effect = (
     | FinishAction
     | NextAction
     | AmendPlan
+    | StartPlan
     | EndPlan
     | MoveIncident
     | RecordEvent

@@ -162,7 +162,7 @@ class IncidentFlow:
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
             self.state.note_onset(d.onset_step)  # a refinement may date the fault further back
-        active = self.state.active
+        active = self._plan
         if active is not None and incident_id == active.incident_id:
             self._maybe_replan(active, d, now)
             self._diagnosis = d
@@ -234,7 +234,7 @@ class IncidentFlow:
     def _recurred_in_window(self, d: Diagnosis, step: int) -> int | None:
         """The observed incident's id when its fault came back inside its window: whatever its
         severity, an occurrence recorded on it (the window fails on it), never an incident of its own."""
-        active = self.state.active
+        active = self._plan
         if active is None or self.store.get(active.incident_id).state is not IncidentState.OBSERVING:
             return None
         if not same_fault(self.active_diagnosis, d):
@@ -249,9 +249,9 @@ class IncidentFlow:
         return active.incident_id
 
     def recurrences_since(self, step: int) -> list[dict[str, Any]]:
-        if self.state.active is None:
+        if self._plan is None:
             return []
-        return [r for r in self._this_timeline(self.state.active.incident_id) if r["step"] > step]
+        return [r for r in self._this_timeline(self._plan.incident_id) if r["step"] > step]
 
     def _this_timeline(self, incident_id: int) -> list[dict[str, Any]]:
         """The in-window occurrences since the incident's last rollback or restart: one on an
@@ -373,7 +373,7 @@ class IncidentFlow:
     def _observe_steps(self) -> int | None:
         """How many steps the active plan's ``observe`` watches (the detector then expects its own
         fix's effects over the same steps), or None."""
-        active = self.state.active
+        active = self._plan
         if active is None:
             return None
         for pa in active.plan.actions[active.index :]:
@@ -415,18 +415,29 @@ class IncidentFlow:
         return sum(1 for s, i in self._opened_at if s > step and i != self._active_id)
 
     @property
+    def _plan(self) -> ActivePlan | None:
+        """The plan in force as this call sees it: one it made or ended (its ``StartPlan`` or
+        ``EndPlan`` not carried out yet), else the state's."""
+        for effect in reversed(self._out):
+            if isinstance(effect, effects.StartPlan):
+                return effect.active
+            if isinstance(effect, effects.EndPlan):
+                return None
+        return self.state.active
+
+    @property
     def _active_id(self) -> int | None:
-        return self.state.active.incident_id if self.state.active else None
+        return self._plan.incident_id if self._plan else None
 
     @property
     def idle(self) -> bool:
-        return self.state.active is None and not self.state.waiting
+        return self._plan is None and not self.state.waiting
 
     @property
     def active_diagnosis(self) -> Diagnosis:
         if self._diagnosis is None:
-            assert self.state.active is not None
-            d = self.store.get(self.state.active.incident_id).diagnosis
+            assert self._plan is not None
+            d = self.store.get(self._plan.incident_id).diagnosis
             assert d is not None
             self._diagnosis = d
         return self._diagnosis
@@ -434,12 +445,12 @@ class IncidentFlow:
     def begin(self, now: Now) -> tuple[ActivePlan | None, Effects]:
         """The plan to step now (the next waiting incident's when none runs; None: nothing to act
         on) and what puts it on disk first."""
-        if self.state.active is None and not self._next(now):
+        if self._plan is None and not self._next(now):
             return None, self._take()
         if self._plan_unsaved:  # here, not where the plan was made: that may be amid a batch of steps
             self._out.append(effects.Persist())
             self._plan_unsaved = False
-        return self.state.active, self._take()
+        return self._plan, self._take()
 
     def settle(self, active: ActivePlan, failed: Outcome | None, now: Now) -> Effects:
         """After the runner's step: a failed action's follow-up, or the plan closed once all ran."""
@@ -482,15 +493,16 @@ class IncidentFlow:
                                 {"plan": p.to_json(), "job_state": js.to_json(),
                                  "baseline": base.to_json() if base else None})  # fmt: skip
         self._attach_series(incident_id, d, now.history)
-        previous = self.state.active
+        previous = self._plan
         since = previous.downtime_from if previous and previous.incident_id == incident_id else now.downtime_s
-        self.state.active = ActivePlan(downtime_from=since, incident_id=incident_id, plan_no=plan_no, plan=p,
-                                       baseline=base.to_json() if base else None,
-                                       observation_failures=observation_failures)  # fmt: skip
+        made = ActivePlan(downtime_from=since, incident_id=incident_id, plan_no=plan_no, plan=p,
+                          baseline=base.to_json() if base else None,
+                          observation_failures=observation_failures)  # fmt: skip
         self._diagnosis = d
-        self._out.append(
-            effects.SetPhase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})")
-        )
+        self._out += [
+            effects.StartPlan(made),
+            effects.SetPhase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})"),
+        ]
         log.info(
             "plan", incident=incident_id, rule=p.rule, actions=p.action_names, escalate=p.escalate_reason
         )
@@ -685,7 +697,7 @@ class IncidentFlow:
         self._end_plan(now)
 
     def _end_plan(self, now: Now) -> None:
-        active = self.state.active
+        active = self._plan
         if active is not None:
             self._note(active.incident_id, now.step, {
                 "downtime_s": round(now.downtime_s - active.downtime_from, 2),
@@ -718,7 +730,7 @@ class IncidentFlow:
         self._out.append(effects.RecordEvent(incident_id, EventKind.NOTE, step, payload, actor))
 
     def summary(self) -> dict[str, Any] | None:
-        active = self.state.active
+        active = self._plan
         if active is None:
             return None
         actions = active.plan.actions

@@ -32,6 +32,7 @@ from supervisor.runtime.effects import (
     ReleaseLatest,
     SetFrozen,
     SetPhase,
+    StartPlan,
 )
 from supervisor.runtime.lifecycle import Ended, Ending, Relaunching, Running, Stopping
 from supervisor.runtime.restarts import GroupEvent, Restarting
@@ -44,9 +45,10 @@ STEPS = str(Path(__file__).parent / "policies" / "steps.yaml")
 
 
 def planned(rule: str) -> list[Any]:
-    """The flow's effects when incident 1's first plan is made: its note, the phase, then the plan
-    on disk before its first action begins."""
-    return [("note", "plan"), SetPhase(JobPhase.INCIDENT, f"incident 1: plan 1 ({rule})"), Persist()]
+    """The flow's effects when incident 1's first plan is made: its note, the plan in force, the
+    phase, then the plan on disk before its first action begins."""
+    phase = SetPhase(JobPhase.INCIDENT, f"incident 1: plan 1 ({rule})")
+    return [("note", "plan"), ("plan", 1, 1), phase, Persist()]
 
 
 def begins(action: str, state: str | None = None, *started: Any) -> list[Any]:
@@ -96,7 +98,8 @@ class Loop:
     def shown(self, effect: Any) -> Any:
         """The incident store's effects in short: an action's event begun, or marked done or failed,
         by its action id; the plan moving past an action by its index; an incident's move by its
-        target; a note by its payload's first key."""
+        target; a note by its payload's first key; a directive by its id; a plan made by its
+        incident and number."""
         match effect:
             case FinishAction(event_id, _, failed):
                 return ("failed" if failed else "done", self.ctl.incidents.event(event_id).action_id)
@@ -110,6 +113,8 @@ class Loop:
                 return ("note", next(iter(payload)))
             case Issue(directive):
                 return ("issue", directive.id)
+            case StartPlan(active):
+                return ("plan", active.incident_id, active.plan_no)
         return effect
 
 

@@ -2,7 +2,7 @@
 its re-warm ("from the rollback target to the onset") computed for the target actually used.
 
 ``PlanRunner`` on a real incident store, with the rollback's outcome recorded as a restarted or
-running supervisor finds it; the runtime is a stub that takes the directive.
+running supervisor finds it; the runtime is a stub, and the directive is the effect it gets back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from supervisor.core.policy.plan import Plan, PlannedAction
 from supervisor.incidents import EventKind, IncidentStore
 from supervisor.runtime.controller import _machinery_diagnosis
-from supervisor.runtime.effects import BeginAction, MoveIncident
+from supervisor.runtime.effects import BeginAction, Issue, MoveIncident
 from supervisor.runtime.plans import PlanRunner, action_id, move
 from supervisor.runtime.state import ActivePlan
 
@@ -35,13 +35,14 @@ def runner_at_apply(
                      payload={"action": "rollback"}, action_id=action_id(active, 0, "rollback"))  # fmt: skip
     store.finish(ev.id, result={"to_step": used, "onset_step": 80, "from_step": 90})
     issued: list[Any] = []
-    rt = SimpleNamespace(current_step=90, issue=issued.append, batch_range=lambda a, b: (a, b))
+    rt = SimpleNamespace(current_step=90, issued=issued, batch_range=lambda a, b: (a, b))
     runner = PlanRunner(store)
     return runner, active, store, issued, rt
 
 
 def advance(runner: PlanRunner, active: ActivePlan, rt: Any, store: IncidentStore) -> None:
-    """One step of the runner, with the incident store's effects carried out as the controller does."""
+    """One step of the runner, with the incident store's effects carried out as the controller does
+    (a directive issued lands in ``rt.issued``)."""
     while True:
         step = runner.advance(active, rt)
         for e in step.effects:
@@ -50,6 +51,8 @@ def advance(runner: PlanRunner, active: ActivePlan, rt: Any, store: IncidentStor
             elif isinstance(e, BeginAction):
                 store.begin(e.incident, e.kind, actor="supervisor", step=e.step, payload=e.payload,
                             action_id=e.action_id)  # fmt: skip
+            elif isinstance(e, Issue):
+                rt.issued.append(e.directive)
         if not step.again:
             return
 

@@ -23,6 +23,7 @@ def _flow(actions: list[tuple[str, dict[str, object]]]) -> tuple[IncidentFlow, S
     analyzer.detector.reanchor = spy  # type: ignore[method-assign]
     plan = SimpleNamespace(actions=tuple(SimpleNamespace(name=n, params=p) for n, p in actions))
     flow.analyzer = analyzer
+    flow._out = []
     flow.state = SimpleNamespace(active=SimpleNamespace(plan=plan, index=0))  # type: ignore[assignment]
     return flow, analyzer, anchored
 

@@ -1,4 +1,4 @@
-"""The supervisor actor's ingest over the packed wire (sdk/wire.py) and the record-dict path: good
+"""The supervisor actor's ingest over the packed wire (sdk/wire.py), its only way in: good
 batches are analysed as before, and malformed or hostile input is refused with a reason or made
 harmless -- the control loop never dies of it and goes on analysing the records that follow."""
 
@@ -11,7 +11,7 @@ from typing import Any
 from supervisor.logging import get_logger
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.controller import Controller
-from supervisor.sdk.wire import pack
+from supervisor.sdk.wire import WIRE_VERSION, pack
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers
 from tests.sdk.test_wire import _mutations
@@ -61,11 +61,12 @@ def test_hostile_input_is_refused_or_harmless_and_the_loop_goes_on(tmp_path: Pat
     bad_records = [{"step": 6, "rank": "x", "loss": 1.0}, {"step": 6, "events": 5, "loss": 1.0},
                    {"step": 6, "attrs": [1], "loss": 1.0}, "not a record", {"step": 6, "rank": None}]  # fmt: skip
     for i, rec in enumerate(bad_records):
-        actor.ingest(1, [rec], [100 + i], "hostile", (100 + i, 100 + i))
+        actor.ingest_packed(pack([(1, "hostile", (100 + i, 100 + i), [100 + i], [rec])]))  # type: ignore[list-item]
         actor.ctl.iterate()
-    for call in [("x", [], None, None, None), (0, "abc", None, None, None), (0, [{}], ["1"], "l", None),
-                 (0, [], [], 5, None), (0, [], [], "l", ("a", 1))]:  # fmt: skip
-        assert "refused" in actor.ingest(*call)  # type: ignore[arg-type]
+    groups = pack([(0, "l", None, [1], [ranks.record(6, 0)])])["groups"]
+    for batch in ["abc", [], {"wire": -1}, {"wire": WIRE_VERSION, "groups": "x"},
+                  {"wire": WIRE_VERSION, "groups": groups, "m": 1, "seq": ["1"]}]:  # fmt: skip
+        assert "refused" in actor.ingest_packed(batch)
     # Packed batches damaged anywhere.
     rng = random.Random(7)
     good = pack([(r, f"h{r}", (1, 1), [1], [ranks.record(6, r)]) for r in range(2)])

@@ -60,7 +60,8 @@ class EscalateAction:
         return {"snapshot": snap.to_dict(), "stop": stop.to_dict(), "reason": why, "started_at": time.time()}
 
     def start(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> tuple[effects.Effect, ...]:
-        return tuple(effects.Issue(Directive.from_dict(memo[d])) for d in ("snapshot", "stop"))
+        snapshot, stop = Directive.from_dict(memo["snapshot"]), Directive.from_dict(memo["stop"])
+        return effects.Issue(snapshot), effects.Issue(stop)
 
     def poll(self, rt: Runtime, params: dict[str, Any], memo: dict[str, Any]) -> Outcome | None:
         snap = await_acks(rt, memo["snapshot"]["id"], memo["started_at"])
