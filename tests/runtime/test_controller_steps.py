@@ -8,14 +8,18 @@ workers' lifecycle (``Controller.lifecycle``, ``runtime/lifecycle.py``). As Ray 
 
 from __future__ import annotations
 
+import gc
 import math
 import random
+import types
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from unittest.mock import ANY
 
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.incidents import IncidentState
+from supervisor.runtime.actions import REGISTRY
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.effects import (
     BeginAction,
@@ -271,3 +275,40 @@ def test_ranks_held_at_the_end_are_released_once_and_the_job_finishes(tmp_path: 
     assert loop.step() == (JobPhase.FINISHED, False, [], [])
     assert loop.ctl.lifecycle == Ended() and loop.ctl.state.reason == "all 1 ranks finished"
     assert loop.ctl.status()["exit_code"] == 0
+
+
+def reaches(roots: list[Any], target: object, limit: int = 500_000) -> bool:
+    """Whether ``target`` is reachable from ``roots`` through object references, classes, modules
+    and module globals left out (a function's globals are its module's, not state it keeps)."""
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        obj = todo.pop()
+        if obj is target:
+            return True
+        if id(obj) in seen or isinstance(obj, type | types.ModuleType):
+            continue
+        if isinstance(obj, dict) and "__builtins__" in obj:
+            continue
+        seen.add(id(obj))
+        assert len(seen) < limit, "the walk did not end: too many objects"
+        todo += gc.get_referents(obj)
+    return False
+
+
+def test_no_stage_holds_a_reference_to_the_controller(tmp_path: Path) -> None:
+    """The incident flow, the plan runner and the executors get what they read with each call and
+    keep none of it: mid-incident (a plan made, its freeze acknowledged, its next action begun), the
+    controller is reachable from none of them."""
+    loop = Loop(tmp_path)
+    loop.records(1, 80)
+    loop.step()
+    loop.records(81, 81, loss=math.nan)
+    loop.step()
+    loop.ack("i1-p1-a0-freeze", 81)
+    loop.step()
+    loop.step()
+    assert loop.ctl.state.active is not None and loop.ctl.state.active.index == 1
+    assert reaches([SimpleNamespace(kept=[loop.ctl.issue])], loop.ctl)  # a bound method is found
+    stages = [loop.ctl.flow, loop.ctl.flow.runner, *(e.executor for e in REGISTRY.values())]
+    assert not reaches(stages, loop.ctl)
