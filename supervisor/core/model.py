@@ -105,16 +105,13 @@ class Diagnosis:
 
     @property
     def attributes(self) -> list[str]:
-        attrs = []
-        if self.nonfinite:
-            attrs.append("nonfinite")
-        if self.rank_local:
-            attrs.append("rank_local")
-        if self.after_resume:
-            attrs.append("after_resume")
-        if self.source_local:
-            attrs.append("source_local")
-        return attrs
+        flags = (
+            ("nonfinite", self.nonfinite),
+            ("rank_local", self.rank_local),
+            ("after_resume", self.after_resume),
+            ("source_local", self.source_local),
+        )
+        return [name for name, on in flags if on]
 
     def to_json(self) -> dict[str, Any]:
         """The stable contract of `supervisor analyze --json` (one element of "incidents"): every

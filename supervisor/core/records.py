@@ -109,13 +109,8 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict without absent (None / empty) fields."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None or (f.name in ("events", "attrs") and not v):
-                continue
-            out[f.name] = v
-        return out
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {k: v for k, v in values if v is not None and (v or k not in ("events", "attrs"))}
 
 
 def _is_number(v: Any) -> bool:
