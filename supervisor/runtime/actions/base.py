@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from supervisor.checkpoint.manifest import Manifest
+from supervisor.checkpoint.store import BlockState
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.model import Diagnosis
@@ -27,6 +29,7 @@ from supervisor.runtime.directives import DirectiveLog
 from supervisor.runtime.effects import Effect, Issue
 from supervisor.runtime.observe import StepStats
 from supervisor.sdk.directives import Directive
+from supervisor.storage.base import Backend
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,15 @@ class Waiting:
     effects: tuple[Effect, ...]
 
 
+class Checkpoints(Protocol):
+    """What an executor may read of the checkpoint store (it changes it by effects: ``BlockLatest``)."""
+
+    @property
+    def backend(self) -> Backend: ...
+    def find(self, step: int) -> Manifest | None: ...
+    def block_state(self) -> BlockState | None: ...
+
+
 class Runtime(Protocol):
     """What an executor may read of the job (the controller's read-only face)."""
 
@@ -66,7 +78,10 @@ class Runtime(Protocol):
     settings: RuntimeSettings
     directives: DirectiveLog
     world_size: int
-    checkpoints: Any  # CheckpointStore
+
+    @property
+    def checkpoints(self) -> Checkpoints | None: ...
+
     current_step: int
     generation_started_at: float
 

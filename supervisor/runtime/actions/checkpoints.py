@@ -89,7 +89,7 @@ class RollbackAction(DirectiveAction):
             )
         except Exception as exc:  # no target: the action fails and the policy's on_failure decides
             return memo | {"error": str(exc)}
-        manifest = rt.checkpoints.find(target)
+        manifest = rt.checkpoints.find(target) if rt.checkpoints is not None else None
         mode, why = rollback_mode(rt.job.recovery, manifest is not None and manifest.source is not None)
         memo |= {"to_step": target, "verification": verification, "mode": mode, "why": why}
         if mode == "restart":

@@ -67,6 +67,8 @@ class ReplayAction:
         if rt.directives.failed_on(directive_id) or rt.workers_gone():
             return False
         if set(rt.directives.acked_by(directive_id)) >= set(range(rt.world_size)):
+            if rt.checkpoints is None:
+                return False  # no storage to read their result from: replay it offline instead
             try:
                 return dict(
                     json.loads(rt.checkpoints.backend.get_bytes(result_key(rt.job.name, directive_id)))
