@@ -8,10 +8,20 @@ actions by the same names; the engine only plans them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from supervisor.core.policy.args import (
+    ApplyArgs,
+    Args,
+    MessageArgs,
+    NoArgs,
+    ObserveArgs,
+    ReplayArgs,
+    RollbackArgs,
+    SnapshotArgs,
+)
 from supervisor.errors import PolicyError
 
 OnFailure = Literal["escalate", "stop", "continue"]
@@ -233,6 +243,7 @@ class ActionKind:
 
     name: str
     params: type[ActionParams]
+    args: type[Args]  # its parameters resolved against one incident: what the runtime reads
     summary: str
     event: str  # the timeline event its run is recorded as (an ``incidents.EventKind`` value)
     did: str | None  # how the run summary says it was done (None: not listed; stop is a note)
@@ -265,6 +276,16 @@ def names_where(flag: str) -> frozenset[str]:
     return frozenset(n for n, k in ACTIONS.items() if getattr(k, flag))
 
 
+def parse_args(name: str, params: Any) -> Args:
+    """The typed arguments of action ``name`` from its JSON params (or the model itself)."""
+    model = ACTIONS[name].args if name in ACTIONS else None
+    if model is None:
+        raise ValueError(f"unknown action {name!r} (valid: {', '.join(action_names())})")
+    if isinstance(params, model):
+        return params
+    return model.model_validate(dict(params or {}))
+
+
 def get_action(name: str) -> ActionKind:
     """The registered action, or PolicyError naming the valid ones."""
     try:
@@ -275,26 +296,26 @@ def get_action(name: str) -> ActionKind:
 
 _K = ActionKind
 for _kind in (
-    _K("alert", AlertParams, "send the incident summary", "alert_sent", "alert"),
-    _K("freeze", FreezeParams, "pause all workers at the next step boundary", "froze", "froze",
+    _K("alert", AlertParams, MessageArgs, "send the incident summary", "alert_sent", "alert"),
+    _K("freeze", FreezeParams, NoArgs, "pause all workers at the next step boundary", "froze", "froze",
        enters="frozen", needs_workers=True, steer_only=True),
-    _K("snapshot", SnapshotParams, "save the suspect state as a diagnostic checkpoint", "snapshot", "snapshot",
+    _K("snapshot", SnapshotParams, SnapshotArgs, "save the suspect state as a diagnostic checkpoint", "snapshot", "snapshot",
        enters="frozen", needs_workers=True, steer_only=True),
-    _K("block_latest", BlockLatestParams, "stop `latest` from advancing", "latest_blocked", "blocked latest",
+    _K("block_latest", BlockLatestParams, NoArgs, "stop `latest` from advancing", "latest_blocked", "blocked latest",
        enters="frozen"),
-    _K("replay", ReplayParams, "replay the suspect and a control batch at small scale", "replayed", "replayed",
+    _K("replay", ReplayParams, ReplayArgs, "replay the suspect and a control batch at small scale", "replayed", "replayed",
        enters="acting", irreversible=True, steer_only=True),
-    _K("rollback", RollbackParams, "restore a verified healthy checkpoint before the onset", "rolled_back",
+    _K("rollback", RollbackParams, RollbackArgs, "restore a verified healthy checkpoint before the onset", "rolled_back",
        "rolled back", enters="acting", irreversible=True, needs_workers=True),
-    _K("apply", ApplyParams, "change LR / warmup / clipping / precision / data", "fix_applied", "applied fix",
+    _K("apply", ApplyParams, ApplyArgs, "change LR / warmup / clipping / precision / data", "fix_applied", "applied fix",
        enters="acting", irreversible=True, needs_workers=True, continues=True),
-    _K("observe", ObserveParams, "watch a window of steps against the baseline", "observation", "observed",
+    _K("observe", ObserveParams, ObserveArgs, "watch a window of steps against the baseline", "observation", "observed",
        enters="observing", continues=True, releases_freeze=True),
-    _K("resume", ResumeParams, "let training continue", "resumed", "resumed", continues=True,
+    _K("resume", ResumeParams, NoArgs, "let training continue", "resumed", "resumed", continues=True,
        releases_freeze=True),
-    _K("escalate", EscalateParams, "hand the incident to a person", "escalated", "escalated",
+    _K("escalate", EscalateParams, MessageArgs, "hand the incident to a person", "escalated", "escalated",
        irreversible=True, ends_plan=True),
-    _K("stop", StopParams, "stop the job", "note", None, irreversible=True, ends_plan=True),
+    _K("stop", StopParams, MessageArgs, "stop the job", "note", None, irreversible=True, ends_plan=True),
 ):  # fmt: skip
     register(_kind)
 del _K

@@ -2,7 +2,8 @@
 
 The engine resolves a policy's general parameters (``rollback: {margin_steps: 100}``) against one
 incident and job into these values (``target_step=200``), which the runtime reads as attributes;
-``PlannedAction.params`` is their JSON, which the incident store records.
+``PlannedAction.params`` is their JSON, which the incident store records. Each action's model is
+its row's ``args`` in the action table (``actions.py``).
 """
 
 from __future__ import annotations
@@ -108,29 +109,3 @@ class ObserveArgs(Args):
         """Steps to watch when the window starts after ``from_step``: at least ``steps``, and past the onset."""
         cover = self.cover_until_step if self.cover_until_step is not None else from_step
         return max(self.steps, cover - from_step)
-
-
-#: action name -> its resolved arguments' model.
-ARGS: dict[str, type[Args]] = {
-    "alert": MessageArgs,
-    "escalate": MessageArgs,
-    "stop": MessageArgs,
-    "freeze": NoArgs,
-    "block_latest": NoArgs,
-    "resume": NoArgs,
-    "snapshot": SnapshotArgs,
-    "replay": ReplayArgs,
-    "rollback": RollbackArgs,
-    "apply": ApplyArgs,
-    "observe": ObserveArgs,
-}
-
-
-def parse_args(name: str, params: Any) -> Args:
-    """The typed arguments of action ``name`` from its JSON params (or the model itself)."""
-    model = ARGS.get(name)
-    if model is None:
-        raise ValueError(f"unknown action {name!r} (valid: {', '.join(sorted(ARGS))})")
-    if isinstance(params, model):
-        return params
-    return model.model_validate(dict(params or {}))

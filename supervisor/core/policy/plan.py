@@ -17,7 +17,8 @@ from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from supervisor.core.model import HealthMark
-from supervisor.core.policy.args import Args, parse_args
+from supervisor.core.policy.actions import parse_args
+from supervisor.core.policy.args import Args
 
 Supervision = Literal["steer", "observe"]
 """How deeply the job is supervised (docs/integrations.md, "Recovery: in place or a restart, and
