@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray.exceptions import GetTimeoutError
 
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
+from supervisor.errors import RuntimeBackendError
 
 TINY = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2}, "data": {"max_bytes_per_source": 200_000}}
 
@@ -51,12 +53,24 @@ FAST = RuntimeSettings.model_validate(
 def wait_for(
     status: Callable[[], dict[str, Any]], pred: Callable[[dict[str, Any]], bool], timeout_s: float
 ) -> dict[str, Any]:
-    """Poll ``status`` until ``pred`` holds (or the job ended); fail with the last status on timeout."""
+    """Poll ``status`` until ``pred`` holds (or the job ended); fail with the last status on timeout.
+    A supervisor too busy to answer one call in time (``api.status``'s ``GetTimeoutError``: a just
+    placed actor on a loaded machine) is asked again until the deadline; a dead one fails at once."""
     deadline = time.monotonic() + timeout_s
-    st = status()
-    while not pred(st):
-        if st.get("terminal") or time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached; last status: {st}")
+
+    def poll() -> dict[str, Any] | None:
+        try:
+            return status()
+        except RuntimeBackendError as exc:
+            if not isinstance(exc.__context__, GetTimeoutError):
+                raise
+            return None
+
+    st = poll()
+    while st is None or not pred(st):
+        if (st is not None and st.get("terminal")) or time.monotonic() > deadline:
+            last = "no answer in time (GetTimeoutError)" if st is None else st
+            raise AssertionError(f"condition not reached; last status: {last}")
         time.sleep(0.2)
-        st = status()
+        st = poll()
     return st
