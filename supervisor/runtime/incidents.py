@@ -249,9 +249,10 @@ class IncidentFlow:
         return active.incident_id
 
     def recurrences_since(self, step: int) -> list[dict[str, Any]]:
-        if self._plan is None:
+        plan = self._plan
+        if plan is None:
             return []
-        return [r for r in self._this_timeline(self._plan.incident_id) if r["step"] > step]
+        return [r for r in self._this_timeline(plan.incident_id) if r["step"] > step]
 
     def _this_timeline(self, incident_id: int) -> list[dict[str, Any]]:
         """The in-window occurrences since the incident's last rollback or restart: one on an
@@ -427,7 +428,8 @@ class IncidentFlow:
 
     @property
     def _active_id(self) -> int | None:
-        return self._plan.incident_id if self._plan else None
+        plan = self._plan
+        return plan.incident_id if plan else None
 
     @property
     def idle(self) -> bool:
@@ -436,8 +438,9 @@ class IncidentFlow:
     @property
     def active_diagnosis(self) -> Diagnosis:
         if self._diagnosis is None:
-            assert self._plan is not None
-            d = self.store.get(self._plan.incident_id).diagnosis
+            plan = self._plan
+            assert plan is not None
+            d = self.store.get(plan.incident_id).diagnosis
             assert d is not None
             self._diagnosis = d
         return self._diagnosis
