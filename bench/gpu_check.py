@@ -19,7 +19,8 @@ Rows (each measured side by side in this run; ratios, not absolutes, are the fig
 - ``job``: the demo job (examples/tinylm, 1 worker, NCCL, world size 1, the model on the device)
   with the demo's LR fault, supervised on a local Ray: the fault is rolled back in place (the
   rollback's mode is ``in_place``: CUDA tensors restored in the live process), and the final
-  loss (mean of the last 10 steps) is within 5 % of a clean run of the same job (on CPU the two
+  loss (mean of the last 10 steps) is within 5 % of a clean run of the same job; every periodic
+  save of both runs committed, and the rollback went to the newest checkpoint before the fault (on CPU the two
   runs go side by side; on CUDA one after the other, each worker needing the one device).
 
 Exit code 1 when a row misses its goal, 2 on bad arguments (``--device cuda`` without a device).
@@ -187,7 +188,12 @@ def job_rows(device: str, work: Path) -> list[Row]:
         ray.shutdown()
     rolled = [e for e in faulty["timeline"] if e.kind is EventKind.ROLLED_BACK]
     modes = sorted({str(e.result.get("mode")) for e in rolled})
-    in_place = bool(rolled) and modes == ["in_place"]
+    # The newest periodic checkpoint before the fault's step: every save before it committed.
+    newest = (size["fault_step"] - 1) // size["every"] * size["every"]
+    in_place = (
+        bool(rolled) and modes == ["in_place"] and all(e.result.get("to_step") == newest for e in rolled)
+    )
+    failed = clean["saves_failed"] + faulty["saves_failed"]
     gap = abs(faulty["loss"] / clean["loss"] - 1)
     finished = clean["phase"] == faulty["phase"] == "finished"
     back = ", ".join(f"{e.result['from_step']}->{e.result['to_step']}" for e in rolled) or "none"
@@ -195,7 +201,9 @@ def job_rows(device: str, work: Path) -> list[Row]:
     return [
         (f"job: clean run ({backend}, world size 1)", f"{clean['phase']}, loss {clean['loss']:.4f}", "finished",
          _verdict(clean["phase"] == "finished")),
-        ("job: LR fault, rollback", f"{back} ({'/'.join(modes) or '-'})", "in place", _verdict(in_place)),
+        ("job: periodic saves", f"{failed} failed", "none failed", _verdict(not failed)),
+        ("job: LR fault, rollback", f"{back} ({'/'.join(modes) or '-'})", f"in place, to {newest}",
+         _verdict(in_place)),
         ("job: LR fault, final loss vs clean", f"{faulty['loss']:.4f} ({100 * gap:.1f} % off)", "within 5 %",
          _verdict(finished and gap <= 0.05)),
     ]  # fmt: skip
@@ -241,10 +249,12 @@ def _finish_job(api: Any, started: tuple[Any, Any, Path], timeout_s: float) -> d
     tail = [last[s] for s in sorted(last)[-10:]]
     store = open_incident_store(job)
     timeline = [e for inc in store.list_incidents(job=job.name) for e in store.timeline(inc.id)]
+    failed = [e for r in recs for e in r.get("events") or () if str(e).startswith("checkpoint_failed")]
     return {
         "phase": final["phase"],
         "loss": statistics.fmean(tail) if tail else float("nan"),
         "timeline": timeline,
+        "saves_failed": len(failed),
     }
 
 

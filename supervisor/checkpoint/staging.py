@@ -13,10 +13,13 @@ tensors to host memory need not stop training; it must only be finished before t
 - an optimizer step pre-hook waits for the background copy, so whatever steps the optimizer
   (the probe, ``scaler.step``, a framework's own loop) never changes a tensor mid-copy.
 
-Host buffers are cached per source storage and reused by the next save (at most one is in
-flight), so from the second save on staging allocates nothing. Hazard: code that writes
-parameters in place outside ``optimizer.step()`` between a save and the next step (a weight
-surgery in the user's loop) must call ``Checkpointer.wait_staged()`` first.
+Each save stages through stagers of its own, closed when the next save begins (at most one is in
+flight). Reused across saves, DCP's stager with pinned memory failed every save after its first on
+CUDA (torch 2.11: ``KeyError: <class 'type'>`` from its deep copy, seen on an H200, so every
+periodic checkpoint after the first was lost); a fresh one stages as the first save did, at the
+cost of allocating the host buffers again. Hazard: code that writes parameters in place outside
+``optimizer.step()`` between a save and the next step (a weight surgery in the user's loop) must
+call ``Checkpointer.wait_staged()`` first.
 """
 
 from __future__ import annotations
@@ -77,26 +80,36 @@ class OverlappedStager:
     """Stages ``{"model", "optimizer"}`` state dicts as the module doc says (one per Checkpointer)."""
 
     def __init__(self) -> None:
-        cuda = torch.cuda.is_available()
-        self.cuda = cuda
+        self.cuda = torch.cuda.is_available()
+        self._stagers: tuple[DefaultStager, DefaultStager] | None = None
+
+    def _fresh(self) -> tuple[DefaultStager, DefaultStager]:
+        """This save's (synchronous, asynchronous) stagers; the last save's are closed (module doc)."""
+        self.close()
+        cuda = self.cuda
         # (pinned memory, shared memory, async staging, non-blocking copy)
-        self._now = DefaultStager(StagingOptions(cuda, False, False, cuda))
-        self._later = DefaultStager(StagingOptions(cuda, False, True, cuda))
+        self._stagers = (DefaultStager(StagingOptions(cuda, False, False, cuda)),
+                         DefaultStager(StagingOptions(cuda, False, True, cuda)))  # fmt: skip
+        return self._stagers
 
     def stage(self, state: dict[str, Any], stable: set[int]) -> Staging:
+        """Start staging one save's state; the save before it must have finished staging."""
+        now_stager, later_stager = self._fresh()
         model = state["model"]
         deferred = {k: v for k, v in model.items() if _storage(v) in stable}
         now = {k: v for k, v in model.items() if k not in deferred}
-        staged_now = self._now.stage(now) if now else {}
+        staged_now = now_stager.stage(now) if now else {}
         assert isinstance(staged_now, dict)  # synchronous staging returns the dict itself
         if self.cuda:
             # The side stream must see the finished optimizer step: kernels still queued on the
             # compute stream would race the copy (at a step boundary the queue is nearly empty).
             torch.cuda.current_stream().synchronize()
-        later = self._later.stage({"model": deferred, "optimizer": state["optimizer"]})
+        later = later_stager.stage({"model": deferred, "optimizer": state["optimizer"]})
         assert isinstance(later, Future)
         return Staging(list(model), staged_now, later)
 
     def close(self) -> None:
-        self._now.close()
-        self._later.close()
+        if self._stagers is not None:
+            for stager in self._stagers:
+                stager.close()
+            self._stagers = None

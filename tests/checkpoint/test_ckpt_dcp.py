@@ -122,37 +122,45 @@ def test_async_save_single_process_local_and_s3(store: CheckpointStore) -> None:
     assert loaded.data_state == {"cursor": 7}
 
 
-def test_async_staging_overlaps_forward_and_the_optimizer_step_waits_for_it(tmp_path: Path) -> None:
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_async_staging_overlaps_forward_and_the_optimizer_step_waits_for_it(
+    tmp_path: Path, device: str
+) -> None:
     """Parameters and optimizer state are copied in the background (only the optimizer step changes
-    them); buffers, which forward changes (BatchNorm statistics), are copied before save returns."""
+    them); buffers, which forward changes (BatchNorm statistics), are copied before save returns.
+    Every save of a run commits: on CUDA a stager reused across saves failed all but the first."""
     store = CheckpointStore(LocalBackend(tmp_path / "storage"), "job")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8))
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     def train_step() -> None:
-        model(torch.randn(32, 512)).pow(2).mean().backward()
+        model(torch.randn(32, 512, device=device)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
 
     train_step()
     saver = Checkpointer(store, rank=0, world_size=1)
-    for step in (1, 2):  # the second save reuses the first one's host buffers
+    for step in (1, 2, 3):
         before = {k: v.clone() for k, v in model.state_dict().items()}
         moments = [s["exp_avg"].clone() for s in opt.state.values()]
         handle = saver.save(step, model=model, optimizer=opt, blocking=False)
         assert handle.staging is not None
         assert sorted(handle.staging.now) == ["1.num_batches_tracked", "1.running_mean", "1.running_var"]
-        model(torch.randn(32, 512)).pow(2).mean().backward()  # forward moves the running statistics
+        model(torch.randn(32, 512, device=device)).pow(2).mean().backward()  # forward moves the statistics
         opt.step()  # ... and the optimizer step first waits for the background copy
         assert handle.staging.done() and handle.staged_wait_s >= 0
         opt.zero_grad()
         assert saver.wait() is handle and handle.result() is not None
         fresh = torch.nn.Sequential(
             torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8)
-        )
+        ).to(device)
         fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
-        train_step_state(fresh, fresh_opt)
+        train_step_state(fresh, fresh_opt, device)
         load_training_state(store, step, rank=0, world_size=1, model=fresh, optimizer=fresh_opt)
         assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
         assert all(
@@ -161,9 +169,9 @@ def test_async_staging_overlaps_forward_and_the_optimizer_step_waits_for_it(tmp_
     saver.close()
 
 
-def train_step_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def train_step_state(model: torch.nn.Module, opt: torch.optim.Optimizer, device: str = "cpu") -> None:
     """One step, so the optimizer has state tensors to load into."""
-    model(torch.randn(4, 512)).pow(2).mean().backward()
+    model(torch.randn(4, 512, device=device)).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
 

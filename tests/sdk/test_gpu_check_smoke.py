@@ -63,6 +63,7 @@ def test_supervised_job_rows(tmp_path, capsys):
     rows = _table(out)
     assert rc == 0, out
     assert rows["job: clean run (gloo, world size 1)"][-1] == "ok"
+    assert rows["job: periodic saves"] == ["0 failed", "none failed", "ok"]
     assert (
         rows["job: LR fault, rollback"][0].endswith("(in_place)")
         and rows["job: LR fault, rollback"][-1] == "ok"
