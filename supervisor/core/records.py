@@ -8,6 +8,7 @@ typed, slotted form for the core and converts both ways.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -36,7 +37,8 @@ class Record:
     overflow: bool | None = None
     nonfinite: bool | None = None
     nonfinite_at: str | None = None
-    sources: dict[str, dict[str, float]] | None = None
+    sources: Mapping[str, Mapping[str, float]] | None = None
+    """{source: {"tokens", "loss_sum"}}: a dict, or a :class:`SourceView` when decoded from the wire."""
     samples: list[str] | None = None
     seq_len_max: int | None = None
     seq_len_mean: float | None = None
@@ -110,7 +112,61 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict without absent (None / empty) fields."""
         values = ((f.name, getattr(self, f.name)) for f in fields(self))
-        return {k: v for k, v in values if v is not None and (v or k not in ("events", "attrs"))}
+        out = {k: v for k, v in values if v is not None and (v or k not in ("events", "attrs"))}
+        if type(out.get("sources")) is SourceView:
+            out["sources"] = {k: dict(v) for k, v in out["sources"].items()}
+        return out
+
+
+class SourceView(Mapping[str, Mapping[str, float]]):
+    """One record's sources read from a decoded batch's shared columns (``sdk/wire.py``), so that a
+    batch of a thousand records builds no dict per record and per source: a mapping equal to the
+    ``{source: {"tokens": t, "loss_sum": s}}`` dict the record was sent with, whose values are built
+    when read. :func:`add_sources` sums a step's views straight from the columns."""
+
+    __slots__ = ("_names", "_index", "_tokens", "_loss_sum", "_start", "_end")
+
+    def __init__(self, names: Sequence[str], index: Sequence[int], tokens: Sequence[float],
+                 loss_sum: Sequence[float], start: int, end: int) -> None:  # fmt: skip
+        self._names, self._index, self._tokens, self._loss_sum = names, index, tokens, loss_sum
+        self._start, self._end = start, end
+
+    def __getitem__(self, name: str) -> Mapping[str, float]:
+        for i in reversed(range(self._start, self._end)):  # a name twice: the last counts, as in a dict
+            if self._names[self._index[i]] == name:
+                return {"tokens": self._tokens[i], "loss_sum": self._loss_sum[i]}
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        names, index = self._names, self._index
+        return (names[index[i]] for i in range(self._start, self._end))
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def __repr__(self) -> str:
+        return repr({k: dict(v) for k, v in self.items()})
+
+
+def add_sources(acc: dict[str, list[float]], sources: Mapping[str, Mapping[str, float]]) -> None:
+    """Add one record's per-source tokens and loss sums into ``acc`` ({name: [tokens, loss_sum]}),
+    names in the record's order; a missing or empty value counts 0."""
+    if type(sources) is SourceView:
+        names, index, tokens, loss_sum = sources._names, sources._index, sources._tokens, sources._loss_sum
+        for i in range(sources._start, sources._end):
+            name = names[index[i]]
+            a = acc.get(name)
+            if a is None:
+                a = acc[name] = [0.0, 0.0]
+            a[0] += tokens[i] or 0.0
+            a[1] += loss_sum[i] or 0.0
+        return
+    for name, part in sources.items():
+        a = acc.get(name)
+        if a is None:
+            a = acc[name] = [0.0, 0.0]
+        a[0] += part.get("tokens") or 0.0
+        a[1] += part.get("loss_sum") or 0.0
 
 
 def _is_number(v: Any) -> bool:

@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from supervisor.core.records import Record
+from supervisor.core.records import Record, add_sources
 from supervisor.core.stats import median, sorted_median
 
 
@@ -206,14 +206,8 @@ def _batch_mean_gap(records: list[Record], own: list[float]) -> tuple[int, float
 def _sources(records: list[Record]) -> dict[str, tuple[float, float]]:
     acc: dict[str, list[float]] = {}
     for r in records:
-        if not r.sources:
-            continue
-        for name, part in r.sources.items():
-            a = acc.get(name)
-            if a is None:
-                a = acc[name] = [0.0, 0.0]
-            a[0] += part.get("tokens") or 0.0
-            a[1] += part.get("loss_sum") or 0.0
+        if r.sources:
+            add_sources(acc, r.sources)
     return {k: (v[0], v[1] / v[0]) for k, v in acc.items() if v[0] > 0}
 
 

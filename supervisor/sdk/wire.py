@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from itertools import accumulate, repeat
 from typing import Any
 
-from supervisor.core.records import MAX_STEP, Record
+from supervisor.core.records import MAX_STEP, Record, SourceView
 
 WIRE_VERSION = 1
 SEP = "\x1f"
@@ -339,10 +339,22 @@ def _sources(part: Any, m: int) -> list[Any] | None:
     loss_sum = _typed(part[4], "d", total, "sources.loss_sum")
     if tokens is None or loss_sum is None:
         raise WireError("sources: tokens and loss_sum must be float arrays")
-    named = list(map(names.__getitem__, idx))
-    pairs = [{"tokens": t, "loss_sum": s} for t, s in zip(tokens, loss_sum, strict=True)]
     ends = list(accumulate(per))
-    return [dict(zip(named[e - k : e], pairs[e - k : e], strict=True)) if k else None for k, e in zip(per, ends, strict=True)]  # fmt: skip
+    # One view per record over the shared columns: no dict per record and source (``SourceView``).
+    views: list[Any] = [SourceView(names, idx, tokens, loss_sum, e - k, e) if k else None for k, e in zip(per, ends, strict=True)]  # fmt: skip
+    if not _distinct_names(per, idx):  # a name twice in one record: the last one counts, as in a dict
+        views = [v if v is None or len(set(v)) == len(v) else _as_dict(v) for v in views]
+    return views
+
+
+def _distinct_names(per: list[int], idx: list[int]) -> bool:
+    """True when no record names a source twice; cheap when every record lists the same names."""
+    k = per[0] if per else 0
+    return all(c == k for c in per) and idx == idx[:k] * len(per) and len(set(idx[:k])) == k
+
+
+def _as_dict(sources: Any) -> dict[str, dict[str, float]]:
+    return {name: dict(part) for name, part in sources.items()} if type(sources) is SourceView else sources
 
 
 def _joined(part: Any, m: int, what: str) -> list[list[str]] | None:
@@ -389,5 +401,5 @@ def _dicts(m: int, cols: dict[str, list[Any]], sources: Any, samples: Any, event
         if part is not None:
             for d, v in zip(out, part, strict=True):
                 if v is not None and (v or name == "samples"):
-                    d[name] = v
+                    d[name] = _as_dict(v) if name == "sources" else v
     return [tidy(d) for d in out]

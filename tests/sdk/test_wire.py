@@ -4,6 +4,7 @@ anything that is no such batch is refused with a WireError naming the part, neve
 from __future__ import annotations
 
 import copy
+import json
 import math
 import pickle
 import random
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.core.records import Record
+from supervisor.core.records import Record, SourceView, add_sources
 from supervisor.sdk.wire import WireError, pack, unpack
 
 
@@ -54,6 +55,36 @@ def test_records_come_out_as_record_from_dict_reads_them() -> None:
         for raw, rec in zip(sent[4], got[4], strict=True):
             assert type(rec) is Record
             _same(Record.from_dict(raw), rec)
+
+
+def test_sources_are_views_over_the_batch_that_read_and_sum_as_the_dicts_sent() -> None:
+    groups = _groups()
+    groups[1][4][0]["sources"] = {"web": {"tokens": 7.0, "loss_sum": 3.5}}  # other names, other order
+    sent = [Record.from_dict(r) for g in groups for r in g[4]]
+    got = [r for g in unpack(pack(groups)) for r in g[4]]
+    assert all(type(r.sources) is SourceView for r in got)
+    assert [r.sources for r in got] == [r.sources for r in sent]
+    assert [dict(r.sources) for r in got] == [r.sources for r in sent]  # type: ignore[union-attr]
+    assert json.loads(json.dumps(got[0].to_dict()))["sources"] == sent[0].sources
+    acc_sent: dict[str, list[float]] = {}
+    acc_got: dict[str, list[float]] = {}
+    for a, b in zip(sent, got, strict=True):
+        add_sources(acc_sent, a.sources or {})
+        add_sources(acc_got, b.sources or {})
+    assert list(acc_got.items()) == list(acc_sent.items())  # the same names, order and sums
+
+
+def test_a_source_named_twice_in_one_record_counts_once_with_its_last_value_as_a_dict_would() -> None:
+    batch = pack([(0, "l0", (1, 2), [1, 2], [_rec(5, 0), _rec(6, 0)])])
+    names, _per, _idx, tokens, loss_sum = batch["sources"]
+    batch["sources"] = (names, array("q", [2, 2]), array("q", [0, 0, 0, 1]), tokens, loss_sum)
+    first, second = (r.sources for r in unpack(batch)[0][4])
+    assert first == {"code": {"tokens": tokens[1], "loss_sum": loss_sum[1]}}
+    assert second == {"code": {"tokens": tokens[2], "loss_sum": loss_sum[2]},
+                      "web": {"tokens": tokens[3], "loss_sum": loss_sum[3]}}  # fmt: skip
+    acc: dict[str, list[float]] = {}
+    add_sources(acc, first or {})
+    assert acc == {"code": [tokens[1], loss_sum[1]]}
 
 
 def test_a_record_without_rank_is_its_links() -> None:
