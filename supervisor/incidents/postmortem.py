@@ -158,7 +158,7 @@ def build_postmortem(store: IncidentStore, incident_id: int, *, z_threshold: flo
         measures=suggest(diagnosis, detection.earlier_signal.signal if detection.earlier_signal else None),
         markers=markers,
         series=series,
-        replayed=[r for r in store.series(incident_id, replay=None) if r.get("replay")],
+        replayed=store.series(incident_id, reruns=True),
         artifacts=[a.to_json() for a in store.artifacts(incident_id)],
         generated_at=time.time(),
     )

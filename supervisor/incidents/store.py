@@ -589,11 +589,15 @@ class IncidentStore:
             self._touch(incident_id, series=True)
         return len(rows)
 
-    def series(self, incident_id: int, *, replay: int | None = 0) -> list[dict[str, Any]]:
-        """Rows of one run (``replay=None``: all runs); re-run rows carry their ``replay`` number. By step then rank;
-        aggregate rows have no ``rank`` key."""
+    def series(
+        self, incident_id: int, *, replay: int | None = 0, reruns: bool = False
+    ) -> list[dict[str, Any]]:
+        """Rows of one run (``replay=None``: all runs; ``reruns``: every re-run, not the original); re-run
+        rows carry their ``replay`` number. By step then rank; aggregate rows have no ``rank`` key."""
         sql, args = "SELECT replay, step, rank, data FROM series WHERE incident_id = ?", [incident_id]
-        if replay is not None:
+        if reruns:
+            sql += " AND replay > 0"
+        elif replay is not None:
             sql, args = sql + " AND replay = ?", [incident_id, replay]
         rows = self._read(sql + " ORDER BY replay, step, rank", args)
         return [self._decode(_series_row, r, "series", "step") for r in rows]

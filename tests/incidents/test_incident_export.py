@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from supervisor.incidents import IncidentStore
-from supervisor.incidents.export import export_incident, import_incident, read_export
+from supervisor.incidents.export import (
+    encode_export,
+    export_document,
+    export_incident,
+    import_incident,
+    read_export,
+)
+from supervisor.incidents.models import strict
 from supervisor.incidents.postmortem import build_postmortem
 from supervisor.storage import open_backend
 from tests.incidents.builders import full_incident
@@ -54,3 +62,25 @@ def test_export_is_replaced_as_the_incident_moves_on(store: IncidentStore, tmp_p
     store.transition(inc.id, "dismissed", "metric artifact", actor="supervisor")
     export_incident(store, inc.id, backend, "j")
     assert read_export(backend, "j", inc.id)["incident"]["state"] == "dismissed"
+
+
+def test_export_is_strict_json_whether_or_not_the_series_holds_non_finite_values(
+    store: IncidentStore, tmp_path: Path
+) -> None:
+    """The export is written compact through json's C encoder; a NaN or an Infinity in the series
+    still comes out as null or a string, never as a literal other programs cannot read."""
+    incident_id = full_incident(store)
+    backend = open_backend(str(tmp_path / "storage"))
+    doc = export_document(store, incident_id)
+    assert json.loads(encode_export(doc)) == json.loads(json.dumps(strict(doc)))
+    store.attach_series(incident_id, [{"step": 999, "rank": 0, "loss": math.nan, "grad_norm": math.inf}])
+    store.attach_series(incident_id, [{"step": 998, "rank": 1, "loss": 2.5}], replay=1)
+    key = export_incident(store, incident_id, backend, "tinylm")
+    text = (tmp_path / "storage" / key).read_text()
+    assert "NaN" not in text and "\n" not in text
+    doc = json.loads(text)
+    row = next(r for r in doc["series"] if r["step"] == 999)
+    assert row["loss"] is None and row["grad_norm"] == "Infinity"
+    every = store.series(incident_id, replay=None)
+    assert store.series(incident_id, reruns=True) == [r for r in every if r.get("replay")]
+    assert {r["step"] for r in doc["replayed"]} >= {998}
