@@ -67,21 +67,26 @@ class HostStager:
     """Copies a state dict to host memory: what training waits for in an asynchronous save.
 
     DCP's ``DefaultStager``: CUDA tensors go to pinned host buffers (a device->host copy at
-    full PCIe speed), CPU tensors are copied. Buffers are cached per source storage and
-    reused by the next save, which is safe because at most one save is in flight.
+    full PCIe speed), CPU tensors are copied. Each copy goes through a stager of its own, the
+    last one closed first: on CUDA a reused stager failed every copy after its first
+    (``staging.py``).
     """
 
     def __init__(self) -> None:
-        cuda = torch.cuda.is_available()
-        self._stager = DefaultStager(StagingOptions(cuda, False, False, cuda))
+        self._cuda = torch.cuda.is_available()
+        self._stager: DefaultStager | None = None
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        self.close()
+        self._stager = DefaultStager(StagingOptions(self._cuda, False, False, self._cuda))
         staged = self._stager.stage(state)
         assert isinstance(staged, dict)  # synchronous staging returns the dict itself
         return staged
 
     def close(self) -> None:
-        self._stager.close()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
 
 def fingerprint(model_state: dict[str, Any], algorithm: str) -> dict[str, str]:

@@ -190,3 +190,24 @@ def test_one_save_in_flight_a_snapshot_waits_for_it(tmp_path: Path) -> None:
     assert store.steps() == [1, 2] and store.manifest(2).health == HealthMark.DIAGNOSTIC
     assert store.latest() == 1  # a diagnostic snapshot never becomes `latest`
     saver.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_host_stager_copies_each_state_it_is_given(device: str) -> None:
+    """The replay's stash (``dcp_state.HostStager``) copies a live state again and again, each copy
+    that moment's values: on CUDA a DCP stager reused for a second copy failed."""
+    from supervisor.checkpoint.dcp_state import HostStager, live_state
+
+    model = torch.nn.Linear(64, 8).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    stager = HostStager()
+    try:
+        for _ in range(3):
+            model(torch.randn(4, 64, device=device)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            staged = stager.stage(live_state(model, opt))
+            assert staged["model"]["weight"].device.type == "cpu"
+            assert torch.equal(staged["model"]["weight"], model.weight.detach().cpu())
+    finally:
+        stager.close()
