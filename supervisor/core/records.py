@@ -114,7 +114,7 @@ class Record:
         values = ((f.name, getattr(self, f.name)) for f in fields(self))
         out = {k: v for k, v in values if v is not None and (v or k not in ("events", "attrs"))}
         if type(out.get("sources")) is SourceView:
-            out["sources"] = {k: dict(v) for k, v in out["sources"].items()}
+            out["sources"] = out["sources"].as_dict()
         return out
 
 
@@ -144,8 +144,12 @@ class SourceView(Mapping[str, Mapping[str, float]]):
     def __len__(self) -> int:
         return self._end - self._start
 
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """The plain dict the record was sent with."""
+        return {name: dict(part) for name, part in self.items()}
+
     def __repr__(self) -> str:
-        return repr({k: dict(v) for k, v in self.items()})
+        return repr(self.as_dict())
 
 
 def add_sources(acc: dict[str, list[float]], sources: Mapping[str, Mapping[str, float]]) -> None:

@@ -354,7 +354,7 @@ def _distinct_names(per: list[int], idx: list[int]) -> bool:
 
 
 def _as_dict(sources: Any) -> dict[str, dict[str, float]]:
-    return {name: dict(part) for name, part in sources.items()} if type(sources) is SourceView else sources
+    return sources.as_dict() if type(sources) is SourceView else sources
 
 
 def _joined(part: Any, m: int, what: str) -> list[list[str]] | None:
