@@ -16,8 +16,8 @@ and all of them agree through a two-phase commit on the boundary where they take
    the first writer wins and every rank reads the same decision.
 4. **apply**: at boundary ``E`` every rank applies the committed directives in proposal order;
    a rank at ``E`` holding an undecided promise waits there for the decision. After an abort,
-   rank 0 proposes the same directives again with a later ``E`` (and fails them after
-   ``max_attempts`` aborts).
+   rank 0 proposes the same directives again with a later ``E``, twice as far ahead after each
+   abort in a row (and fails them after ``max_attempts`` aborts).
 
 Boundaries are counted, not named by step: every rank passes the same boundaries in the same
 order (the same steps, the same rollbacks), so boundary ``n`` is the same point on every rank
@@ -227,14 +227,16 @@ class Agreement:
     def _boundary_for(self, pr: _Proposer) -> int:
         """Where the next proposal takes effect: a parked boundary (every rank parks there), else
         the boundary after this one (no rank of a synchronous job is past it: each step's
-        collectives wait for rank 0)."""
+        collectives wait for rank 0) -- or, after ``a`` aborts in a row, ``2**a`` boundaries
+        ahead: a rank whose watcher answers later than its training thread passes a boundary (a
+        loaded host, steps shorter than a store round trip) is caught up with, not chased."""
         nxt = self.pos if self.standing else self.pos + 1
         if pr.park_at is not None:
             at = pr.park_at
         elif self.standing and pr.parked:
             at = self.pos
         else:
-            at = self.pos + 1
+            at = self.pos + (1 << pr.attempts)
         later = max((p.at for p in self._pending()), default=0)
         return max(at, nxt, later, pr.after + 1)
 

@@ -7,6 +7,7 @@ while another waits in the barrier breaks it (a deadlock in a real job).
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -182,6 +183,86 @@ def test_a_rank_past_the_boundary_aborts_and_rank_0_proposes_a_later_one():
         got = step(ags, [0, 1, 2])  # boundary 4 on ranks 0 and 1, 4 on rank 2: the retry's
         assert [[d.id for d in ds] for ds in got] == [["fz"]] * 3
         assert [a.pos for a in ags] == [4, 4, 4]
+    finally:
+        close(ags)
+
+
+class Watched:
+    """One rank's connections, with its watcher thread's progress in view (``waiting``: for a key
+    not written yet). With ``lag``, the watcher reads each proposal only once its rank has
+    passed ``lag`` more boundaries, or the proposal's own (a loaded host, a step far shorter than
+    a store round trip)."""
+
+    cv = threading.Condition()  # shared by every rank's view: ``settle`` watches them all
+
+    def __init__(self, store: FakeStore, lag: int = 0) -> None:
+        self.store, self.lag = store, lag
+        self.rank: Agreement | None = None
+        self.awaited: list[str] = []
+        """The keys its watcher waits for."""
+        self.until: int | None = None
+        """The boundary whose passing lets a held read go on (None: no read held)."""
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        with self.cv:
+            self.awaited = keys
+            self.cv.notify_all()
+        try:
+            self.store.wait(keys, timeout)
+        finally:
+            with self.cv:
+                self.awaited = []
+
+    def get(self, key: str) -> bytes:
+        if self.lag and key.startswith("p/"):
+            with self.cv:
+                rank, body = self.rank, json.loads(self.store.data[key])
+                assert rank is not None
+                self.until = min(rank.pos + self.lag, body.get("at", rank.pos))  # "closed": at once
+                self.cv.notify_all()
+                self.cv.wait_for(lambda: rank.pos >= self.until, 10)
+                self.until = None
+        return self.store.get(key)
+
+    @classmethod
+    def settle(cls, views: list[Watched]) -> None:
+        """Wake a watcher whose rank moved on; return once every watcher waits again."""
+        with cls.cv:
+            cls.cv.notify_all()
+            assert cls.cv.wait_for(lambda: all(v.waiting() for v in views), 10)
+
+    def waiting(self) -> bool:
+        if self.until is not None:
+            assert self.rank is not None
+            return self.rank.pos < self.until
+        return any(k not in self.store.data for k in self.awaited)
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_a_rank_that_keeps_lagging_still_agrees_on_a_boundary_far_enough_ahead():
+    """Each proposal reaches rank 1 three boundaries after it was written: a retry for the
+    boundary just past the abort is always too late again, so each retry looks further ahead."""
+    store = FakeStore()
+    views = [Watched(store), Watched(store, lag=3)]
+    ags = [Agreement(r, 2, store, views[r], wait_chunk_s=30.0, decide_timeout_s=5.0) for r in range(2)]
+    views[1].rank = ags[1]
+    try:
+        applied: list[tuple[int, int]] = []
+        for boundary in range(1, 61):
+            for r in (1, 0):  # rank 1 is never behind rank 0
+                [got] = step(ags, [r])
+                applied += [(r, boundary) for d in got if d.id == "fz"]
+                Watched.settle(views)
+            if boundary == 1:
+                ags[0].propose([Freeze(id="fz")])
+                Watched.settle(views)
+            if len(applied) == 2:
+                break
+        assert ags[0].failed() == [], "rank 0 gave up agreeing"
+        assert len(applied) == 2 and applied[0][1] == applied[1][1], applied  # both, one boundary
+        assert ags[0].stats["aborted"] >= 2
     finally:
         close(ags)
 
