@@ -11,10 +11,13 @@ from typing import Any
 from supervisor.core.model import Diagnosis
 from supervisor.incidents.states import EventKind, EventStatus, IncidentState
 
+_STORED = json.JSONEncoder(separators=(",", ":"), sort_keys=True, default=str)
+
 
 def dumps(obj: Any) -> str:
-    """Stored JSON: compact; non-finite floats kept (Python's json reads ``NaN``/``Infinity`` back)."""
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True, default=str)
+    """Stored JSON: compact; non-finite floats kept (Python's json reads ``NaN``/``Infinity`` back).
+    One encoder serves every call (``json.dumps`` with options builds one per call)."""
+    return _STORED.encode(obj)
 
 
 def loads(text: str | None) -> Any:

@@ -8,7 +8,10 @@ whitelist of numeric fields, and payloads lose any key that names text content.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
+
+from supervisor.core.records import Record, SourceView
 
 #: Fields of a telemetry record kept in an incident's series (all numeric or flags).
 SERIES_FIELDS = (
@@ -46,18 +49,28 @@ def _whole(value: Any) -> int | None:
     return whole if -(2**63) <= whole < 2**63 else None
 
 
-def series_row(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The storable part of one record (or aggregate row); None when it has no usable step."""
-    step = _whole(record.get("step"))
+_WHOLES = frozenset(("rank", "world_size", "tokens", "seq_len_max"))
+
+
+def series_row(record: Mapping[str, Any] | Record) -> dict[str, Any] | None:
+    """The storable part of one record (a record dict, an aggregate row, or a ``Record``, read
+    field by field without building its dict); None when it has no usable step."""
+    get = record.get
+    step = _whole(get("step"))
     if step is None:  # missing, 1e400, "x", 2**70: no row (SQLite keys are 64-bit)
         return None
     out: dict[str, Any] = {"step": step}
     for name in SERIES_FIELDS[1:]:
-        value = record.get(name)
-        if isinstance(value, bool):
+        value = get(name)
+        if value is None:
+            continue
+        # A float outside the whole-number fields (the common case) is kept as float(value) gives it.
+        if (type(value) is float and name not in _WHOLES) or isinstance(value, bool):
             out[name] = value
-        elif name in ("rank", "world_size", "tokens", "seq_len_max"):
-            if (whole := _whole(value)) is not None:
+        elif name in _WHOLES:
+            if type(value) is int and -(2**63) <= value < 2**63:
+                out[name] = value
+            elif (whole := _whole(value)) is not None:
                 out[name] = whole
         elif isinstance(value, int | float):
             try:
@@ -66,8 +79,8 @@ def series_row(record: dict[str, Any]) -> dict[str, Any] | None:
                 continue
     if "update_ratio" not in out and "update_norm" in out and "param_norm" in out:
         out["update_ratio"] = out["update_norm"] / (out["param_norm"] + 1e-12)
-    sources = record.get("sources")
-    if isinstance(sources, dict):
+    sources = get("sources")
+    if isinstance(sources, dict | SourceView):  # a decoded record's sources: a view of the same dict
         out["sources"] = {
             str(name)[:_MAX_LABEL]: {
                 k: float(v) for k, v in split.items() if k in ("tokens", "loss_sum") and _num(v)

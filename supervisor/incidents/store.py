@@ -575,8 +575,7 @@ class IncidentStore:
         rank; a row without ``rank`` is the per-step aggregate. ``replay`` is 0 for the original run
         and n for steps re-run after the n-th rollback, so a replay never overwrites the spike.
         Writing the same (replay, step, rank) again replaces it. Only numeric fields are kept."""
-        dicts = (rec.to_dict() if hasattr(rec, "to_dict") else rec for rec in records)
-        rows = [r for r in (scrub.series_row(d) for d in dicts) if r is not None]
+        rows = [r for r in map(scrub.series_row, records) if r is not None]
         with self.transaction() as conn:
             self.get(incident_id)
             conn.executemany(

@@ -9,6 +9,7 @@ import pytest
 
 from supervisor.config.job import JobSpec
 from supervisor.core.model import Diagnosis
+from supervisor.core.records import Record, SourceView
 from supervisor.errors import IncidentStoreError
 from supervisor.incidents import (
     TRANSITIONS,
@@ -19,6 +20,8 @@ from supervisor.incidents import (
     db_path_for_job,
     open_for_job,
 )
+from supervisor.incidents.models import dumps
+from supervisor.sdk.wire import pack, unpack
 from tests.incidents.builders import diagnosis
 
 
@@ -168,6 +171,29 @@ def test_series_keeps_numeric_fields_and_later_writes_replace(store: IncidentSto
     agg, rank0 = store.series(inc.id)
     assert agg == {"step": 5, "loss": 2.5}
     assert rank0 == {"step": 5, "rank": 0, "loss": 9.0}
+
+
+def test_records_decoded_from_the_wire_store_the_rows_their_dicts_store(store: IncidentStore) -> None:
+    """Records as the supervisor holds them (decoded from a packed batch: typed fields, sources a view
+    over the batch's columns) are stored as the rows of the dicts they were sent as."""
+    nan, inf = float("nan"), float("inf")
+    sent = [
+        {"step": 7, "rank": 0, "world_size": 2, "loss": 2.5, "tokens": 2048, "lr": 3e-4, "grad_norm": 1.25,
+         "param_norm": 100.0, "update_norm": 0.03, "overflow": False, "nonfinite": False, "seq_len_max": 256,
+         "sources": {"web": {"tokens": 1024, "loss_sum": 2560.0}, "code": {"tokens": 1024, "loss_sum": nan}},
+         "samples": ["web:1", "code:2"], "events": ["checkpoint_saved", "x" * 81], "attrs": {"batch": 7}},
+        {"step": 7, "rank": 1, "world_size": 2, "loss": nan, "tokens": 0, "lr": 3e-4, "grad_norm": inf,
+         "param_norm": 100.0, "update_norm": 0.0, "overflow": True, "nonfinite": True, "seq_len_max": 2**40,
+         "sources": {"web": {"tokens": 2048, "loss_sum": 0.0}}, "samples": [], "events": [], "attrs": {}},
+    ]  # fmt: skip
+    [(_, _, _, _, decoded)] = unpack(pack([(0, "link-0", None, [1, 2], sent)]))
+    assert all(type(r) is Record for r in decoded) and type(decoded[0].sources) is SourceView
+    a, b = store.open_incident("j", diagnosis()), store.open_incident("j", diagnosis())
+    assert store.attach_series(a.id, decoded) == store.attach_series(b.id, sent) == 2
+    assert dumps(store.series(a.id)) == dumps(store.series(b.id))
+    first = store.series(a.id)[0]
+    assert first["sources"] == {"web": {"tokens": 1024.0, "loss_sum": 2560.0}, "code": {"tokens": 1024.0}}
+    assert first["update_ratio"] == pytest.approx(0.03 / 100.0) and first["events"] == ["checkpoint_saved"]
 
 
 def test_text_keys_never_reach_the_database(store: IncidentStore) -> None:
