@@ -11,7 +11,6 @@ engine then escalates.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from supervisor.core.model import Diagnosis, HealthMark
@@ -51,16 +50,25 @@ def resolve(
     """(concrete params, detail sentence) of one action; ``rollback_to``: the step an earlier
     rollback of the plan goes back to (at most); ``speed_fix``: an earlier apply changes step speed
     (precision); ``start``: a rollback may go back to the run's start (``start_target``)."""
-    if name == "rollback":
+    if isinstance(params, RollbackParams):
         return _rollback(params, d, state, start)
-    if name == "observe":
-        return _observe(params, d, state, observation or Observation.model_validate({}), speed_fix)
-    if name == "apply":
+    if isinstance(params, ObserveParams):
+        return _observe(params, d, observation or Observation.model_validate({}), speed_fix)
+    if isinstance(params, ApplyParams):
         return _apply(params, d, state, rollback_to)
-    fn = _RESOLVERS.get(name)
-    if fn is None:
-        return params.model_dump(by_alias=True), ACTIONS[name].summary
-    return fn(params, d, state)
+    if isinstance(params, ReplayParams):
+        where = " on another rank than the suspect one" if params.other_rank else ""
+        control = " and a control batch" if params.control else ""
+        resolved = params.model_dump() | {"from_step": d.onset_step, "suspect_rank": d.first_rank}
+        return resolved, f"replay {params.batches} batch(es) from step {d.onset_step}{control}{where}"
+    if isinstance(params, SnapshotParams):
+        # A snapshot of a suspect state is evidence: marked diagnostic, never a rollback target.
+        marked = params.model_dump() | {"mark": HealthMark.DIAGNOSTIC.value}
+        return marked, "save the suspect state, marked diagnostic"
+    summary = ACTIONS[name].summary
+    if isinstance(params, AlertParams | EscalateParams | StopParams) and params.message:
+        return params.model_dump(), f"{summary}: {params.message}"
+    return params.model_dump(by_alias=True), summary
 
 
 def start_target(p: RollbackParams, d: Diagnosis, state: JobState) -> str | None:
@@ -109,13 +117,12 @@ def _ratio(text: str) -> float:
         return 0.0
 
 
-def _rollback(p: Any, d: Diagnosis, state: JobState, start: bool = False) -> Resolved:
+def _rollback(p: RollbackParams, d: Diagnosis, state: JobState, start: bool) -> Resolved:
     """The newest checkpoint of the mark at least ``margin_steps`` (at least 1: a checkpoint at the
     onset holds its update) before the onset, else the newest before it (the margin buys room for an
     onset dated late; an older healthy state beats none). An onset the LR dates cannot be late:
     ``lr_dated_margin_steps`` replaces the margin there. With none before the onset, the run's start
     when ``start`` and ``start_target`` allow it, else no target."""
-    assert isinstance(p, RollbackParams)
     dated = lr_dated_onset(d) if p.lr_dated_margin_steps is not None else None
     if dated is not None and p.lr_dated_margin_steps is not None:
         margin, first = p.lr_dated_margin_steps, dated
@@ -202,8 +209,7 @@ def _exclude(e: Exclude, d: Diagnosis) -> tuple[dict[str, Any], list[str]]:
     return out, words
 
 
-def _apply(p: Any, d: Diagnosis, state: JobState, rollback_to: int | None = None) -> Resolved:
-    assert isinstance(p, ApplyParams)
+def _apply(p: ApplyParams, d: Diagnosis, state: JobState, rollback_to: int | None) -> Resolved:
     params: dict[str, Any] = {}
     words: list[str] = []
     factor = p.lr_scale
@@ -216,28 +222,24 @@ def _apply(p: Any, d: Diagnosis, state: JobState, rollback_to: int | None = None
         params["lr_scale"], text = _lr_scale(factor, state)
         words.append(text)
     if p.warmup_steps == "to_onset":
+        ramp = 0 if rollback_to is None else d.onset_step - rollback_to
         left = None if state.max_steps is None else state.max_steps - d.onset_step
-        if (
-            rollback_to is not None
-            and rollback_to < d.onset_step
-            and left is not None
-            and left < d.onset_step - rollback_to
-        ):
+        if ramp <= 0:
+            words.append("warmup_steps to_onset dropped: the plan does not roll back to before the onset")
+        elif left is not None and left < ramp:
             # The ramp is insurance for the steps after the onset, paid in LR over the steps before
             # it; with fewer steps left than it is long, the price lands on the run's final state.
             words.append(
-                f"re-warm dropped: {d.onset_step - rollback_to} steps from the rollback target {rollback_to} to the "
+                f"re-warm dropped: {ramp} steps from the rollback target {rollback_to} to the "
                 f"onset {d.onset_step} would protect the {left} steps the run has left after it (max_steps="
                 f"{state.max_steps}); the rollback alone removes the fault, the window judges the state"
             )
-        elif rollback_to is not None and rollback_to < d.onset_step:
-            params["warmup_steps"] = d.onset_step - rollback_to
+        else:
+            params["warmup_steps"] = ramp
             words.append(
-                f"re-warm the LR from zero over {params['warmup_steps']} steps: from the rollback target "
+                f"re-warm the LR from zero over {ramp} steps: from the rollback target "
                 f"{rollback_to} to the onset {d.onset_step}, then the schedule as planned"
             )
-        else:
-            words.append("warmup_steps to_onset dropped: the plan does not roll back to before the onset")
     elif p.warmup_steps is not None:
         params["warmup_steps"] = p.warmup_steps
         words.append(f"re-warm the LR from zero over {p.warmup_steps} steps")
@@ -274,26 +276,28 @@ def _lr_scale(factor: float, state: JobState) -> tuple[float, str]:
 def _grad_clip(p: ApplyParams, state: JobState) -> tuple[float | None, str]:
     """(absolute clip to send or None, words): relative to the clip in force; never a no-op."""
     current = state.grad_clip
-    clipping = current is not None and current > 0
+    in_force = current if current is not None and current > 0 else None
     if p.grad_clip is not None:
-        if clipping and current is not None and p.grad_clip >= current:
+        if in_force is not None and p.grad_clip >= in_force:
             return None, (
-                f"grad_clip {p.grad_clip:g} dropped: the job already clips at {current:g} (it would change nothing)"
+                f"grad_clip {p.grad_clip:g} dropped: the job already clips at {in_force:g} (it would change nothing)"
             )
-        was = f" (was {current:g})" if clipping and current is not None else ""
+        was = f" (was {in_force:g})" if in_force is not None else ""
         return p.grad_clip, f"clip grad norm at {p.grad_clip:g}{was}"
     if p.grad_clip_scale is None:
         return None, ""
-    if clipping and current is not None:
-        value = current * p.grad_clip_scale
+    if in_force is not None:
+        value = in_force * p.grad_clip_scale
         return (
             value,
-            f"clip grad norm at {_g(value)} ({p.grad_clip_scale:g} x the clip in force, {current:g})",
+            f"clip grad norm at {_g(value)} ({p.grad_clip_scale:g} x the clip in force, {in_force:g})",
         )
     if state.grad_norm is not None and state.grad_norm > 0:
-        value = state.grad_norm
         off = "the job does not clip" if current == 0 else "the job's clip is not known"
-        return value, f"clip grad norm at {_g(value)}, its median before the onset ({off})"
+        return (
+            state.grad_norm,
+            f"clip grad norm at {_g(state.grad_norm)}, its median before the onset ({off})",
+        )
     return None, "grad_clip_scale dropped: neither the job's clip nor its grad norm is known"
 
 
@@ -301,8 +305,7 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation, speed_fix: bool = False) -> Resolved:
-    assert isinstance(p, ObserveParams)
+def _observe(p: ObserveParams, d: Diagnosis, obs: Observation, speed_fix: bool) -> Resolved:
     c = p.pass_
     setting = obs.throughput if c.throughput is None else c.throughput
     throughput = speed_fix if setting == "auto" else bool(setting)
@@ -332,33 +335,3 @@ def _observe(p: Any, d: Diagnosis, state: JobState, obs: Observation, speed_fix:
         f"update ratio <= {c.update_ratio_max:g}x, {tput}"
     )
     return params, detail
-
-
-def _replay(p: Any, d: Diagnosis, state: JobState) -> Resolved:
-    assert isinstance(p, ReplayParams)
-    params = p.model_dump() | {"from_step": d.onset_step, "suspect_rank": d.first_rank}
-    where = " on another rank than the suspect one" if p.other_rank else ""
-    control = " and a control batch" if p.control else ""
-    return params, f"replay {p.batches} batch(es) from step {d.onset_step}{control}{where}"
-
-
-def _snapshot(p: Any, d: Diagnosis, state: JobState) -> Resolved:
-    assert isinstance(p, SnapshotParams)
-    # A snapshot of a suspect state is evidence: marked diagnostic, never a rollback target.
-    return p.model_dump() | {"mark": HealthMark.DIAGNOSTIC.value}, "save the suspect state, marked diagnostic"
-
-
-def _message(p: Any, d: Diagnosis, state: JobState) -> Resolved:
-    assert isinstance(p, AlertParams | EscalateParams | StopParams)
-    summary = {AlertParams: "alert", EscalateParams: "escalate", StopParams: "stop"}[type(p)]
-    detail = ACTIONS[summary].summary
-    return p.model_dump(), f"{detail}: {p.message}" if p.message else detail
-
-
-_RESOLVERS: dict[str, Callable[[Any, Diagnosis, JobState], Resolved]] = {
-    "replay": _replay,
-    "snapshot": _snapshot,
-    "alert": _message,
-    "escalate": _message,
-    "stop": _message,
-}
