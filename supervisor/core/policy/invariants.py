@@ -1,20 +1,8 @@
-"""Safety rules the engine enforces whatever a policy says (docs/policies.md).
+"""Safety rules the engine enforces whatever a policy says.
 
-1. A top cause of `metric_artifact` never triggers rollback or apply: the plan is alert-only.
-2. A state that may hold non-finite weights or moments, took an LR or update-ratio jump, or
-   trained on through a failed observation window is never "fixed" by lowering the LR and
-   continuing: a rollback to before the onset precedes the first action that lets training go
-   on, and a fix follows it (a re-warm when the rule names none). The evidence decides, not the
-   phenotype read at one instant.
-3. `block_latest` precedes any rollback.
-4. A rollback target is always verified and never `diagnostic` (``resolve._rollback``).
-5. With no checkpoint to roll back to, a transient (back in band) drops its rollback and an
-   observation window judges the state it goes on from (``without_rollback``).
-6. A rollback never goes back over an earlier occurrence of the same data fault: it re-serves the
-   data in the same order (the exclusion names the samples seen, not the rest of a bad shard).
-
-Each function takes the rule's action list and returns the adjusted list plus notes; an entry's
-``inserted`` says why the engine added or moved it.
+They are numbered as in docs/policies.md ("Invariants the engine enforces"). Each function
+takes the rule's action list and returns the adjusted list plus notes; an entry's ``inserted``
+says why the engine added or moved it.
 """
 
 from __future__ import annotations
@@ -51,24 +39,17 @@ def metric_artifact_only(steps: list[Step]) -> tuple[list[Step], list[str]]:
     return alerts, notes
 
 
-def maybe_nonfinite(d: Diagnosis, state: JobState) -> str | None:
-    """Why weights/optimizer moments may be non-finite, or None."""
-    if d.nonfinite and not nonfinite_skipped(d):
+def state_suspect_reason(d: Diagnosis, state: JobState) -> str | None:
+    """Why the weights or optimizer moments cannot be trusted (non-finite, LR or update jump), or None."""
+    skipped = d.nonfinite and nonfinite_skipped(d)
+    if d.nonfinite and not skipped:
         where = f" (first at {d.nonfinite_at})" if d.nonfinite_at else ""
         return f"NaN/Inf seen{where}"
-    if state.state_maybe_nonfinite and not (d.nonfinite and nonfinite_skipped(d)):  # the flag is d.nonfinite
+    if state.state_maybe_nonfinite and not skipped:  # the flag is d.nonfinite
         return "the job state reports possibly non-finite weights or optimizer moments"
     if d.phenotype is Phenotype.DIVERGENCE and d.top_cause is Cause.NUMERIC:
         return "numeric divergence"
-    return None
-
-
-def state_suspect_reason(d: Diagnosis, state: JobState) -> str | None:
-    """Why the weights or optimizer moments cannot be trusted (non-finite, LR or update jump), or None."""
-    if why := maybe_nonfinite(d, state):
-        return why
-    found = state_suspect(d)
-    if found:
+    if found := state_suspect(d):
         name, sentence = next(iter(found.items()))
         return f"{name.replace('_', ' ')} ({sentence})"
     if state.observation_failures:
@@ -185,7 +166,7 @@ def without_rollback(steps: list[Step], why: str, cause: str) -> tuple[list[Step
 
 
 def rollback_reruns_occurrence(actions: Sequence[PlannedAction], d: Diagnosis, state: JobState) -> str | None:
-    """Invariant 6: why the plan's rollback would re-run an earlier occurrence of this data fault
+    """Invariant 7: why the plan's rollback would re-run an earlier occurrence of this data fault
     (``JobState.earlier_onsets``), or None. Only a data fault (``evidence.data_fault``) is kept
     from going back: anything else that needs a rollback before its onset gets one."""
     earlier = [s for s in state.earlier_onsets if s < d.onset_step]
