@@ -258,15 +258,6 @@ class ActionKind:
     steer_only: bool = False  # needs the SDK at the step boundary (docs/integrations.md, "Recovery")
 
 
-ACTIONS: dict[str, ActionKind] = {}
-
-
-def register(kind: ActionKind) -> None:
-    if kind.name in ACTIONS:
-        raise ValueError(f"action {kind.name!r} registered twice")
-    ACTIONS[kind.name] = kind
-
-
 def action_names() -> list[str]:
     return sorted(ACTIONS)
 
@@ -278,12 +269,10 @@ def names_where(flag: str) -> frozenset[str]:
 
 def parse_args(name: str, params: Any) -> Args:
     """The typed arguments of action ``name`` from its JSON params (or the model itself)."""
-    model = ACTIONS[name].args if name in ACTIONS else None
-    if model is None:
+    if name not in ACTIONS:
         raise ValueError(f"unknown action {name!r} (valid: {', '.join(action_names())})")
-    if isinstance(params, model):
-        return params
-    return model.model_validate(dict(params or {}))
+    model = ACTIONS[name].args
+    return params if isinstance(params, model) else model.model_validate(dict(params or {}))
 
 
 def get_action(name: str) -> ActionKind:
@@ -294,6 +283,7 @@ def get_action(name: str) -> ActionKind:
         raise PolicyError(f"unknown action {name!r} (valid: {', '.join(action_names())})") from None
 
 
+ACTIONS: dict[str, ActionKind] = {}
 _K = ActionKind
 for _kind in (
     _K("alert", AlertParams, MessageArgs, "send the incident summary", "alert_sent", "alert"),
@@ -317,7 +307,8 @@ for _kind in (
        irreversible=True, ends_plan=True),
     _K("stop", StopParams, MessageArgs, "stop the job", "note", None, irreversible=True, ends_plan=True),
 ):  # fmt: skip
-    register(_kind)
+    if ACTIONS.setdefault(_kind.name, _kind) is not _kind:
+        raise ValueError(f"action {_kind.name!r} registered twice")
 del _K
 
 TERMINAL = names_where("ends_plan")

@@ -117,7 +117,7 @@ class PlannedAction:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "params": _plain(self.params),
+            "params": self.args.to_json(),  # a fresh copy of ``params``
             "reason": self.reason,
             "on_failure": self.on_failure,
         }
@@ -197,24 +197,11 @@ class Plan:
         )
 
     @classmethod
-    def coerce(cls, value: Plan | Mapping[str, Any]) -> Plan:
-        """A Plan from a Plan or its recorded JSON (what ``ActivePlan.plan`` held before it was typed)."""
-        return value if isinstance(value, Plan) else cls.from_json(value)
-
-    @classmethod
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
         """As a pydantic field: validate from a Plan or its JSON, serialize to its JSON."""
         return core_schema.no_info_plain_validator_function(
-            cls.coerce,
+            lambda value: value if isinstance(value, Plan) else cls.from_json(value),
             serialization=core_schema.plain_serializer_function_ser_schema(lambda p: p.to_json()),
         )
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

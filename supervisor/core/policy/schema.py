@@ -75,27 +75,22 @@ def with_valid_keys(model: type[BaseModel], field: str, msg: str) -> str:
     """Append the valid keys to an "unknown key" message, found by walking `field` through `model`."""
     if msg != "unknown key":
         return msg
-    current: Any = model
+    current = model
     for part in field.split(".")[:-1]:
         if part.isdigit():
             continue
-        info = current.model_fields.get(part) if _is_model(current) else None
-        current = _model_in(info.annotation) if info is not None else None
-        if current is None:
+        info = current.model_fields.get(part)
+        inner = _model_in(info.annotation) if info is not None else None
+        if inner is None:
             return msg
-    if not _is_model(current):
-        return msg
+        current = inner
     names = [f.alias or n for n, f in current.model_fields.items()]
     return f"{msg} (valid: {', '.join(names)})"
 
 
-def _is_model(t: Any) -> bool:
-    return isinstance(t, type) and issubclass(t, BaseModel)
-
-
 def _model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside `X`, `list[X]`, `X | None`, `Annotated[...]`."""
-    if _is_model(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in get_args(annotation):
         if (found := _model_in(arg)) is not None:
@@ -192,15 +187,13 @@ class Policy(Section):
         _check_reachable(v)
         return v
 
-    def rule(self, name: str) -> Rule | None:
-        return next((r for r in self.rules if r.name == name), None)
-
 
 def policy_schema() -> dict[str, Any]:
     """JSON schema of a policy file, with each action entry spelled as it is written in YAML."""
     schema = Policy.model_json_schema()
     defs = schema.setdefault("$defs", {})
     entries: list[dict[str, Any]] = [{"type": "string", "enum": action_names()}]
+    on_failure = {"enum": list(get_args(OnFailure)), "description": "Default: defaults.on_failure."}
     for name in action_names():
         params = ACTIONS[name].params.model_json_schema()
         for key, sub in params.pop("$defs", {}).items():
@@ -209,7 +202,7 @@ def policy_schema() -> dict[str, Any]:
             {
                 "type": "object",
                 "description": ACTIONS[name].params.__doc__ or name,
-                "properties": {name: {"anyOf": [params, {"type": "null"}]}, "on_failure": _on_failure()},
+                "properties": {name: {"anyOf": [params, {"type": "null"}]}, "on_failure": on_failure},
                 "required": [name],
                 "additionalProperties": False,
             }
@@ -217,7 +210,3 @@ def policy_schema() -> dict[str, Any]:
     defs["ActionSpec"] = {"description": ActionSpec.__doc__, "oneOf": entries}
     defs.pop("ActionParams", None)
     return schema
-
-
-def _on_failure() -> dict[str, Any]:
-    return {"enum": ["escalate", "stop", "continue"], "description": "Default: defaults.on_failure."}
