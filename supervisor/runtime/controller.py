@@ -1,20 +1,12 @@
 """The supervisor's control loop: records in, decisions out, actions carried out.
 
-    while not phase.is_terminal:
-        ingest()           # records -> receipts -> steps -> detector -> incident updates (each step's tend())
-        advance_plan()     # the active plan: one action transition at a time; its effects -> apply()
-        on_group_event()   # worker supervision's event -> restart policy's decision -> act
-        tend()             # checkpoints seen -> verified -> healthy; `latest`; retention
-        settle_end()       # workers held at their last step: release them when nothing is left
-        persist()          # then tell the workers which records are durable
-
-The controller is the one writer of the job's phase (``set_phase`` logs old -> new and the
-reason) and of its workers' lifecycle (``lifecycle.py``; ``set_lifecycle``, logged the same way),
-and makes every incident's move. Worker supervision (``machinery.py``) and the restart
-policy (``restarts.py``) return values; the incident flow (``incidents.py``, given the job's
-moment as ``incidents.Now``), the plan runner (``plans.py``) and the action executors (reading the
-job through ``actions.base.Runtime``, passed per call) return effects, which ``apply`` alone
-carries out.
+Until the phase is terminal, each iteration ingests records, advances the active plan, acts on the
+worker group's event, tends the checkpoints, settles the end and persists the state
+(docs/architecture.md, "The control loop"). The controller alone writes the job's phase
+(``set_phase``), its workers' lifecycle (``set_lifecycle``, ``lifecycle.py``) and every incident's
+move; the incident flow (``incidents.py``, given the job's moment as ``incidents.Now``), the plan
+runner (``plans.py``) and the action executors (reading the job through ``actions.base.Runtime``,
+passed per call) return effects, which ``apply`` alone carries out ("One writer per state").
 
 Ray actor threads call ``ingest_batch`` / ``directives_after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
@@ -34,6 +26,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback_target, restart_step
+from supervisor.checkpoint.manifest import Manifest
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype, Severity
@@ -60,7 +53,7 @@ from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, write_s
 from supervisor.runtime.stores import open_incident_store, runtime_state_path
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.runtime.time_lost import TimeLedger
-from supervisor.sdk.directives import Directive, Finish, Stop
+from supervisor.sdk.directives import END_REACHED, Directive, Finish, Stop
 from supervisor.sdk.wire import Group
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
@@ -74,7 +67,6 @@ Queued = tuple[int, list[Any], list[int] | None, str | None]
 """(rank, records, seqs, link id) of one link's batch taken into the inbox."""
 START_TIMEOUT_S = 120.0
 """Time a worker generation has to be placed and to answer; doubled on each retry (``_launch``)."""
-_END = "end_reached:"
 
 
 class Controller:
@@ -192,10 +184,10 @@ class Controller:
             found = self.workers.find()
             if found:
                 self._adopt_world_size()
+                for rank, applied, last_step in self.workers.link_acks():  # sent while no supervisor listened
+                    self.directives.note_applied(rank, applied, last_step)
             self._note_resumed(found)
-            if found:
-                self._reacquire_acks()
-            elif not self.phase.is_terminal:
+            if not found and not self.phase.is_terminal:
                 self._restart(GroupEvent("lost", (), "no workers found when the supervisor re-attached"))
             return
         if self.workers.exists_on_cluster():
@@ -261,15 +253,19 @@ class Controller:
                 f"the worker group did not start after {tried} attempt(s) ({budget}): {exc.one_line()}"
             ) from None
 
+    def _manifest(self, step: int | None) -> Manifest | None:
+        """Checkpoint ``step``'s manifest; None: no such checkpoint (or none readable)."""
+        if step is None or step < 0 or self.checkpoints is None:
+            return None
+        try:
+            return self.checkpoints.find(step)
+        except CheckpointError:
+            return None
+
     def _ranks_for(self, resume: int | None) -> int | None:
         """The ranks a group resuming from checkpoint ``resume`` must have: as many as saved it when
         its state cannot be resharded (the ``sharded`` layout); None: as ``resources`` allow."""
-        if resume is None or resume < 0 or self.checkpoints is None:
-            return None
-        try:
-            manifest = self.checkpoints.find(resume)
-        except CheckpointError:
-            return None
+        manifest = self._manifest(resume)
         return manifest.world_size if manifest is not None and manifest.layout == "sharded" else None
 
     def _adopt_world_size(self) -> None:
@@ -297,11 +293,6 @@ class Controller:
             self.incidents.record(incident.id, EventKind.SUPERVISOR_RESUMED, actor="supervisor",
                                   step=self.current_step,
                                   payload={"pending_actions": pending, "workers_found": workers_found})  # fmt: skip
-
-    def _reacquire_acks(self) -> None:
-        """Acknowledgements sent while no supervisor listened: ask each worker's link."""
-        for rank, applied, last_step in self.workers.link_acks():
-            self.directives.note_applied(rank, applied, last_step)
 
     # -- records in ---------------------------------------------------------------------------
     def ingest(self) -> bool:
@@ -369,7 +360,7 @@ class Controller:
         if isinstance(clip, int | float) and not isinstance(clip, bool) and clip >= 0:
             self.state.reported_grad_clip = float(clip)  # the job's own clip (JobState.grad_clip)
         for ev in events:
-            if ev.startswith(_END):
+            if ev.startswith(f"{END_REACHED}:"):
                 self.state.held_at[rank] = step
             elif ev == "checkpoint_saved" or ev.startswith("checkpoint_saved:"):
                 tail = ev.split(":")[1] if ":" in ev else ""
@@ -388,14 +379,12 @@ class Controller:
 
     # -- worker-group events ----------------------------------------------------------------------
     def on_group_event(self, event: GroupEvent) -> None:
-        if event.kind == "finished":
-            self._workers_finished()
-        else:
+        """A fault restarts the group. Once every rank returned, whatever is still to analyse is
+        analysed, and a pending incident still gets its plan (its worker actions are then recorded
+        as skipped, never as done)."""
+        if event.kind != "finished":
             self._restart(event)
-
-    def _workers_finished(self) -> None:
-        """Every rank returned. Whatever is still to analyse is analysed, and a pending incident
-        still gets its plan (its worker actions are then recorded as skipped, never as done)."""
+            return
         self._take_down("every rank returned")
         self._analyse_ready(final=True)
         self._finalize_open()
@@ -553,12 +542,7 @@ class Controller:
 
     def _quarantined(self, step: int) -> bool:
         """Checkpoint ``step`` exists and is quarantined (a failed check after it was chosen)."""
-        if step < 0 or self.checkpoints is None:
-            return False
-        try:
-            manifest = self.checkpoints.find(step)
-        except CheckpointError:
-            return False
+        manifest = self._manifest(step)
         return manifest is not None and manifest.health is HealthMark.QUARANTINED
 
     def _restart_target(self) -> int | None:
@@ -611,11 +595,11 @@ class Controller:
             ids = [d["id"] for k in ("directive", "snapshot", "stop") if isinstance(d := memo.get(k), dict)]
             if pa.name == "rollback":  # the target it fell back to, if the ranks refused the planned one
                 ids = [rollback_in_force(self.directives, did) for did in ids]
-            wanted = pending or pa.name == "apply" or (pa.name == "freeze" and self.state.frozen)
-            if pa.name == "rollback" and not pending:
-                wanted = False  # the restart itself went back before the onset
-            ordered += [(did, pa.name, pending) for did in ids if wanted]
-            if pa.name == "apply" and not pending and event.status is EventStatus.DONE:
+            # Again: what was in flight, every fix, the freeze in force -- not a done rollback (the
+            # restart itself went back before the onset).
+            if pending or pa.name == "apply" or (pa.name == "freeze" and self.state.frozen):
+                ordered += [(did, pa.name, pending) for did in ids]
+            if pa.name == "apply" and event.status is EventStatus.DONE:
                 # The new generation applies the fix again from its resume point (a re-warm starts
                 # over there); the rewind took the detector's note of it back: note it again.
                 self.flow.note_overrides(max(self.current_step, 0), event.payload.get("params") or {},
@@ -674,8 +658,7 @@ class Controller:
     def _abandon_pending_events(self, reason: str = "job ended") -> None:
         for incident in self.incidents.active(self.job.name):
             for ev in self.incidents.pending_events(incident.id):
-                if ev.status is EventStatus.PENDING:
-                    self.incidents.finish(ev.id, result={"reason": reason, "skipped": True}, failed=True)
+                self.incidents.finish(ev.id, result={"reason": reason, "skipped": True}, failed=True)
 
     def _count_downtime(self) -> None:
         """Wall time during which training did not advance: frozen, restarting, or held for an incident."""
@@ -688,9 +671,9 @@ class Controller:
             self.state.downtime_s += now - self.state.stalled_since
             self.state.stalled_since = None
 
-    def close_time_lost(self) -> dict[str, Any]:
+    def close_time_lost(self) -> None:
         """The run ended: its time lost to instability, per incident into each one's timeline (a
-        ``time_lost`` note), and the run's totals (returned; in the final summary and ``status``)."""
+        ``time_lost`` note; the run's totals are in the final summary and ``status``)."""
         self.time_lost.finish(time.time())
         for inc in self.incidents.list_incidents(job=self.job.name):
             timeline = self.incidents.timeline(inc.id)
@@ -702,7 +685,6 @@ class Controller:
                 lost["retrain_s"] = round(lost["retrain_s"], 2)
                 self.incidents.record(inc.id, EventKind.NOTE, actor="supervisor", step=max(self.current_step, 0),
                                       payload={"time_lost": lost})  # fmt: skip
-        return self.time_lost.summary(self.state.downtime_s)
 
     def downtime_now(self) -> float:
         since = self.state.stalled_since
@@ -862,8 +844,7 @@ class Controller:
 
     def observation_end(self, onset_step: int) -> int:
         """The last step an observation window must reach: the onset plus the policy's margin."""
-        margin = getattr(getattr(self.policy, "observation", None), "onset_margin_steps", 20)
-        return onset_step + int(margin)
+        return onset_step + self.policy.observation.onset_margin_steps
 
     def window_after(self, step: int) -> list[StepStats]:
         return [h for h in self.history if h.step > step]
@@ -955,10 +936,7 @@ class Controller:
             "reason": self.state.reason,
             "step": max(self.current_step, 0),
             "max_steps": self.job.max_steps,
-            "loss": last.loss if last else None,
-            "grad_norm": last.grad_norm if last else None,
-            "tokens_per_s": last.tokens_per_s if last else None,
-            "lr": last.lr if last else None,
+            **{k: getattr(last, k) if last else None for k in ("loss", "grad_norm", "tokens_per_s", "lr")},
             "frozen": self.state.frozen,
             "generation": self.state.generation,
             "world_size": self.world_size,

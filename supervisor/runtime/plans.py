@@ -84,21 +84,18 @@ class PlanRunner:
             self.transitions += 1
             self._begun.add(aid)
             return Step(begins, again=True)
+        memo = dict(event.payload.get("memo") or {})
         if aid in self._begun:  # 2. ... then it starts, with what its pending event holds
             self._begun.discard(aid)
-            return Step(self._start(ex, rt, params, memo_of(event), aid))
+            return Step(self._start(ex, rt, params, memo, aid))
         next_action = effects.NextAction(active.incident_id, active.plan_no, active.index)
-        if event.status is EventStatus.DONE:
+        result = event.result or {}
+        # Done, or moot: it can no longer matter (e.g. the state it was to save is gone).
+        if event.status is EventStatus.DONE or (event.status is EventStatus.FAILED and result.get("moot")):
             return Step((next_action,))
-        memo = memo_of(event)
-        if event.status is EventStatus.FAILED and (event.result or {}).get("moot"):
-            return Step((next_action,))  # it could no longer matter (e.g. the state it was to save is gone)
         if event.status is EventStatus.FAILED:
-            result = event.result or {}
             reason = str(result.get("reason", "failed"))
-            if result.get("skipped"):
-                return Step(failed=Outcome(False, result, reason, skipped=True))
-            return Step(failed=Outcome.fail(reason, **result))
+            return Step(failed=Outcome(False, dict(result), reason, skipped=bool(result.get("skipped"))))
         if aid not in self._started:  # a predecessor started it: re-start idempotently, then poll
             self.began.setdefault(aid, event.wall_time)
             return Step(self._start(ex, rt, params, memo, aid), again=True)
@@ -159,19 +156,13 @@ class PlanRunner:
         return params
 
 
-def memo_of(event: Any) -> dict[str, Any]:
-    return dict(event.payload.get("memo") or {})
-
-
 def can_move(incidents: Any, incident_id: int, target: IncidentState) -> bool:
     """Valid from the incident's current state, and not a reopen."""
     current = incidents.get(incident_id).state
     return current != target and can_transition(current, target) and (current, target) != REOPEN
 
 
-def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> bool:
+def move(incidents: Any, incident_id: int, target: IncidentState, reason: str, step: int | None) -> None:
     """Transition when valid from the current state (a no-op otherwise, e.g. frozen -> frozen)."""
-    if not can_move(incidents, incident_id, target):
-        return False
-    incidents.transition(incident_id, target, reason, actor="supervisor", step=step)
-    return True
+    if can_move(incidents, incident_id, target):
+        incidents.transition(incident_id, target, reason, actor="supervisor", step=step)
