@@ -46,16 +46,6 @@ log = get_logger("supervisor.runtime.incidents")
 NEEDS_WORKERS = names_where("needs_workers")  # skipped at the end of training: the fault is unhandled
 
 
-def make_analyzer(job: JobSpec, saved: Any) -> StreamingAnalyzer:
-    analyzer = StreamingAnalyzer(DetectorSettings.from_telemetry(job.telemetry))
-    if saved:
-        try:
-            analyzer.load_state_dict(saved)
-        except Exception as exc:  # an unreadable saved state must not stop supervision: start empty
-            log.warning("analyzer_state_not_restored", error=repr(exc))
-    return analyzer
-
-
 def timeline_of(step: int, rollback_targets: list[int]) -> int:
     """Which run a step was trained on: the newest rollback n (of ``rollback_targets``, oldest first)
     whose target is before it; 0: the original run."""
@@ -124,7 +114,12 @@ class IncidentFlow:
         self.store = store  # IncidentStore
         self.state = state
         self.checkpoints = checkpoints  # CheckpointStore, or None
-        self.analyzer = make_analyzer(job, state.analyzer)
+        self.analyzer = StreamingAnalyzer(DetectorSettings.from_telemetry(job.telemetry))
+        if state.analyzer:
+            try:
+                self.analyzer.load_state_dict(state.analyzer)
+            except Exception as exc:  # an unreadable saved state must not stop supervision: start empty
+                log.warning("analyzer_state_not_restored", error=repr(exc))
         self.runner = PlanRunner(store)
         self._out: Effects = []
         self.unfinished: str | None = None
@@ -222,14 +217,10 @@ class IncidentFlow:
         """A periodic chain's refinement keeps the onset of the occurrence the incident was reopened
         for: the chain's own (its first occurrence) would move the rollback target back to a fault
         already handled."""
-        if d.period is None:
+        onset = self.store.get(incident_id).onset_step if d.period is not None else None
+        if onset is None or onset <= d.onset_step:
             return d
-        onset = self.store.get(incident_id).onset_step
-        return (
-            replace(d, onset_step=onset, peak_step=max(onset, d.peak_step))
-            if (onset or 0) > d.onset_step
-            else d
-        )
+        return replace(d, onset_step=onset, peak_step=max(onset, d.peak_step))
 
     def _recurred_in_window(self, d: Diagnosis, step: int) -> int | None:
         """The observed incident's id when its fault came back inside its window: whatever its
@@ -279,8 +270,8 @@ class IncidentFlow:
     def _recurrence_of(self, d: Diagnosis) -> tuple[Resolved, str] | None:
         """The resolved incident of the same fault (``same_fault``) this one repeats, and why
         (``core.policy.recurrence.reopens`` decides)."""
-        rec = getattr(self.policy, "recurrence", None)
-        if rec is None or not getattr(rec, "reopen_within_steps", 0):
+        rec = self.policy.recurrence
+        if not rec.reopen_within_steps:
             return None
         resolved = []
         for inc in self.store.list_incidents(job=self.job.name, state=IncidentState.RESOLVED):

@@ -10,12 +10,9 @@ Its transitions::
     any ── every rank returned, workers killed, a start or a restart failed ──► Ended(ending)
     Ended ── EndJob (a plan that goes on once the workers are gone) ──► Ended(ending)
 
-``Controller.lifecycle`` holds the current one and ``Controller.set_lifecycle`` alone changes it,
-logging old -> new and the reason. The job's phase (``state.JobPhase``, persisted) says what the
-job does; the lifecycle says what its workers do and how the job ends once they are down. It is
+``Controller.set_lifecycle`` alone changes it (docs/architecture.md, "One writer per state"). It is
 not persisted: a re-attached supervisor starts in ``Running`` (``Relaunching`` when it finds no
-workers) and derives the rest again. Each state's methods are its transitions: they return the
-next state and do nothing else.
+workers). Each state's methods are its transitions: they return the next state and do nothing else.
 """
 
 from __future__ import annotations

@@ -55,13 +55,7 @@ class JobPhase(str, Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in (
-            JobPhase.FINISHED,
-            JobPhase.UNFINISHED,
-            JobPhase.ESCALATED,
-            JobPhase.FAILED,
-            JobPhase.STOPPED,
-        )
+        return self not in (JobPhase.STARTING, JobPhase.RUNNING, JobPhase.INCIDENT, JobPhase.RESTARTING)
 
     @property
     def exit_code(self) -> int:
@@ -165,7 +159,6 @@ class RuntimeState(BaseModel):
             self.incident_steps = [*self.incident_steps, onset][-INCIDENT_STEPS_KEPT:]
 
     def save(self, path: Path) -> None:
-        """Atomic: write a temp file, fsync, rename over the old one."""
         write_state(path, self.dump())
 
     def dump(self) -> str:
