@@ -1,9 +1,6 @@
-"""The worker group: one detached Ray actor per rank, in a detached placement group.
-
-Ray owns the processes, their placement and their death; the supervisor only decides when a
-group is started, re-attached after a supervisor restart, or replaced by a new generation
-(after a worker died, hung, or its node was lost). Names carry the generation
-(``worker:<job>:<gen>:<rank>``) so a new group never races the old one for a name.
+"""The worker group: one detached Ray actor per rank, in a detached placement group (docs/runtime.md,
+"Which Ray mechanism, and why"). Names carry the generation (``worker:<job>:<gen>:<rank>``) so a
+new group never races the old one for a name.
 """
 
 from __future__ import annotations
@@ -91,11 +88,9 @@ class WorkerGroup:
             fit = min(bundles_that_fit(bundle, ray.nodes()), self.world_size - 1)
             if fit < fewest:
                 if res.min_workers is not None:
-                    why = f"resources.min_workers={res.min_workers}" + (
-                        f"; the checkpoint it resumes from loads on {ranks} ranks only"
-                        if ranks is not None
-                        else ""
-                    )
+                    why = f"resources.min_workers={res.min_workers}"
+                    if ranks is not None:
+                        why += f"; the checkpoint it resumes from loads on {ranks} ranks only"
                     raise GroupDoesNotFit(f"{exc} ({why})") from None
                 raise
             self.log.warning("group_shrunk", world_size=fit, num_workers=res.num_workers,
@@ -152,18 +147,15 @@ class WorkerGroup:
         )
 
     def _place(self, bundle: dict[str, float], timeout_s: float) -> None:
+        """Reserve the group; ``GroupDoesNotFit`` once the live nodes cannot hold it for
+        ``resources.wait_for_nodes_s``, ``WorkerStartError`` when it is not placed within
+        ``timeout_s`` though it would fit."""
         self.pg = placement_group(
             [dict(bundle) for _ in range(self.world_size)],
             strategy="PACK",
             name=placement_group_name(self.job.name, self.generation),
             lifetime="detached",
         )
-        self._await_placement(bundle, timeout_s)
-
-    def _await_placement(self, bundle: dict[str, float], timeout_s: float) -> None:
-        """``GroupDoesNotFit`` once the live nodes cannot hold it for ``resources.wait_for_nodes_s``;
-        ``WorkerStartError`` when it is not placed within ``timeout_s`` though it would fit."""
-        assert self.pg is not None
         ready = self.pg.ready()
         start = time.monotonic()
         wait_s = self.job.resources.wait_for_nodes_s
@@ -175,11 +167,8 @@ class WorkerGroup:
                 return
             now = time.monotonic()
             short = shortfall(bundle, self.world_size, ray.nodes())
-            if short is None:
-                unfit_since = None
-            elif unfit_since is None:
-                unfit_since = now
-            if short is not None and unfit_since is not None and now - unfit_since >= wait_s:
+            unfit_since = None if short is None else (now if unfit_since is None else unfit_since)
+            if unfit_since is not None and now - unfit_since >= wait_s:
                 self.shutdown()
                 waited = (
                     f" after waiting {wait_s:g}s for nodes (resources.wait_for_nodes_s)" if wait_s else ""

@@ -101,13 +101,13 @@ def test_a_group_the_live_nodes_cannot_hold_fails_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     group = WorkerGroup(make_job(tmp_path, "unfit", resources={"num_workers": 4}), FAST, 1)
-    group.pg = SimpleNamespace(ready=lambda: "ref")  # type: ignore[assignment]
+    monkeypatch.setattr(group_mod, "placement_group", lambda *a, **k: SimpleNamespace(ready=lambda: "ref"))
     monkeypatch.setattr(group, "shutdown", lambda: None)
     monkeypatch.setattr(group_mod.ray, "wait", lambda refs, timeout: ([], refs))
     monkeypatch.setattr(group_mod.ray, "nodes", lambda: [_node(HEAD, 2), _node(LOST, 2, alive=False)])
     t0 = time.monotonic()
     with pytest.raises(GroupDoesNotFit, match="hold 2 of them"):
-        group._await_placement({"CPU": 1.0}, timeout_s=120.0)
+        group._place({"CPU": 1.0}, timeout_s=120.0)
     assert time.monotonic() - t0 < 5.0
 
 
