@@ -135,35 +135,26 @@ class Check:
     limit: float | None
     detail: str
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> list[Check]:
     """Each pass criterion of an ``observe`` action, on the window against the baseline: loss
     *below* median + N x 1.4826 MAD (lower is fine: training goes on improving); grad norm and
     update ratio medians under N x baseline (``_update``: per unit of LR under a higher LR);
     ``capacity`` over N x baseline unless ``throughput`` is false. A metric nobody reports passes."""
-    checks = [_finite(window)]
     w_loss = statistics.median(h.loss for h in window)
     limit = base.loss_median + criteria.get("loss_within_mads", 3.0) * 1.4826 * base.loss_mad
-    checks.append(
-        Check("loss", w_loss <= limit, w_loss, limit, f"window median {w_loss:.4g} vs limit {limit:.4g}")
-    )
-    for name, attr, key, upper, summary in (
-        ("grad_norm", "grad_norm", "grad_norm_ratio_max", True, _median),
-        ("throughput", "tokens_per_s", "throughput_min_ratio", False, capacity),
-    ):
-        value = summary([getattr(h, attr) for h in window])
-        if name == "throughput" and criteria.get("throughput") is False:
-            checks.append(Check(name, True, value, None, "not judged (the policy turned it off)"))
-            continue
-        if name == "grad_norm" and (warm := _warm_up_baseline(base, window)):
-            checks.append(Check(name, True, value, None, f"not judged ({warm})"))
-            continue
-        checks.append(_ratio(name, getattr(base, attr), value, criteria, key, upper))
-    checks.insert(3, _update(base, window, criteria))
-    return checks
+    loss = Check("loss", w_loss <= limit, w_loss, limit, f"window median {w_loss:.4g} vs limit {limit:.4g}")
+    grad = _median([h.grad_norm for h in window])
+    if warm := _warm_up_baseline(base, window):
+        grad_check = Check("grad_norm", True, grad, None, f"not judged ({warm})")
+    else:
+        grad_check = _ratio("grad_norm", base.grad_norm, grad, criteria, "grad_norm_ratio_max", True)
+    speed = capacity([h.tokens_per_s for h in window])
+    if criteria.get("throughput") is False:
+        speed_check = Check("throughput", True, speed, None, "not judged (the policy turned it off)")
+    else:
+        speed_check = _ratio("throughput", base.tokens_per_s, speed, criteria, "throughput_min_ratio", False)
+    return [_finite(window), loss, grad_check, _update(base, window, criteria), speed_check]
 
 
 def _warm_up_baseline(base: Baseline, window: list[StepStats]) -> str:

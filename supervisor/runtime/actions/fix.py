@@ -72,20 +72,22 @@ class ObserveAction:
         window = rt.window_after(memo["from_step"])
         events = event_checks(rt, memo["from_step"])
         early = any(not c.passed for c in events)  # the fault came back, or a new anomaly: fail now
-        if not early and len(window) < memo["steps"] and not rt.training_ended():
+        ended = not early and rt.training_ended()
+        short = len(window) < memo["steps"]
+        if not early and short and not ended:
             return None
-        base = rt.baseline()
-        stop = rt.stop_reason() if not early and rt.training_ended() else None
-        if stop is not None and len(window) < memo["steps"]:  # a stopped window is not a passed one
+        stop = rt.stop_reason() if ended else None
+        if stop is not None and short:  # a stopped window is not a passed one
             return Outcome.skip(
                 f"stopped on request ({stop}) {len(window)} of {memo['steps']} steps into the observation window",
                 steps=len(window),
             )
-        if not early and rt.training_ended() and len(window) < 5:
+        if ended and len(window) < 5:
             return Outcome.skip(
                 f"training ended {len(window)} step(s) into the observation window", steps=len(window)
             )
         window = window[: memo["steps"]]
+        base = rt.baseline()
         checks = list(events)
         if base is not None and window:  # every criterion, on the steps seen so far when failing early
             checks = (
@@ -108,7 +110,7 @@ class ObserveAction:
             result["ended_early_at_step"] = rt.current_step
         if failed:
             return Outcome.fail(f"observation failed: {', '.join(failed)}", **result)
-        if not early and rt.training_ended() and len(window) < memo["steps"]:
+        if ended and short:
             # Every step the run gave went through the detector and nothing failed, but the window
             # is shorter than asked: not a passed observation (the fix is unverified).
             result["passed"] = None
