@@ -44,8 +44,6 @@ class StepAssembler:
         self.skipped = 0
         self.missing = 0
         """Rank records never received for a step that was analysed without them."""
-        self.incomplete: list[tuple[int, list[int], str]] = []
-        """(step, missing ranks, why) of steps released incomplete since the caller last took them."""
         self._pending: dict[int, dict[int, Record]] = {}
         self._tags: dict[int, dict[int, Tag]] = {}
         self._first_seen: dict[int, float] = {}
@@ -118,16 +116,14 @@ class StepAssembler:
                     break
                 why = ("later steps arrived from them" if moved_on
                        else "the workers ended" if final else f"waited step_deadline_s={self.deadline_s:g}s")  # fmt: skip
-                self._report_missing(step, absent, why)
+                self.missing += len(absent)
+                log.warning(
+                    "rank_record_missing", step=step, ranks=absent, why=why, missing_total=self.missing
+                )
             out.append((step, [ranks[r] for r in sorted(ranks)]))
             self._release(step)
             self.watermark = step
         return out
-
-    def _report_missing(self, step: int, ranks: list[int], why: str) -> None:
-        self.missing += len(ranks)
-        self.incomplete.append((step, ranks, why))
-        log.warning("rank_record_missing", step=step, ranks=ranks, why=why, missing_total=self.missing)
 
     def _release(self, step: int) -> None:
         del self._pending[step]
