@@ -124,15 +124,10 @@ def job_of_running(job_name: str) -> JobSpec | None:
     """The spec of ``job_name`` as its workers (or its supervisor) hold it on the cluster."""
     from supervisor.runtime.group import WorkerGroup
 
-    try:
-        handle = ray.get_actor(supervisor_name(job_name), namespace=NAMESPACE)
-        return JobSpec.model_validate(ray.get(handle.spec.remote(), timeout=10))
-    except (ValueError, RayActorError, GetTimeoutError):
-        pass
-    for name in WorkerGroup.names(job_name):
+    for name in [supervisor_name(job_name), *WorkerGroup.names(job_name)]:
         try:
-            worker = ray.get_actor(name, namespace=NAMESPACE)
-            return JobSpec.model_validate(ray.get(worker.spec.remote(), timeout=10))
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            return JobSpec.model_validate(ray.get(actor.spec.remote(), timeout=10))
         except (ValueError, RayActorError, GetTimeoutError):
             continue
     return None

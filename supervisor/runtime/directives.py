@@ -56,7 +56,9 @@ class DirectiveLog:
 
     def append(self, directive: Directive) -> int:
         """Idempotent by id; returns its sequence number."""
-        body = directive.to_dict()
+        return self._add(directive.to_dict())
+
+    def _add(self, body: dict[str, Any]) -> int:
         with self._lock:
             for e in self._entries:
                 if e["id"] == body["id"]:
@@ -82,11 +84,7 @@ class DirectiveLog:
             return None
         body = {k: v for k, v in original.items() if k != "seq"}
         body["id"] = f"{original['id']}{_COPY}{generation}"
-        with self._lock:
-            if not any(e["id"] == body["id"] for e in self._entries):
-                seq = (self._entries[-1]["seq"] + 1) if self._entries else 1
-                self._entries.append({**body, "seq": seq})
-                self._lock.notify_all()
+        self._add(body)
         return str(body["id"])
 
     def forget_acks(self, directive_id: str) -> None:

@@ -2,15 +2,8 @@
 
 Worker supervision reports what happened (``GroupEvent``); ``decide`` says, without side effects,
 whether the group is restarted (after how long) or the job escalates, and logs its cause with
-the setting behind it (docs/architecture.md, One writer per state)::
-
-    restarts:               # policy YAML (supervisor.core.policy.settings.Restarts)
-      max_restarts: 3       # group restarts (within window_steps) before the job fails
-      window_steps: null    # restarts older than this many steps of progress no longer count
-      backoff_s: 2          # wait before the first restart ...
-      backoff_factor: 2     # ... times this for each further one ...
-      backoff_max_s: 60     # ... at most this
-      max_without_progress: 1   # restarted groups in a row that fail before a step: then fail the job
+the setting behind it (docs/architecture.md, One writer per state). The settings are the policy's
+``restarts`` section (``core.policy.settings.Restarts``; docs/policies.md, Policy-wide sections).
 """
 
 from __future__ import annotations
@@ -62,9 +55,7 @@ class RestartSettings:
 
     @classmethod
     def of(cls, policy: Any) -> RestartSettings:
-        section = getattr(policy, "restarts", None)
-        if section is None:
-            return cls()
+        section = getattr(policy, "restarts", None)  # None: every default
         values: dict[str, Any] = {f.name: getattr(section, f.name, f.default) for f in fields(cls)}
         return cls(**values)
 
