@@ -1,20 +1,12 @@
-"""Which numbered records the supervisor has received, consumed, and durably accepted.
+"""Which numbered records the supervisor has received, consumed, and durably accepted
+(docs/runtime.md, Crash consistency: "No record is lost").
 
-Every worker link numbers its records 1, 2, 3, ... (``seq``) under a link id of its own (a
-new id per worker process, so a new generation never collides with an old one). A record is
-*consumed* once it no longer matters what it said: its step was analysed, or it was dropped
-as a duplicate, a resend, a control message or a step of an abandoned timeline. A link's
-consumed mark is the highest ``seq`` with every record up to it consumed.
-
-The mark becomes *durable* only when the state that reflects those records (detector state,
-watermark, directive acknowledgements) has been written to disk; only then is it sent back
-to the link, which may forget records up to it. A supervisor killed at any moment therefore
-finds every record it had not durably taken in still held by the workers.
-
-Getting them back is the supervisor's call (``offer``): a batch that starts past the next number
-expected while its link still holds that number is refused with ``resend_from``, and the link
-sends everything from there, in order. A gap the link no longer holds (its bounded buffer dropped
-the records) is accepted, counted and logged.
+Every worker link numbers its records 1, 2, 3, ... (``seq``) under a link id of its own, new per
+worker process. A link's *consumed* mark is the highest ``seq`` with every record up to it
+consumed (analysed, or dropped); it becomes *durable*, and is sent back to the link, only once the
+state that reflects those records is on disk. A batch that starts past the next number expected
+while its link still holds that number is refused with ``resend_from`` (``offer``); a gap the link
+no longer holds is accepted, counted and logged.
 """
 
 from __future__ import annotations

@@ -10,14 +10,8 @@ supplies how to build its model and batches: its entrypoint module defines
 where ``hooks`` has ``model`` and ``optimizer`` (fresh, to load the checkpoint into),
 ``batch(sample_ids) -> batch`` (a batch made of exactly these samples),
 ``control_batch(n, exclude: set[str]) -> (batch, sample_ids)`` (normal samples) and
-``loss(model, batch) -> scalar tensor``.
-
-Verdict: the suspect batch *reproduces* when, from a healthy state, its loss is non-finite
-or far above the control's, or its grad norm is ``grad_ratio`` times the control's: the
-cause is the data. Otherwise the spike does not reproduce: transient or system (optimizer
-state, a rank, a kernel). For numeric suspects the suspect batch is run again in fp32 with
-the math SDPA backend: finite there but not in the default path points at a kernel or
-precision, not at the model.
+``loss(model, batch) -> scalar tensor``. The verdict is the live path's
+(``supervisor.sdk.replay``, which says how it is reached).
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from supervisor.sdk.replay import verdict  # one verdict for both replay paths
+from supervisor.sdk.replay import verdict
 
 HOOKS = "replay_hooks"
 

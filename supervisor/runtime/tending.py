@@ -1,12 +1,6 @@
-"""Checkpoints the run leaves: saved -> verified -> healthy, `latest` on the timeline, retention.
-
-* A reported checkpoint (``checkpoint_saved``) is verified, and becomes ``healthy`` once
-  ``healthy_after_steps`` anomaly-free steps followed it with no incident acted on near it.
-* `latest` follows the timeline: back to the target on a rollback or restart
-  (``abandon_after``), forward to the newest healthy checkpoint when an incident's block is
-  released (``catch_up_latest``), and at the end of a clean run.
-* Retention (``checkpoint.keep``) runs when a checkpoint turns healthy and at the end; what open
-  incidents may need (rollback candidates before the onset, diagnostic snapshots) is protected.
+"""Checkpoints the run leaves: saved -> verified -> healthy (``tend``), `latest` on the timeline
+(``abandon_after``, ``catch_up_latest``), retention (``retain``, ``protected_for``). What each
+step means: docs/runtime.md, the paragraph after the action table and Crash consistency.
 """
 
 from __future__ import annotations
@@ -20,6 +14,9 @@ from supervisor.logging import get_logger
 from supervisor.runtime.state import RuntimeState
 
 log = get_logger("supervisor.runtime.tending")
+
+_USABLE = (HealthMark.VERIFIED, HealthMark.HEALTHY)
+"""A checkpoint's marks that let it count verified, and turn (or stay) healthy."""
 
 
 class CheckpointTending:
@@ -49,7 +46,7 @@ class CheckpointTending:
             if current_step < step + self.window and not (final and current_step >= step):
                 continue
             manifest = self.store.find(step)
-            if manifest is None or manifest.health not in (HealthMark.VERIFIED, HealthMark.HEALTHY):
+            if manifest is None or manifest.health not in _USABLE:
                 # Gone (retention) or quarantined since: never healthy, never `latest`.
                 state.checkpoints_verified.remove(step)
                 continue
@@ -99,10 +96,7 @@ class CheckpointTending:
                 log.warning("checkpoint_verify_failed", step=step, error=exc.one_line())
                 state.checkpoints_seen.remove(step)
                 continue
-            usable = result.manifest is not None and result.manifest.health in (
-                HealthMark.VERIFIED,
-                HealthMark.HEALTHY,
-            )
+            usable = result.manifest is not None and result.manifest.health in _USABLE
             if result.ok and usable:
                 state.checkpoints_verified.append(step)
             else:  # failed, or quarantined before (an abandoned timeline's save a late record named):
