@@ -14,7 +14,7 @@ break the link.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 from supervisor.core.model import Cause, Diagnosis, Phenotype
 
@@ -28,38 +28,29 @@ Finding = Literal[
     "checksum",
     "skipped_step",
 ]
-FINDINGS: tuple[str, ...] = Finding.__args__  # type: ignore[attr-defined]
+FINDINGS: tuple[str, ...] = get_args(Finding)
 
 #: Findings that mean the optimizer state or its last updates are suspect: they always get a
 #: rollback to before the onset plus a fix, whatever the phenotype reads.
 STATE_SUSPECT = ("lr_jump", "update_jump", "nonfinite")
 
-_PATTERNS: dict[str, re.Pattern[str]] = {
-    "lr_jump": re.compile(r"^learning rate ", re.IGNORECASE),
-    "update_jump": re.compile(r"^update ratio \S+x its level", re.IGNORECASE),
-    "nonfinite": re.compile(r"^non-finite values first at step", re.IGNORECASE),
-    "checksum": re.compile(r"^param fingerprints of ranks", re.IGNORECASE),
-    "skipped_step": re.compile(r"^the non-finite step \d+ was skipped", re.IGNORECASE),
-}
-_WHERE = {
-    "lr_jump": (Cause.OPTIMIZER,),
-    "update_jump": (Cause.OPTIMIZER, Cause.RESUME_STATE),
-    "nonfinite": (Cause.NUMERIC,),
-    "checksum": (Cause.DISTRIBUTED,),
-    "skipped_step": (Cause.NUMERIC,),
+#: Finding -> (the evidence sentence that shows it, the causes whose evidence may hold it).
+_PATTERNS: dict[str, tuple[str, tuple[Cause, ...]]] = {
+    "lr_jump": (r"^learning rate ", (Cause.OPTIMIZER,)),
+    "update_jump": (r"^update ratio \S+x its level", (Cause.OPTIMIZER, Cause.RESUME_STATE)),
+    "nonfinite": (r"^non-finite values first at step", (Cause.NUMERIC,)),
+    "checksum": (r"^param fingerprints of ranks", (Cause.DISTRIBUTED,)),
+    "skipped_step": (r"^the non-finite step \d+ was skipped", (Cause.NUMERIC,)),
 }
 
 
 def findings(d: Diagnosis) -> dict[str, str]:
     """Finding name -> the evidence sentence (or attribute) behind it, in a stable order."""
     found: dict[str, str] = {}
-    for name, pattern in _PATTERNS.items():
-        for cs in d.causes:
-            if cs.cause not in _WHERE[name]:
-                continue
-            hit = next((e for e in cs.evidence if pattern.search(e)), None)
-            if hit is not None:
-                found.setdefault(name, hit)
+    for name, (pattern, where) in _PATTERNS.items():
+        hits = (e for cs in d.causes if cs.cause in where for e in cs.evidence if re.search(pattern, e, re.I))
+        if (hit := next(hits, None)) is not None:
+            found[name] = hit
     if d.nonfinite:
         found.setdefault(
             "nonfinite", f"NaN/Inf seen{f' first at {d.nonfinite_at}' if d.nonfinite_at else ''}"
