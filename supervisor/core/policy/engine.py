@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from supervisor.core.model import Cause, Diagnosis
 from supervisor.core.policy.actions import ACTIONS
+from supervisor.core.policy.args import RollbackArgs
 from supervisor.core.policy.evidence import data_recurrence, findings
 from supervisor.core.policy.invariants import (
     RECURS_WHERE_IT_IS,
@@ -34,6 +35,7 @@ from supervisor.core.policy.invariants import (
 from supervisor.core.policy.plan import JobState, Plan, PlannedAction, Recovery
 from supervisor.core.policy.resolve import NoRollbackTarget, resolve
 from supervisor.core.policy.schema import ActionSpec, Policy, Rule
+from supervisor.core.policy.settings import Observation
 
 FALLBACK = "fallback"
 
@@ -252,11 +254,11 @@ def _finish(
     rollback_to: int | None = None
     speed_fix = False
     for i, s in enumerate(steps, 1):
-        planned.append(_planned(s, i, name, d, state, default, policy, rollback_to, speed_fix, start))
-        speed_fix = speed_fix or (planned[-1].name == "apply" and "precision" in planned[-1].params)
-        if planned[-1].name == "rollback":
-            target = planned[-1].params.get("target_step")
-            rollback_to = int(target if target is not None else planned[-1].params["max_target_step"])
+        a = _planned(s, i, name, d, state, default, policy.observation, rollback_to, speed_fix, start)
+        planned.append(a)
+        speed_fix = speed_fix or (a.name == "apply" and "precision" in a.params)
+        if isinstance(a.args, RollbackArgs):
+            rollback_to = a.args.target_step if a.args.target_step is not None else a.args.max_target_step
     notes = list(notes)
     for a in planned:
         if a.name == "apply" and not a.params:
@@ -282,13 +284,12 @@ def _planned(
     d: Diagnosis,
     state: JobState,
     default: str,
-    policy: Policy | None = None,
+    obs: Observation | None = None,
     rollback_to: int | None = None,
     speed_fix: bool = False,
     start: bool = False,
 ) -> PlannedAction:
     spec = step.spec
-    obs = policy.observation if policy else None
     params, detail = resolve(spec.action, spec.params, d, state, obs, rollback_to, speed_fix, start)
     origin = f"inserted by the engine ({step.inserted})" if step.inserted else f"rule {rule!r} action {i}"
     return PlannedAction(spec.action, params, f"{origin}: {detail}", spec.on_failure or default)

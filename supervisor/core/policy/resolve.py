@@ -1,11 +1,9 @@
 """Turn an action's policy parameters into concrete ones for one incident, with the reason.
 
-Symbolic values (`suspects`, `suspect`, `incident`) are replaced by what the diagnosis
-names; the rollback target is chosen from the known checkpoints; fixes are made relative to
-what the job runs now (``JobState.lr_scale``, ``grad_clip``, ``grad_norm``), and a fix that
-would change nothing is dropped with the reason (an ``apply`` left empty is dropped by the
-engine). Resolution raises ``NoRollbackTarget`` when no checkpoint may be restored: the
-engine then escalates.
+Symbolic values (`suspects`, `suspect`, `incident`) become what the diagnosis names, the rollback
+target is chosen from the known checkpoints, and fixes are made relative to what the job runs now
+(docs/policies.md, "Fixes are relative to what the job runs"). With no checkpoint to restore,
+resolution raises ``NoRollbackTarget`` and the engine decides what happens instead.
 """
 
 from __future__ import annotations
