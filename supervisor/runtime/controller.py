@@ -211,12 +211,9 @@ class Controller:
         self._group_started()
 
     def _launch(self, resume: int | None, after_seq: int) -> None:
-        """Start a worker generation. A start Ray did not carry out (``WorkerStartError``: not placed
-        in time, a rank slow to come up on a loaded host or dead on the way) is retried after the
-        restart policy's backoff, as a fresh generation that counts in the restart budget
-        (``restarts.max_restarts``) and is given twice the time of the one before; once the budget
-        is spent (or a stop was asked for) the last failure is raised, naming the attempts. Any
-        other failure is raised at once."""
+        """Start a worker generation. A start Ray did not carry out (``WorkerStartError``) is retried
+        after the backoff as a fresh generation with twice the time, within ``restarts.max_restarts``
+        and until a stop is asked for (docs/runtime.md, "Machinery faults"); any other failure is raised."""
         s = self.restart_settings
         at = max(self.current_step, 0)
         window = s.window_steps
@@ -692,10 +689,9 @@ class Controller:
 
     # -- effects: what the plan's actions do to the job, carried out here alone ----------------
     def advance_plan(self) -> bool:
-        """The active plan moves on by one action transition: the flow gives the plan to step (the
-        next waiting incident's when none runs), the runner steps it and returns its effects, carried
-        out here, then the flow settles a failed action or a finished plan. True when an action
-        started or finished."""
+        """The active plan moves on by one action transition: ``flow.begin``, the runner's step(s),
+        ``flow.settle`` (docs/architecture.md, "The control loop"). True when an action started or
+        finished."""
         active, fx = self.flow.begin(self._now())
         self.apply_all(fx)
         if active is None:
