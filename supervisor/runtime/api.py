@@ -18,7 +18,11 @@ from supervisor.runtime.cluster import head_node_id
 RemoteSupervisor = ray.remote(SupervisorActor)
 
 
-def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, detached: bool) -> Any:
+def launch(
+    job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False, attach: bool = False
+) -> Any:
+    """A supervisor actor for a new run of ``job``, which launches the worker group; with ``attach``
+    one that resumes ``job`` from its incident store and state file."""
     try:
         existing = ray.get_actor(supervisor_name(job.name), namespace=NAMESPACE)
     except ValueError:
@@ -51,14 +55,9 @@ def _start(job: JobSpec, settings: RuntimeSettings | None, *, attach: bool, deta
     ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
 
 
-def launch(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
-    """A supervisor actor for a new run of ``job``; it launches the worker group."""
-    return _start(job, settings, attach=False, detached=detached)
-
-
 def attach(job: JobSpec, settings: RuntimeSettings | None = None, *, detached: bool = False) -> Any:
     """A supervisor that resumes ``job`` from its incident store and state file."""
-    return _start(job, settings, attach=True, detached=detached)
+    return launch(job, settings, detached=detached, attach=True)
 
 
 def find(job_name: str) -> Any:
