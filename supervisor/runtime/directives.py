@@ -1,14 +1,11 @@
 """The supervisor's side of directives: an ordered log workers read from, and their acknowledgements.
 
 Each directive gets a sequence number; a worker asks for everything after the last one it saw.
-The log is persisted (``RuntimeState``) *before* a directive becomes visible, so a restarted
-supervisor never re-issues under a new number a directive a worker already fetched: that keeps a
-rollback from running twice. Ids derive from the plan action, so an action always names the same
-directive.
-
-A new worker generation does not read the old log from the start; the directives its incident
-still needs are *re-delivered* as copies named ``<id>@g<gen>``. An acknowledgement of a copy
-counts for the original id, so the action waiting on it finishes exactly once.
+The log is persisted (``RuntimeState``) *before* a directive becomes visible, and ids derive from
+the plan action, so a restarted supervisor never re-issues under a new number a directive a worker
+already fetched: that keeps a rollback from running twice. A new worker generation gets the
+directives its incident still needs as copies ``<id>@g<gen>``, whose acknowledgements count for
+the original id, so the action waiting on it finishes exactly once (docs/runtime.md, Machinery faults).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Time lost to instability, as operators count it.
-
-Per incident: the steps re-trained (each rollback's from - to), the wall time training did not
-advance (frozen, restarting, held: ``Controller._count_downtime``) and the wall time spent
-re-training them. Per run: the effective training time ratio -- the time of the steps that
-survive into the final timeline over the run's wall time (large published runs report 90-97%).
+"""Time lost to instability, as operators count it (docs/runtime.md, Crash consistency): per incident
+the steps re-trained and the time spent re-training them, per run the effective training time ratio.
 
 A step's time is its slowest rank's ``step_time``; with none reported, the gap to the previous
 step's record ``time`` when the two are consecutive on one timeline. The steps a rollback or
