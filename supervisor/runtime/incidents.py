@@ -202,14 +202,10 @@ class IncidentFlow:
             return None
         onset = int(head.facts.occurrences[-1])
         inc = self.store.get(incident_id)
-        if inc.state is IncidentState.RESOLVED:
-            window = self._window_end(incident_id)
-            since = window if window is not None else (inc.onset_step or 0)
-        elif inc.state is IncidentState.OBSERVING:
-            since = inc.onset_step or 0
-        else:
+        if inc.state not in (IncidentState.RESOLVED, IncidentState.OBSERVING):
             return None
-        if onset <= since:
+        window = self._window_end(incident_id) if inc.state is IncidentState.RESOLVED else None
+        if onset <= (window if window is not None else (inc.onset_step or 0)):
             return None
         return replace(d, onset_step=onset, peak_step=max(onset, d.peak_step))
 
