@@ -14,15 +14,19 @@ from supervisor.runtime.state import ActivePlan, JobPhase
 from supervisor.sdk.directives import Directive
 
 
+class Effect:
+    """One thing a step of the loop does to the job: each class below is one kind."""
+
+
 @dataclass(frozen=True)
-class Issue:
+class Issue(Effect):
     """A directive to every rank: on disk before any rank can fetch it; issued once per id."""
 
     directive: Directive
 
 
 @dataclass(frozen=True)
-class BlockLatest:
+class BlockLatest(Effect):
     """`latest` stops advancing until incident ``incident`` releases it (``ReleaseLatest``)."""
 
     incident: int
@@ -30,7 +34,7 @@ class BlockLatest:
 
 
 @dataclass(frozen=True)
-class Submit:
+class Submit(Effect):
     """``fn(*args)`` runs on the supervisor's I/O pool as task ``name``, once per name; an executor
     reads its result with ``Runtime.result_of(name)``."""
 
@@ -40,7 +44,7 @@ class Submit:
 
 
 @dataclass(frozen=True)
-class SubmitReplay:
+class SubmitReplay(Effect):
     """The offline replay from checkpoint ``step`` as task ``name`` (a Ray task), once per name."""
 
     name: str
@@ -50,7 +54,7 @@ class SubmitReplay:
 
 
 @dataclass(frozen=True)
-class Rewind:
+class Rewind(Effect):
     """The job continues from checkpoint ``to_step``; keyed: carried out once."""
 
     to_step: int
@@ -59,7 +63,7 @@ class Rewind:
 
 
 @dataclass(frozen=True)
-class NoteOverrides:
+class NoteOverrides(Effect):
     """The detector learns of a fix the ranks applied after ``step``."""
 
     step: int
@@ -68,21 +72,21 @@ class NoteOverrides:
 
 
 @dataclass(frozen=True)
-class SetFrozen:
+class SetFrozen(Effect):
     """The ranks park at a boundary (``True``, acknowledged) or go on (``False``)."""
 
     frozen: bool
 
 
 @dataclass(frozen=True)
-class ReleaseLatest:
+class ReleaseLatest(Effect):
     """`latest` may advance again as far as incident ``incident`` holds it."""
 
     incident: int
 
 
 @dataclass(frozen=True)
-class RestartGroup:
+class RestartGroup(Effect):
     """A rollback carried out as a group restart from ``to_step`` (None: from the run's start, no
     checkpoint resumed); keyed: carried out once."""
 
@@ -92,7 +96,7 @@ class RestartGroup:
 
 
 @dataclass(frozen=True)
-class EndJob:
+class EndJob(Effect):
     """The job ends in ``phase`` once the workers are down (a stop, an escalation)."""
 
     phase: str
@@ -100,14 +104,14 @@ class EndJob:
 
 
 @dataclass(frozen=True)
-class KillWorkers:
+class KillWorkers(Effect):
     """A directive that ends training could not reach every rank: take the group down."""
 
     reason: str
 
 
 @dataclass(frozen=True)
-class BeginAction:
+class BeginAction(Effect):
     """The ``pending`` timeline event of a plan's action, keyed by its action id, with what it is
     started with (its parameters and memo): on disk before the action starts."""
 
@@ -121,7 +125,7 @@ class BeginAction:
 
 
 @dataclass(frozen=True)
-class FinishAction:
+class FinishAction(Effect):
     """The timeline event of a plan's action is marked done (or failed) with ``result``: after the
     effects of its outcome, so a supervisor killed in between polls the action again."""
 
@@ -131,7 +135,7 @@ class FinishAction:
 
 
 @dataclass(frozen=True)
-class NextAction:
+class NextAction(Effect):
     """The active plan (incident ``incident``'s plan ``plan_no``) moves past its action ``index``:
     done, or moot."""
 
@@ -141,7 +145,7 @@ class NextAction:
 
 
 @dataclass(frozen=True)
-class AmendPlan:
+class AmendPlan(Effect):
     """The active plan (incident ``incident``'s plan ``plan_no``) goes on as ``plan`` (after a failed
     action, its ``on_failure`` follow-up in place of the rest)."""
 
@@ -151,7 +155,7 @@ class AmendPlan:
 
 
 @dataclass(frozen=True)
-class StartPlan:
+class StartPlan(Effect):
     """``active`` is the plan in force: a new incident's, or one re-made (a changed diagnosis, a
     failed observation); its first action begins once it is on disk (``Persist``)."""
 
@@ -159,12 +163,12 @@ class StartPlan:
 
 
 @dataclass(frozen=True)
-class EndPlan:
+class EndPlan(Effect):
     """No plan is active any more: no incident is acted on until the next one's plan is made."""
 
 
 @dataclass(frozen=True)
-class MoveIncident:
+class MoveIncident(Effect):
     """Incident ``incident`` moves to ``to`` when the move is valid from its state then (a no-op
     otherwise, e.g. frozen -> frozen); the store records the reason with the move."""
 
@@ -175,7 +179,7 @@ class MoveIncident:
 
 
 @dataclass(frozen=True)
-class RecordEvent:
+class RecordEvent(Effect):
     """An event (a note: a plan made, what was skipped, the downtime) in an incident's timeline."""
 
     incident: int
@@ -186,7 +190,7 @@ class RecordEvent:
 
 
 @dataclass(frozen=True)
-class SetPhase:
+class SetPhase(Effect):
     """The job's phase becomes ``phase`` (``Controller.set_phase`` logs old -> new and the reason);
     with ``only_from``, only while the phase is that one when the effect is carried out."""
 
@@ -196,30 +200,5 @@ class SetPhase:
 
 
 @dataclass(frozen=True)
-class Persist:
+class Persist(Effect):
     """The state is on disk now (a plan made is written before its first action begins)."""
-
-
-Effect = (
-    Issue
-    | BlockLatest
-    | Submit
-    | SubmitReplay
-    | Rewind
-    | NoteOverrides
-    | SetFrozen
-    | ReleaseLatest
-    | RestartGroup
-    | EndJob
-    | KillWorkers
-    | BeginAction
-    | FinishAction
-    | NextAction
-    | AmendPlan
-    | StartPlan
-    | EndPlan
-    | MoveIncident
-    | RecordEvent
-    | SetPhase
-    | Persist
-)
