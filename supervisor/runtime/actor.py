@@ -79,14 +79,11 @@ class SupervisorActor:
         try:
             groups = unpack(batch, as_dicts=self._dicts)
         except WireError as exc:
-            return self._refuse(exc)
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                self.log.warning("record_batch_refused", error=str(exc), refused_total=self.refused)
+            return {"refused": str(exc), "acked": 0}
         return self.ctl.ingest_groups(groups)
-
-    def _refuse(self, exc: Exception) -> dict[str, Any]:
-        self.refused += 1
-        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
-            self.log.warning("record_batch_refused", error=str(exc), refused_total=self.refused)
-        return {"refused": str(exc), "acked": 0}
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """A long poll of up to ``wait_s`` (at most 5 s) when there are none after ``after_seq`` yet."""

@@ -33,8 +33,8 @@ HEAD_RESOURCE = "node:__internal_head__"
 """The resource Ray gives the head node alone."""
 
 
-def head_node_id(nodes: list[dict[str, object]] | None = None) -> str | None:
-    for node in ray.nodes() if nodes is None else nodes:
+def head_node_id() -> str | None:
+    for node in ray.nodes():
         resources = node.get("Resources")
         if node.get("Alive") and isinstance(resources, dict) and HEAD_RESOURCE in resources:
             return str(node["NodeID"])

@@ -100,6 +100,7 @@ class WorkerGroup:
         assert self.pg is not None
         self.rank_nodes = self._bundle_nodes()
         # 2. One detached, named actor per rank: it outlives the supervisor that created it.
+        spec, settings = self.job.model_dump(mode="json"), self.settings.model_dump()
         self.workers = [
             RemoteWorker.options(
                 name=worker_actor_name(self.job.name, self.generation, rank),
@@ -113,13 +114,7 @@ class WorkerGroup:
                     self.pg, placement_group_bundle_index=rank
                 ),
                 runtime_env=priority(self.settings.niceness),
-            ).remote(
-                self.job.model_dump(mode="json"),
-                rank,
-                self.world_size,
-                self.generation,
-                self.settings.model_dump(),
-            )
+            ).remote(spec, rank, self.world_size, self.generation, settings)
             for rank in range(self.world_size)
         ]
         # 3. Rendezvous at rank 0's node, then start every rank (each joins the process group).

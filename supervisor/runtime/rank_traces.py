@@ -10,9 +10,8 @@ from supervisor.config.runtime import RuntimeSettings
 
 
 class RankTraces:
-    """The supervised run's telemetry as per-rank JSONL traces (``telemetry.trace``), named by
-    ``sdk.context.trace_path`` so they read back with ``analyze`` like the SDK's offline traces.
-    Opened for appending: an attached supervisor continues the same traces."""
+    """Named by ``sdk.context.trace_path``, so they read back with ``analyze`` like the SDK's offline
+    traces; opened for appending: an attached supervisor continues the same traces."""
 
     def __init__(self, path: str, world_size: int) -> None:
         self.path = path
