@@ -48,7 +48,7 @@ from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
 from supervisor.runtime.rank_traces import open_traces
 from supervisor.runtime.receipts import Receipts
-from supervisor.runtime.restarts import GroupEvent, Restarting, RestartSettings, decide
+from supervisor.runtime.restarts import GroupEvent, Restarting, decide
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, write_state
 from supervisor.runtime.stores import open_incident_store, runtime_state_path
 from supervisor.runtime.tending import CheckpointTending
@@ -84,7 +84,6 @@ class Controller:
         self.log = get_logger("supervisor.runtime", job=job.name)
         self.policy = load_policy(job.policy)
         actions.check(action_names())  # one executor per action the policy language has
-        self.restart_settings = RestartSettings.of(self.policy)
         self.incidents = open_incident_store(job, self.settings.export_interval_s)
         self.checkpoints = open_checkpoint_store(job)
         self.state_path = runtime_state_path(job)
@@ -214,7 +213,7 @@ class Controller:
         """Start a worker generation. A start Ray did not carry out (``WorkerStartError``) is retried
         after the backoff as a fresh generation with twice the time, within ``restarts.max_restarts``
         and until a stop is asked for (docs/runtime.md, "Machinery faults"); any other failure is raised."""
-        s = self.restart_settings
+        s = self.policy.restarts
         at = max(self.current_step, 0)
         window = s.window_steps
         counted = [x for x in self.state.restart_steps if window is None or at - x <= window]
@@ -463,7 +462,7 @@ class Controller:
         # the checkpoint it resumed from: the next start resumes from another, no start-up error repeats.
         no_step = resumed is not None and at <= resumed + 1 and not self._quarantined(resumed)
         self.state.restarts_without_progress = self.state.restarts_without_progress + 1 if no_step else 0
-        decision = decide(event, self.state.restart_steps, at, self.restart_settings,
+        decision = decide(event, self.state.restart_steps, at, self.policy.restarts,
                           without_progress=self.state.restarts_without_progress)  # fmt: skip
         rank = event.ranks[0] if event.ranks else None
         incident = self.incidents.open_incident(self.job.name, _machinery_diagnosis(max(at, 0), rank, event.describe()),

@@ -8,9 +8,10 @@ the setting behind it (docs/architecture.md, One writer per state). The settings
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
+from supervisor.core.policy.settings import Restarts
 from supervisor.logging import get_logger
 
 log = get_logger("supervisor.runtime.restarts")
@@ -43,28 +44,6 @@ class GroupEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class RestartSettings:
-    """The policy's ``restarts`` section, as the decision needs it (defaults where it has none)."""
-
-    max_restarts: int = 3
-    window_steps: int | None = None
-    backoff_s: float = 2.0
-    backoff_factor: float = 2.0
-    backoff_max_s: float = 60.0
-    max_without_progress: int = 1
-
-    @classmethod
-    def of(cls, policy: Any) -> RestartSettings:
-        section = getattr(policy, "restarts", None)  # None: every default
-        values: dict[str, Any] = {f.name: getattr(section, f.name, f.default) for f in fields(cls)}
-        return cls(**values)
-
-    def backoff(self, restart: int) -> float:
-        """Seconds before restart number ``restart`` (1 = the first)."""
-        return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, restart - 1))
-
-
-@dataclass(frozen=True, slots=True)
 class RestartDecision:
     action: Literal["restart", "escalate"]
     reason: str
@@ -75,7 +54,7 @@ def decide(
     event: GroupEvent,
     restart_steps: list[int],
     step: int,
-    settings: RestartSettings,
+    settings: Restarts,
     without_progress: int = 0,
 ) -> RestartDecision:
     """Restart the group (after the backoff) or escalate, and say why.

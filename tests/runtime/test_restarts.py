@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from supervisor.core.policy import load_policy
-from supervisor.runtime.restarts import GroupEvent, RestartSettings, decide
+from supervisor.core.policy.settings import Restarts
+from supervisor.runtime.restarts import GroupEvent, decide
 
 LOST = GroupEvent("lost", (1,), "worker actor died")
 
 
 def test_restart_then_escalate_at_the_limit_naming_the_setting() -> None:
-    s = RestartSettings(max_restarts=2, backoff_s=1.0, backoff_factor=3.0, backoff_max_s=5.0)
+    s = Restarts(max_restarts=2, backoff_s=1.0, backoff_factor=3.0, backoff_max_s=5.0)
     first = decide(LOST, [], 100, s)
     second = decide(LOST, [100], 150, s)
     third = decide(LOST, [100, 150], 200, s)
@@ -20,22 +21,20 @@ def test_restart_then_escalate_at_the_limit_naming_the_setting() -> None:
 
 
 def test_old_restarts_stop_counting_outside_the_window_and_backoff_is_capped() -> None:
-    s = RestartSettings(
-        max_restarts=1, window_steps=100, backoff_s=10.0, backoff_factor=10.0, backoff_max_s=30.0
-    )
+    s = Restarts(max_restarts=1, window_steps=100, backoff_s=10.0, backoff_factor=10.0, backoff_max_s=30.0)
     assert decide(LOST, [50], 120, s).action == "escalate"
     later = decide(LOST, [50], 400, s)
     assert later.action == "restart" and "window_steps=100" in later.reason
-    assert RestartSettings(backoff_s=10.0, backoff_factor=10.0, backoff_max_s=30.0).backoff(3) == 30.0
+    assert Restarts(backoff_s=10.0, backoff_factor=10.0, backoff_max_s=30.0).backoff(3) == 30.0
 
 
 def test_settings_come_from_the_policy_yaml() -> None:
-    s = RestartSettings.of(load_policy("default"))
+    s = load_policy("default").restarts
     assert s.max_restarts >= 1 and s.backoff_max_s >= s.backoff_s
 
 
 def test_a_failure_that_repeats_before_any_step_escalates_and_progress_resets_it() -> None:
-    s = RestartSettings(max_restarts=5, max_without_progress=2)
+    s = Restarts(max_restarts=5, max_without_progress=2)
     assert decide(LOST, [0], 0, s, without_progress=1).action == "restart"
     stuck = decide(LOST, [0, 0], 0, s, without_progress=2)
     assert stuck.action == "escalate" and "restarts.max_without_progress=2" in stuck.reason
