@@ -4,11 +4,8 @@ Online the runtime calls ``observe_step`` after every step and acts on "ready" u
 ``analyze_records`` feeds a trace through the same object. Per step: summarize and score the
 ranks' records; with an incident open, add the step to it, else ask ``trigger.decide`` (or the
 benign-shift watch); learn the step only while no incident is open, so a divergence never
-becomes the new normal.
-
-An incident's life: "opened" (at detection) -> "ready" (``confirm_steps`` later; at once for
-facts) -> "refined" whenever phenotype, top cause or severity change -> "closed" (back in band
-for ``close_steps`` steps, a gap in the log, a rollback, or ``max_incident_steps``).
+becomes the new normal. An incident's life ("opened" -> "ready" -> "refined" -> "closed"):
+docs/detection.md, "Online contract".
 """
 
 from __future__ import annotations
@@ -33,13 +30,11 @@ from supervisor.core.summary import nonfinite_origin
 from supervisor.core.trigger import (
     RESUME_EVENTS,
     RISE_Z,
-    YOUNG_JUMP,
     Trigger,
     decide,
     incomplete_resume,
     locate_first,
     rise_start,
-    source_offsets,
     young_source_jump,
 )
 from supervisor.logging import get_logger
@@ -161,9 +156,8 @@ class StreamingAnalyzer:
         sig = self.detector.score(summary, mult)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
-        raw = summary.lr
-        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, raw)
-        self.extremes.push(step, sig.lr_norm, upd, raw)
+        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr)
+        self.extremes.push(step, sig.lr_norm, upd, summary.lr)
         self.last_step = step
         ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize
         missing = ranks < self.rank_count and _ranks_missing(records)
@@ -227,17 +221,18 @@ class StreamingAnalyzer:
 
     def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
         trig = self._vetted(decide(sig, self.recent, self.settings), sig)
-        if (trig is None or not trig.immediate) and self._lr_back(sig):
-            trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
-        elif (trig is None or not trig.immediate) and self._scale_collapsing(sig):
-            trig = Trigger("overflow", True)
-        elif (trig is None or not trig.immediate) and (ext := self._extreme) is not None:
+        ext = self._extreme
+        if trig is None or not trig.immediate:
+            if self._lr_back(sig):
+                trig = Trigger("lr", True)  # the first abnormal quantity of the fault under observation
+            elif self._scale_collapsing(sig):
+                trig = Trigger("overflow", True)
             # The LR is a fact of the recipe (the supervisor's own factor divided out); an update
             # ratio is the optimizer's: judged so only while there is no band to judge it in, and
             # inside the window of the supervisor's own fix it needs the loss.
-            if ext.metric == "lr":
+            elif ext is not None and ext.metric == "lr":
                 trig = Trigger("lr", True)
-            elif not sig.ready and not self.observing(sig.step):
+            elif ext is not None and not sig.ready and not self.observing(sig.step):
                 trig = Trigger("update", True)
         stall = self.learning.stalled(sig.step) if trig is None else None
         self._stall = stall if stall is not None and stall.name in sig.source_z else None
@@ -279,19 +274,17 @@ class StreamingAnalyzer:
         return jumped or (sig.step >= onset and before > 0 and sig.lr_norm >= limit * before)
 
     def _count_overflow(self, sig: Signals) -> None:
-        s = sig.summary
+        s, run = sig.summary, self.overflow_run
         if not s.overflow or s.nonfinite:
             self.overflow_run = None
         elif (
-            self.overflow_run is None or not self.recent or self.recent[-1].step != self.last_overflow_step()
+            run is None
+            or not self.recent
+            or self.recent[-1].step != run[0] + (run[1] - 1) * self.detector_interval()
         ):
-            self.overflow_run = (s.step, 1)
+            self.overflow_run = (s.step, 1)  # the previous logged step did not overflow: a new run
         else:
-            self.overflow_run = (self.overflow_run[0], self.overflow_run[1] + 1)
-
-    def last_overflow_step(self) -> int | None:
-        run = self.overflow_run
-        return None if run is None else run[0] + (run[1] - 1) * self.detector_interval()
+            self.overflow_run = (run[0], run[1] + 1)
 
     def _scale_collapsing(self, sig: Signals) -> bool:
         """``OVERFLOW_RUN`` overflows in a row once the run has its history, or the scale under
@@ -361,8 +354,7 @@ class StreamingAnalyzer:
         updates: list[IncidentUpdate] = []
         inc = self.open
         if inc is not None:
-            in_band = self._in_band(inc, sig)
-            if in_band:
+            if self._in_band(inc, sig):
                 inc.observe(sig, True, self.settings)
                 inc.end_step = sig.step
             updates += self._close(inc)
@@ -388,13 +380,8 @@ class StreamingAnalyzer:
             return not (sig.rank_z is not None and sig.rank_z >= band and rank_rose(sig, self.settings))
         if rule == "trend":  # a slow rise: over only once the loss is back near its pre-incident level
             return sig.loss_z < RISE_Z
-        if rule == "source" and inc.facts.source is not None:  # judged on that source while it is there
-            name = inc.facts.source[0]
-            off = source_offsets(sig, name) if inc.facts.source_offset is not None else None
-            if off is not None and name not in sig.source_own:  # a young run's: its offset to the others
-                return off[2] - (inc.facts.source_offset or 0.0) < YOUNG_JUMP / 2
-            if name in sig.source_own:
-                return not sig.source_z[name] >= band
+        if (source_ok := inc.source_in_band(sig, band)) is not None:  # judged on that source
+            return source_ok
         if rule == "overflow":  # open while the scaler keeps overflowing
             return not s.overflow and not (sig.loss_z >= band)
         if rule == "lr":  # open while the LR stays raised: one incident while the bug is in the schedule
@@ -421,14 +408,12 @@ class StreamingAnalyzer:
             first = FirstAnomaly(
                 step=s.step, metric="lr", value=sig.lr_norm, baseline=(self.lr_fault or (0, 0, None))[2]
             )
+        # The source fault's own onset: a young run's jump of its source, or where a stall began.
         young = young_source_jump(sig, self.recent) if trig.rule == "source" else None
-        if young is not None and young.name == trig.source:
-            first = FirstAnomaly(step=young.step, metric=f"source_loss:{young.name}", value=young.loss,
-                                 baseline=young.before)  # fmt: skip
-        elif self._stall is not None and self._stall.name == trig.source:
-            st_ = self._stall
+        found = next((x for x in (young, self._stall) if x is not None and x.name == trig.source), None)
+        if found is not None:
             first = FirstAnomaly(
-                step=st_.step, metric=f"source_loss:{st_.name}", value=st_.loss, baseline=st_.before
+                step=found.step, metric=f"source_loss:{found.name}", value=found.loss, baseline=found.before
             )
         elif trig.source is not None:
             first = self._source_onset(trig.source, first)
@@ -439,11 +424,9 @@ class StreamingAnalyzer:
         facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
         if trig.source is not None:
             facts.source = (trig.source, sig.source_z[trig.source], s.sources[trig.source][1])
-            if young is not None and young.name == trig.source:
-                facts.source_offset = young.offset
-            elif self._stall is not None and self._stall.name == trig.source:
-                facts.source_offset = self._stall.offset
-                facts.source_stall = (self._stall.own_fall, self._stall.others_fall)
+            facts.source_offset = found.offset if found is not None else None
+            if isinstance(found, Stall):
+                facts.source_stall = (found.own_fall, found.others_fall)
         inc = IncidentTrack(
             key=len(self.incidents) + 1,
             onset_step=first.step,
@@ -518,14 +501,13 @@ class StreamingAnalyzer:
     def _localize(self, inc: IncidentTrack, sig: Signals, first_rank: int | None) -> None:
         """rank_local / first_rank and the suspect samples (that rank's batch at the first abnormal step)."""
         st, s, f = self.settings, sig.summary, inc.facts
-        if s.checksum_minority:
-            inc.rank_local, inc.first_rank = True, s.checksum_minority[0]
-        elif s.misreported and len(s.misreported) < len(s.records):
-            inc.rank_local, inc.first_rank = True, s.misreported[0][0]
-        elif s.nonfinite_ranks and 0 < len(origin := nonfinite_origin(s)) < len(s.records):
-            inc.rank_local, inc.first_rank = True, origin[0]  # its own loss went first, not the all-reduce
-        elif s.nonfinite_ranks and len(s.nonfinite_ranks) < len(s.records):
-            inc.rank_local, inc.first_rank = True, s.nonfinite_ranks[0]
+        # Facts that name some ranks, not all: the checksum minority, the misreporting ranks, the
+        # ranks whose own loss went non-finite first (not through the all-reduce), any non-finite.
+        origin = nonfinite_origin(s) if s.nonfinite_ranks else []
+        named = (s.checksum_minority, [m[0] for m in s.misreported], origin, s.nonfinite_ranks)
+        ranks = next((r for r in named if 0 < len(r) < len(s.records)), None)
+        if ranks is not None:
+            inc.rank_local, inc.first_rank = True, ranks[0]
         elif (
             f.trigger != "source"  # one source's data: the rank that drew most of it stands out by it
             and s.worst_rank is not None
@@ -688,11 +670,7 @@ class StreamingAnalyzer:
             "incidents": [inc.state_dict() for inc in self.incidents],
             "open": self.open.key if self.open is not None else None,
             "benign": [b.to_json() for b in self.benign],
-            "last_step": self.last_step,
-            "last_resume": self.last_resume,
-            "own_restore": self.own_restore,
-            "observe_until": self.observe_until,
-            "ramp_end": self.ramp_end,
+            **{name: getattr(self, name) for name in _PLAIN_STATE},
             "world_size": self.world_size,
             "lr_fault": list(self.lr_fault) if self.lr_fault is not None else None,
             "excursions": [list(e) for e in self.excursions],
@@ -706,11 +684,8 @@ class StreamingAnalyzer:
         key = state.get("open")
         self.open = next((i for i in self.incidents if i.key == key), None)
         self.benign = [BenignShift(**b) for b in state.get("benign", [])]
-        self.last_step = state.get("last_step")
-        self.last_resume = state.get("last_resume")
-        self.own_restore = state.get("own_restore")
-        self.observe_until = state.get("observe_until")
-        self.ramp_end = state.get("ramp_end")
+        for name in _PLAIN_STATE:
+            setattr(self, name, state.get(name))
         self.world_size = int(state.get("world_size") or 0)
         lf = state.get("lr_fault")
         self.lr_fault = (int(lf[0]), float(lf[1]), float(lf[2])) if lf else None
@@ -724,6 +699,10 @@ class StreamingAnalyzer:
         self.loss_zs.clear()
         self.watch.cancel()
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}
+
+
+#: Steps kept in ``state_dict`` as they are (int or None).
+_PLAIN_STATE = ("last_step", "last_resume", "own_restore", "observe_until", "ramp_end")
 
 
 def _ranks_missing(records: list[Record]) -> bool:

@@ -125,14 +125,10 @@ class IncidentTrack:
         excess = sig.loss_excess if not s.nonfinite else math.inf
         grad = math.exp(sig.grad_excess) if sig.grad_excess is not None else None
         upd = math.exp(sig.update_excess) if sig.update_excess is not None else None
-        loss_ok = not s.nonfinite and not sig.loss_z >= settings.band_z
-        bad_source = self.facts.source[0] if self.facts.trigger == "source" and self.facts.source else None
-        if bad_source is not None and bad_source in sig.source_own:  # its curve is that source's loss
-            loss_ok = not s.nonfinite and not sig.source_z[bad_source] >= settings.band_z
-        elif bad_source is not None and self.facts.source_offset is not None:  # a young run's source
-            off = source_offsets(sig, bad_source)
-            if off is not None:
-                loss_ok = not s.nonfinite and off[2] - self.facts.source_offset < YOUNG_JUMP / 2
+        source_ok = self.source_in_band(sig, settings.band_z)  # its curve is that source's loss
+        loss_ok = not s.nonfinite and (
+            source_ok if source_ok is not None else not sig.loss_z >= settings.band_z
+        )
         rank = self.first_rank
         worst = s.worst_rank == rank and sig.rank_z is not None and sig.rank_z >= settings.band_z
         rank_out = (
@@ -177,6 +173,19 @@ class IncidentTrack:
             f.nonfinite_step, f.nonfinite_at = s.step, s.nonfinite_at
             f.nonfinite_ranks = list(s.nonfinite_ranks)
             f.rose_before_nonfinite = self.onset_step < s.step - 1 and f.rising_steps >= 1
+
+    def source_in_band(self, sig: Signals, band: float) -> bool | None:
+        """A ``source`` incident's source at this step: in its own band, or for a young run's source
+        its offset to the other sources back near the one before the jump; None where not judged."""
+        f = self.facts
+        if f.trigger != "source" or f.source is None:
+            return None
+        name = f.source[0]
+        if name in sig.source_own:
+            return not sig.source_z[name] >= band
+        if f.source_offset is None or (off := source_offsets(sig, name)) is None:
+            return None
+        return off[2] - f.source_offset < YOUNG_JUMP / 2
 
     # -- verdicts ------------------------------------------------------------------------
     def onset(self, phen: Phenotype) -> int:
@@ -342,11 +351,7 @@ def classify(inc: IncidentTrack, settings: DetectorSettings) -> Phenotype:
     traj = inc.trajectory
     if not traj:
         return Phenotype.TRANSIENT
-    nonfinite_run = 0
-    for p in reversed(traj):
-        if not p.nonfinite:
-            break
-        nonfinite_run += 1
+    nonfinite_run = next((i for i, p in enumerate(reversed(traj)) if not p.nonfinite), len(traj))
     if nonfinite_run >= 2 or (nonfinite_run == 1 and inc.facts.rose_before_nonfinite):
         return Phenotype.DIVERGENCE
     after_peak = [p for p in traj if p.step > inc.peak_step]
@@ -449,10 +454,8 @@ def _never_recovering(traj: list[Point], onset: int) -> bool:
     pts = [p for p in traj if p.step >= onset and math.isfinite(p.excess)]
     if not pts or pts[-1].step - pts[0].step < NO_RECOVERY_STEPS or any(p.loss_in_band for p in pts[1:]):
         return False
-    k = len(pts) // 3
-    first = sorted(p.excess for p in pts[:k])
-    last = sorted(p.excess for p in pts[-k:])
-    m1, m3 = first[len(first) // 2], last[len(last) // 2]
+    ex, k = [p.excess for p in pts], len(pts) // 3
+    m1, m3 = (sorted(part)[len(part) // 2] for part in (ex[:k], ex[-k:]))
     return m1 > 0 and m3 >= 0.8 * m1
 
 
