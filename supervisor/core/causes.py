@@ -103,12 +103,9 @@ def _lr_back_text(back: tuple[int, float, float, int | None], before: tuple[int,
     )
 
 
-def rank_causes(
-    inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings | None = None
-) -> list[CauseScore]:
+def rank_causes(inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings) -> list[CauseScore]:
     from supervisor.core.diagnose import persistent_rank_fault
 
-    settings = settings or DetectorSettings()
     f = inc.facts
     b = _Board()
     prior = PHENOTYPE_PRIOR[phen]
@@ -290,10 +287,7 @@ def _metric(inc: IncidentTrack, b: _Board, calm: bool) -> None:
             "batch_mean", f"rank {rank} batch-mean loss {_g(bm)} vs token-weighted {_g(loss)} at step {step}"
         )
     if calm:
-        g, u = f.grad_ratio_at_peak, f.update_ratio_at_peak
-        parts = [
-            f"grad norm {_g(g)}x" if g is not None else "",
-            f"update ratio {_g(u)}x" if u is not None else "",
-        ]
-        text = " and ".join(p for p in parts if p) + f" their levels at the loss peak (step {inc.peak_step})"
+        ratios = (("grad norm", f.grad_ratio_at_peak), ("update ratio", f.update_ratio_at_peak))
+        parts = [f"{name} {_g(r)}x" for name, r in ratios if r is not None]
+        text = " and ".join(parts) + f" their levels at the loss peak (step {inc.peak_step})"
         b.add("calm_grads", text)

@@ -37,7 +37,7 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("checksum", True)
     if incomplete_resume(s.events):
         return Trigger("resume", True)  # seen where the state was loaded: no optimizer dynamics needed
-    if _rank_split(sig, st) or rank_alone(sig, st):
+    if _rank_out(sig, st):
         return Trigger("rank", False)
     young = young_source_jump(sig, recent)
     if young is not None:
@@ -132,34 +132,25 @@ def _rank_far(sig: Signals, st: DetectorSettings) -> bool:
 SPLIT_MIN = math.log(1.5)
 
 
-def _rank_split(sig: Signals, st: DetectorSettings) -> bool:
-    """One rank far from the others beyond every split seen so far (``_rank_far``), the step's loss
-    out of its band, and lifted ``min_loss_jump`` above the other ranks' median by it: evidence
-    across ranks and in time at once, so no co-moving gradient is needed (docs/detection.md, the
-    rank split). The time band tells a rank that rose from ranks that dipped (healthy 4-rank runs
-    split 1.6-2x with the loss at its level). It needs ``min_history`` steps of splits: with fewer,
-    the window's largest split underestimates the tail."""
-    s = sig.summary
-    if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
-        return False
-    if not _rank_far(sig, st) or not sig.loss_z >= st.band_z:
-        return False
-    others = s.ranks_median_loss
-    return others is not None and others > 0.0 and s.loss_main >= others * (1.0 + st.min_loss_jump)
-
-
-def rank_alone(sig: Signals, st: DetectorSettings) -> bool:
-    """One rank out of the cross-rank distribution (``_rank_far``: beyond the usual spread, the usual
-    worst rank, whose tail grows with N, and 1.5x every worst rank of the window) and
-    ``z_threshold`` out of its own band, ``min_loss_jump`` above its own level: an incident on that
-    rank's own evidence. One rank lifts the mean by about (ratio - 1) / N, so a rule that also asks
-    the mean to rise loses sensitivity with the number of ranks; this one does not. A rank with no
-    band of its own yet (young run, after a gap) is left to the other rules."""
+def _rank_out(sig: Signals, st: DetectorSettings) -> bool:
+    """One rank far from the others beyond every split seen so far (``_rank_far``: beyond the usual
+    spread, the usual worst rank, whose tail grows with N, and 1.5x every worst rank of the window;
+    after ``min_history`` steps of splits, with fewer the window's largest split underestimates the
+    tail), with evidence in time too, so no co-moving gradient is needed. Either a **rank split**: the
+    step's loss out of its band and lifted ``min_loss_jump`` above the other ranks' median by it
+    (docs/detection.md; the time band tells a rank that rose from ranks that dipped: healthy 4-rank
+    runs split 1.6-2x with the loss at its level). Or the rank alone, ``z_threshold`` out of its own
+    band and ``min_loss_jump`` above its own level: one rank lifts the mean by about (ratio - 1) / N,
+    so a rule that asks the mean to rise loses sensitivity with the number of ranks; this one does
+    not. A rank with no band of its own yet (young run, after a gap) is left to the other rules."""
     s = sig.summary
     if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
         return False
     if not _rank_far(sig, st):
         return False
+    others = s.ranks_median_loss or 0.0
+    if sig.loss_z >= st.band_z and others > 0.0 and s.loss_main >= others * (1.0 + st.min_loss_jump):
+        return True  # the split
     own = sig.rank_own(st.level_window, st.loss_floor)
     return own is not None and own[1] >= st.z_threshold and own[0] >= math.log1p(st.min_loss_jump)
 
