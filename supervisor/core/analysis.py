@@ -149,7 +149,8 @@ class StreamingAnalyzer:
         summary = summarize(step, records)
         if summary.events & RESUME_EVENTS or incomplete_resume(summary.events):
             self._on_resume(summary.events, step)
-        self._on_world_size(records, step)
+        world = max((r.world_size for r in records if r.world_size), default=0)  # 0: none named one
+        self._on_world_size(world, step)
         mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
             updates += self._on_gap(self.detector.score(summary, mult))
@@ -160,7 +161,7 @@ class StreamingAnalyzer:
         self.extremes.push(step, sig.lr_norm, upd, summary.lr)
         self.last_step = step
         ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize
-        missing = ranks < self.rank_count and _ranks_missing(records)
+        missing = ranks < self.rank_count and world != 0 and len({r.rank for r in records}) < world
         if not missing:
             self.rank_count = ranks
         if not summary.nonfinite and missing:
@@ -188,11 +189,10 @@ class StreamingAnalyzer:
             self.detector.reanchor(step, ("update",))
         return updates
 
-    def _on_world_size(self, records: list[Record], step: int) -> None:
+    def _on_world_size(self, world: int, step: int) -> None:
         """The records name another data-parallel degree (a group restarted on fewer ranks, an
         elastic run): the global batch changed, and with it the mean gradient's noise, the update
         and a step's tokens. Their levels re-form from this step on; their noise scales are kept."""
-        world = max((r.world_size for r in records if r.world_size), default=0)
         if not world:
             return
         if self.world_size and world != self.world_size:
@@ -703,12 +703,6 @@ class StreamingAnalyzer:
 
 #: Steps kept in ``state_dict`` as they are (int or None).
 _PLAIN_STATE = ("last_step", "last_resume", "own_restore", "observe_until", "ramp_end")
-
-
-def _ranks_missing(records: list[Record]) -> bool:
-    """Fewer ranks reported this step than the records say the job has."""
-    sizes = [r.world_size for r in records if r.world_size]
-    return bool(sizes) and len({r.rank for r in records}) < max(sizes)
 
 
 #: What makes a diagnosis worth a "refined" update.

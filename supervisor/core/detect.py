@@ -1,12 +1,8 @@
 """Per-step detection: all ranks' records of one step -> a summary -> robust signals.
 
-Comparisons, all linear in the number of ranks: temporal, on aggregates only (token-weighted and
-reported loss, grad norm, update ratio, tokens, each source's loss: one ``LevelTracker`` each, in
-log space); cross-rank, each rank's loss against the median of all, scaled by the typical spread;
-and the rank that stands out against its own band (its losses of the last ``RANK_OWN`` learned
-steps), computed for the worst rank only, where it stands out.
-
-``Detector.score`` reads; ``Detector.learn`` writes. The analyzer decides what is learned
+The comparisons, all linear in the number of ranks (temporal on aggregates, one ``LevelTracker``
+each in log space; cross-rank; the worst rank against its own band): docs/detection.md, "Method"
+and "Which rank moved". ``Detector.score`` reads; ``Detector.learn`` writes. The analyzer decides what is learned
 (nothing while an incident is open, so a divergence never becomes the new normal).
 """
 

@@ -293,15 +293,11 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         f.loss_scale_drop = (before, lowest)
     # A warm-up rises 1.5x and more in a step by design (2x at its second step): an upward jump or
     # rise counts only at a step faster than the schedule's own ramp before onset.
-    up = sig.lr_ratio is not None and sig.lr_ratio >= 1.5 and sig.lr_ratio > (f.lr_ramp or 1.0) * RAMP_TOL
-    jumped = up or (sig.lr_ratio is not None and sig.lr_ratio <= 1 / 1.5)
-    if (
-        jumped
-        and sig.lr_ratio
-        and (f.lr_jump is None or abs(math.log(sig.lr_ratio)) > abs(math.log(f.lr_jump[1])))
-    ):
-        f.lr_jump = (s.step, sig.lr_ratio)
-    faster = sig.lr_ratio is not None and sig.lr_ratio > max(1.0, f.lr_ramp or 1.0)
+    ratio = sig.lr_ratio or 0.0  # 0: no LR, or none the step before
+    jumped = ratio != 0.0 and ((ratio >= 1.5 and ratio > (f.lr_ramp or 1.0) * RAMP_TOL) or ratio <= 1 / 1.5)
+    if jumped and (f.lr_jump is None or abs(math.log(ratio)) > abs(math.log(f.lr_jump[1]))):
+        f.lr_jump = (s.step, ratio)
+    faster = ratio > max(1.0, f.lr_ramp or 1.0)
     if faster and sig.lr_norm is not None and f.lr_before is not None and f.lr_before[1] > 0:
         rise = sig.lr_norm / f.lr_before[1]
         if rise >= 1.5 and (f.lr_rise is None or rise > f.lr_rise[1]):

@@ -133,16 +133,11 @@ SPLIT_MIN = math.log(1.5)
 
 
 def _rank_out(sig: Signals, st: DetectorSettings) -> bool:
-    """One rank far from the others beyond every split seen so far (``_rank_far``: beyond the usual
-    spread, the usual worst rank, whose tail grows with N, and 1.5x every worst rank of the window;
-    after ``min_history`` steps of splits, with fewer the window's largest split underestimates the
-    tail), with evidence in time too, so no co-moving gradient is needed. Either a **rank split**: the
-    step's loss out of its band and lifted ``min_loss_jump`` above the other ranks' median by it
-    (docs/detection.md; the time band tells a rank that rose from ranks that dipped: healthy 4-rank
-    runs split 1.6-2x with the loss at its level). Or the rank alone, ``z_threshold`` out of its own
-    band and ``min_loss_jump`` above its own level: one rank lifts the mean by about (ratio - 1) / N,
-    so a rule that asks the mean to rise loses sensitivity with the number of ranks; this one does
-    not. A rank with no band of its own yet (young run, after a gap) is left to the other rules."""
+    """One rank beyond every split seen so far (``_rank_far``, after ``min_history`` steps of splits),
+    with evidence in time too, so no co-moving gradient is needed: the **rank split** (the step's loss
+    out of its band, lifted ``min_loss_jump`` above the other ranks' median by it), or the rank alone
+    ``z_threshold`` out of its own band and ``min_loss_jump`` above its own level, which keeps its
+    sensitivity with the number of ranks (one rank lifts the mean by about (ratio - 1) / N)."""
     s = sig.summary
     if sig.rank_history < st.min_history or s.worst_dev < SPLIT_MIN or not sig.rank_unprecedented:
         return False
@@ -162,9 +157,8 @@ SOURCE_PERSIST = 3
 def source_off(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> str | None:
     """The one source out of its own band (``band_z`` and ``min_loss_jump`` over its level) at its
     last ``SOURCE_PERSIST`` appearances, ``z_threshold`` out at one of them (its level learns the bad
-    values until an incident opens, so the strongest of the run is judged), while every other source
-    with a baseline of its own is in band: a fault confined to that source's data. A mixture switch
-    moves no source's own loss (a new source has no baseline); one odd batch does not persist."""
+    values until an incident opens), while every other source with a baseline of its own is in band
+    (docs/detection.md, "a source-local fault")."""
     own = sig.source_own
     if len(own) < 2:
         return None  # no other source to compare with
@@ -219,10 +213,8 @@ def source_offsets(sig: Signals, name: str) -> tuple[float, float, float] | None
 
 def young_source_jump(sig: Signals, recent: Sequence[Signals]) -> SourceJump | None:
     """A source with no baseline of its own yet (a young run) whose log offset to the other sources'
-    median (two at least) jumped by ``YOUNG_JUMP`` and ``YOUNG_NOISE`` robust units of its earlier
-    offsets at each of its last ``SOURCE_PERSIST`` appearances, its own loss rising as much and the
-    others not. Every source of a step is scored on the same weights, so the model's state moves
-    them together; different learning speeds move the offsets slowly."""
+    median jumped at each of its last ``SOURCE_PERSIST`` appearances, its own loss rising as much and
+    the others not (docs/detection.md, "a young run's bad source")."""
     srcs = sig.summary.sources
     if not 3 <= len(srcs) <= YOUNG_MAX_SOURCES or all(n in sig.source_own for n in srcs):
         return None
@@ -353,11 +345,9 @@ def _rose(recent: Sequence[Signals], st: DetectorSettings) -> bool:
 #: A loss back below its level by this robust z ends a slow rise (the ``trend`` incident's band).
 RISE_Z = 1.0
 
-#: Page's CUSUM on the loss's robust z dates where a sustained rise began: allowance ``CUSUM_K``
-#: (half the smallest shift worth dating: a 1-sigma shift); one step's z capped at ``CUSUM_CLIP``
-#: (one heavy step can neither start nor carry a run); the sum a rise must reach by the onset,
-#: ``CUSUM_MIN``; a step ``CUSUM_BREAK`` below its level ends the run (an earlier healthy bump must
-#: not lend the sum its mass and pull the date back).
+#: Page's CUSUM on the loss's robust z dates where a sustained rise began (docs/detection.md,
+#: "Loss-only traces"): allowance, one step's cap, the sum a rise must reach by the onset, and the
+#: drop below the level that ends a run (an earlier healthy bump must not pull the date back).
 CUSUM_K = 0.5
 CUSUM_CLIP = 3.0
 CUSUM_MIN = 5.0
