@@ -112,7 +112,6 @@ class Signals:
     grad_excess: float | None
     update_z: float | None
     update_excess: float | None
-    tokens_z: float | None
     loss_unprecedented: bool  # residual beyond TAIL_MARGIN x the largest in the window
     rank_unprecedented: bool
     rank_z: float | None  # worst rank's excess over the others, in units of the typical cross-rank spread
@@ -231,7 +230,7 @@ class Detector:
         log_main = safe_log(s.loss_main)
         log_rep = safe_log(s.loss)
         lr, upd = _unscaled(s.lr, lr_mult), _unscaled(s.update_ratio, lr_mult)
-        lg, lu, lt = safe_log(s.grad_norm), safe_log(upd), safe_log(s.tokens)
+        lg, lu = safe_log(s.grad_norm), safe_log(upd)
         lr_log = safe_log(lr)
         lr_exc = upd_lr_z = None
         if lr_log is not None and self.lr.history and lu is not None and self.update.history:
@@ -278,7 +277,6 @@ class Detector:
             grad_excess=self.grad.excess(lg) if lg is not None and self.grad.history else None,
             update_z=self.update.z(lu) if lu is not None and self.update.history else None,
             update_excess=self.update.excess(lu) if lu is not None and self.update.history else None,
-            tokens_z=self.tokens.z(lt) if lt is not None and self.tokens.history else None,
             loss_unprecedented=log_main is None or self.loss.unprecedented(log_main, TAIL_MARGIN),
             rank_unprecedented=rank_new,
             rank_z=rank_z,

@@ -155,10 +155,8 @@ class IncidentTrack:
                 f.rising_steps += 1
             self.peak_excess, self.peak_step = excess, s.step
             f.peak_loss = s.loss_main
-            if sig.grad_excess is not None:
-                f.grad_ratio_at_peak = math.exp(sig.grad_excess)
-            if sig.update_excess is not None:
-                f.update_ratio_at_peak = math.exp(sig.update_excess)
+            f.grad_ratio_at_peak = grad if grad is not None else f.grad_ratio_at_peak
+            f.update_ratio_at_peak = upd if upd is not None else f.update_ratio_at_peak
         f.grad_known = f.grad_known or sig.grad_z is not None or sig.update_z is not None
         note_step_facts(f, sig, settings)
         missing = incomplete_resume(s.events)

@@ -55,6 +55,3 @@ def judge_end(analyzer: StreamingAnalyzer) -> list[IncidentUpdate]:
     inc.observe(sig, analyzer._in_band(inc, sig), st)
     inc.ready = True
     return [analyzer._update("opened", inc), analyzer._update("ready", inc)]
-
-
-__all__ = ["GRAD_RUN", "judge_end", "trailing_update_run"]

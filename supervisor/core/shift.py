@@ -58,9 +58,8 @@ class ShiftWatch:
 
     def _sigma(self, sig: Signals) -> float:
         """The loss noise sigma in log units, read back from this step's z and excess."""
-        if sig.loss_z and math.isfinite(sig.loss_z) and sig.loss_z != 0:
-            return max(abs(sig.loss_excess / sig.loss_z), self.settings.loss_floor)
-        return self.settings.loss_floor
+        z, floor = sig.loss_z, self.settings.loss_floor
+        return max(abs(sig.loss_excess / z), floor) if z and math.isfinite(z) else floor
 
     def _make(
         self, start: Signals, before_sig: Signals, before: float, after: float, now: Signals
