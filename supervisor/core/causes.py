@@ -116,7 +116,8 @@ def rank_causes(inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings)
     if f.checksum is not None:
         step, ranks = f.checksum
         b.add("checksum", f"param fingerprints of ranks {ranks} differ from the others' from step {step}")
-    if inc.after_resume and f.resume_step is not None:
+    resumed = inc.after_resume and f.resume_step is not None
+    if resumed:
         b.add("after_resume", f"resumed at step {f.resume_step}; onset at {inc.onset_step}")
         if f.resume_missing:
             b.add(
@@ -124,12 +125,10 @@ def rank_causes(inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings)
                 f"the restore at step {f.resume_step} did not bring back: {', '.join(f.resume_missing)} "
                 "(checked where the state was loaded)",
             )
-        if f.update_spike is not None:
-            step, ratio = f.update_spike
-            b.add("resume_update", f"update ratio {_g(ratio)}x its level at step {step}")
-    elif f.update_spike is not None and not calm:
+    if f.update_spike is not None and (resumed or not calm):
         step, ratio = f.update_spike
-        b.add("update_spike", f"update ratio {_g(ratio)}x its level at step {step}")
+        key = "resume_update" if resumed else "update_spike"  # after a restore: its lost optimizer state
+        b.add(key, f"update ratio {_g(ratio)}x its level at step {step}")
     if f.lr_jump is not None:
         step, ratio = f.lr_jump
         b.add("lr_jump", f"learning rate changed {_g(ratio)}x from the previous step at step {step}")

@@ -95,9 +95,7 @@ def _fits(gap: int, period: int, tol: int) -> bool:
 
 def _alike(a: IncidentTrack, b: IncidentTrack) -> bool:
     """Occurrences of one fault: rank-local ones on the same rank (others are not told apart)."""
-    if a.rank_local and b.rank_local:
-        return a.first_rank == b.first_rank
-    return True
+    return not (a.rank_local and b.rank_local) or a.first_rank == b.first_rank
 
 
 def _absorb(head: IncidentTrack, other: IncidentTrack) -> None:

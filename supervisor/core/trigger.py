@@ -89,11 +89,8 @@ RESUME_INCOMPLETE = "resume_incomplete"
 
 def incomplete_resume(events: set[str] | frozenset[str]) -> list[str]:
     """The state components a restore says it did not bring back (empty: none, or no restore)."""
-    out = []
-    for e in events:
-        if e == RESUME_INCOMPLETE or e.startswith(RESUME_INCOMPLETE + ":"):
-            out.append(e.partition(":")[2] or "state")
-    return sorted(out)
+    found = (e for e in events if e == RESUME_INCOMPLETE or e.startswith(RESUME_INCOMPLETE + ":"))
+    return sorted(e.partition(":")[2] or "state" for e in found)
 
 
 def _co_moving(sig: Signals, recent: Sequence[Signals]) -> float | None:
