@@ -47,6 +47,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _incident_exporters_closed() -> Iterator[None]:
+    """An incident store opened the way the runtime opens it exports on a thread of its own, paced
+    (a full export at most every few seconds). Left running, it writes -- and logs -- during a later
+    test: an ``incident_exported`` line inside another command's captured JSON output. Each test's
+    exporters are flushed and stopped when it ends."""
+    yield
+    export = sys.modules.get("supervisor.incidents.export")
+    if export is not None:
+        export.close_all(timeout_s=10.0)
+
+
+@pytest.fixture(autouse=True)
 def _process_logging_restored() -> Iterator[None]:
     """A test that runs a CLI command in this process (click's runner) makes it one of "our own"
     processes: ``supervisor.logging.configure`` routes every later line to structlog's printer on
