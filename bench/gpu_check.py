@@ -167,9 +167,9 @@ def _raw_write(cio: Any, raw: Path, model: Any, opt: Any) -> float:
 def job_rows(device: str, work: Path) -> list[Row]:
     import ray
 
+    from supervisor.client import api
     from supervisor.incidents import EventKind
     from supervisor.ranks.names import NAMESPACE
-    from supervisor.runtime import api
 
     size = SIZES[device]["job"]
     fault = [{"kind": "lr_spike", "step": size["fault_step"], "factor": 40}]
@@ -236,7 +236,7 @@ def _start_job(
 
 def _finish_job(api: Any, started: tuple[Any, Any, Path], timeout_s: float) -> dict[str, Any]:
     """Wait for the job to end: its phase, final loss (mean of the last 10 steps) and incident timeline."""
-    from supervisor.runtime.stores import open_incident_store
+    from supervisor.incidents.paths import open_incident_store
     from supervisor.sdk.context import trace_path
 
     job, handle, trace = started

@@ -13,7 +13,7 @@ drill hits every rank), the killed process rank 5.
 
 1. One local Ray with enough logical CPUs for the ranks (``cluster.needed_cpus``); every rank
    writes the records it sends to the drills' trace.
-2. The scenarios run through the drill runner (``supervisor.drills.runner``): ``runtime.api.launch``
+2. The scenarios run through the drill runner (``supervisor.drills.runner``): ``client.api.launch``
    as ``supervisor launch`` does, under the default policy, the clean one first as the loss
    reference; each is checked against its drill's expectations (incident, phenotype, top cause,
    the rank named, actions taken and not taken, final loss within 5% of clean).
@@ -318,8 +318,8 @@ def stored(work: Path) -> Any:
 
 
 def run(selected: list[Scenario], loaded: list[LoadedScenario], out: Path, ranks: int) -> list[Row]:
+    from supervisor.client.cluster import needed_cpus
     from supervisor.drills.runner import run_drills
-    from supervisor.runtime.cluster import needed_cpus
 
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
     t0 = time.monotonic()

@@ -32,14 +32,14 @@ from typing import Any
 
 import ray
 
+from supervisor.client import api
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.core.policy.loader import load_policy
 from supervisor.incidents import EventKind
+from supervisor.incidents.paths import open_incident_store
 from supervisor.ranks.names import NAMESPACE
-from supervisor.runtime import api
 from supervisor.runtime.group import WorkerGroup
-from supervisor.runtime.stores import open_incident_store
 
 POLICY = """
 version: 1

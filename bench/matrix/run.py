@@ -6,7 +6,7 @@
 1. One local Ray for the whole matrix; ``--jobs`` jobs run at once (each has 2 workers).
 2. ``busy`` cells run while another process (started here, killed by its PID afterwards)
    keeps one core busy; ``idle`` cells run without it.
-3. Each cell: ``runtime.api.launch`` of its job under the *default* policy, wait for a
+3. Each cell: ``client.api.launch`` of its job under the *default* policy, wait for a
    terminal phase, then read back what the system recorded: the job's phase and reason, the
    incident store (incidents, severities, plans, escalations), and the loss curve of the
    records every rank sent (drills' trace, ``SUPERVISOR_DRILL_TRACE``).
@@ -68,8 +68,8 @@ class Result:
 
 
 def run_cell(cell: Cell, out: Path, max_steps: int, timeout_s: float) -> Result:
+    from supervisor.client import api
     from supervisor.config.runtime import settings_for
-    from supervisor.runtime import api
 
     work = (out / cell.name).resolve()
     shutil.rmtree(work, ignore_errors=True)

@@ -4,7 +4,7 @@
     python -m bench.sampler --seed 1234 --cells 4 --clean 1
     python -m bench.sampler --cell 81234:5521        # one cell again (and its clean reference)
 
-Each run goes through ``supervisor.runtime.api.launch`` on one local Ray, under the *default*
+Each run goes through ``supervisor.client.api.launch`` on one local Ray, under the *default*
 policy, with the job's ``runtime:`` knobs (as ``supervisor launch`` does), like bench/matrix: the
 matrix's Ray start-up, spinning core, bytecode compile and incident read-back are reused here.
 Verdicts (README.md): a fault cell passes when the job finishes (``lr_persistent``: escalates
@@ -171,9 +171,9 @@ def final_loss(
 
 def run_cell(cell: Cell, out: Path, timeout_s: float) -> Result:
     from bench.matrix.run import _incidents, _release
+    from supervisor.client import api
     from supervisor.config.runtime import settings_for
     from supervisor.drills import series
-    from supervisor.runtime import api
 
     work = (out / job_name(cell)).resolve()
     shutil.rmtree(work, ignore_errors=True)

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from supervisor.runtime.time_lost import run_words
+from supervisor.observability.time_lost import run_words
 
 _PHASE_STYLE = {"running": "green", "incident": "bold yellow", "restarting": "yellow", "finished": "bold green",
                 "escalated": "bold red", "failed": "bold red", "stopped": "magenta", "starting": "cyan"}  # fmt: skip

@@ -23,7 +23,7 @@ from supervisor.errors import ConfigError
 
 
 def _job(job_file: Path | None, attach_job: str | None, overrides: tuple[str, ...]) -> JobSpec:
-    from supervisor.runtime import api
+    from supervisor.client import api
 
     if job_file is not None:
         job = load_checked_job(job_file, overrides)
@@ -74,9 +74,9 @@ def launch(
     2 bad input, 3 Ray or the supervisor failed.
     """
     from supervisor.cli import display
+    from supervisor.client import api, cluster
     from supervisor.config.runtime import settings_for
-    from supervisor.runtime import api, cluster
-    from supervisor.runtime.stores import open_incident_store
+    from supervisor.incidents.paths import open_incident_store
 
     job = load_checked_job(job_file, overrides) if job_file is not None else None
     checked = _check_incident_db(job) if job is not None else None  # before Ray starts
@@ -122,7 +122,7 @@ def launch(
 def _check_incident_db(job: Any) -> bool:
     """Open (create, migrate) the job's incident database here: a damaged one is named in one line
     (exit 2) instead of surfacing as "the supervisor does not answer" from the actor that failed."""
-    from supervisor.runtime.stores import open_incident_store
+    from supervisor.incidents.paths import open_incident_store
 
     open_incident_store(job).close()
     return True
@@ -135,7 +135,7 @@ def _check_incident_db(job: Any) -> bool:
 def status(job_name: str | None, address: str | None, as_json: bool) -> None:
     """Show a supervised job (or every job on the cluster)."""
     from supervisor.cli import display
-    from supervisor.runtime import api, cluster
+    from supervisor.client import api, cluster
 
     cluster.connect_existing(address)
     names = [job_name] if job_name else api.list_jobs()
@@ -166,7 +166,7 @@ def stop(job_name: str, address: str | None, timeout_s: float) -> None:
     """Stop JOB at its next step boundary, then remove its supervisor."""
     import ray
 
-    from supervisor.runtime import api, cluster
+    from supervisor.client import api, cluster
 
     cluster.connect_existing(address)
     handle = api.find(job_name)

@@ -13,7 +13,7 @@ from supervisor.core.policy.actions import ACTIONS
 from supervisor.incidents import EventKind, EventStatus, IncidentStore
 from supervisor.incidents.render import render_report
 from supervisor.incidents.timeline import RELEASE_HINT, exclusion_words, incident_words
-from supervisor.runtime.time_lost import run_words
+from supervisor.observability.time_lost import run_words
 
 # Timeline events that are things the supervisor did (in the words of the summary line): the
 # action table's ``did`` of each action, and the two the supervisor does outside a plan.

@@ -6,6 +6,6 @@ injector registry; injectors in ``inject_data`` / ``inject_train`` / ``inject_op
 ``glue`` (plan from the worker context, record stream, mixture dataset, replay view).
 
 Driver side (``supervisor drill``): ``scenario`` (a job + its faults + expectations) →
-``runner`` (launch on a local Ray through ``supervisor.runtime.api``) → ``check`` / ``series``
+``runner`` (launch on a local Ray through ``supervisor.client.api``) → ``check`` / ``series``
 (what the incident store, checkpoint store and loss curve say, against the expectations).
 """

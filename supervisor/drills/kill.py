@@ -74,7 +74,7 @@ def kill_at(
                     f"{kill.mode})")  # fmt: skip
             log.warning("drill_kill", job=job.name, what=done)
             if kill.target == "supervisor" and kill.mode == "foreground":
-                from supervisor.runtime import api
+                from supervisor.client import api
 
                 handle = _attach_again(api, job)
             return done, handle

@@ -6,7 +6,7 @@
    set before Ray starts so the workers inherit it).
 2. The clean reference: the final loss of the fault-free scenario, cached per config hash
    under ``<out>/reference/`` (run once, first, when a selected drill needs it).
-3. Each scenario: fresh storage under ``<out>/<name>/``, ``runtime.api.launch``, wait for a
+3. Each scenario: fresh storage under ``<out>/<name>/``, ``client.api.launch``, wait for a
    terminal phase (bounded by the scenario's ``timeout_s``), then the checks.
 
 ``concurrency`` runs that many scenarios at once on the same Ray (each its own job name,
@@ -133,7 +133,7 @@ def _cpus_for(scenarios: list[LoadedScenario], concurrency: int) -> int:
     """Logical CPUs for ``concurrency`` of the largest selected jobs, each with what a job's own local
     Ray gets (``cluster.needed_cpus``: its workers plus room for a replay task, which needs a CPU
     while the workers hold theirs)."""
-    from supervisor.runtime.cluster import needed_cpus
+    from supervisor.client.cluster import needed_cpus
 
     largest = max((needed_cpus(s.job_spec(Path("."))) for s in scenarios), default=4)
     return largest * concurrency
@@ -236,8 +236,8 @@ def run_one(
     reference_loss: float | None | Callable[[], float | None],
 ) -> DrillResult:
     """Run one scenario and check it; ``reference_loss`` may be a callable, asked once the run ended."""
+    from supervisor.client import api
     from supervisor.incidents.paths import open_for_job
-    from supervisor.runtime import api
 
     work = (out_dir / sc.name).resolve()
     shutil.rmtree(work, ignore_errors=True)

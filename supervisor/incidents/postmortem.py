@@ -223,7 +223,7 @@ def _impact(
     step_time = _median_step_time(series)
     if step_time is not None:
         impact.recompute_s = impact.steps_lost * step_time
-    # Measured when the run ended (``runtime.time_lost``): the re-trained steps' own time, and
+    # Measured when the run ended (``observability.time_lost``): the re-trained steps' own time, and
     # the incident's share of the time training stood still.
     noted = [e.payload["time_lost"] for e in events if e.kind == EventKind.NOTE and isinstance(e.payload.get("time_lost"), dict)]  # fmt: skip
     if noted:

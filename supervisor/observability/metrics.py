@@ -73,7 +73,7 @@ class _Snapshot:
     delays: list[int] = field(default_factory=list)
     checkpoints: Counter[str] | None = None
     newest_healthy: tuple[int, float] | None = None  # (step, created_at)
-    time_lost: dict[str, Any] | None = None  # ``runtime.time_lost.TimeLedger.summary``
+    time_lost: dict[str, Any] | None = None  # ``observability.time_lost.TimeLedger.summary``
 
 
 class SupervisorMetrics:
@@ -144,7 +144,7 @@ class SupervisorMetrics:
             self._s.newest_healthy = (newest.step, float(newest.created_at)) if newest else None
 
     def on_time_lost(self, summary: dict[str, Any]) -> None:
-        """The run's time lost to instability so far (``runtime.time_lost.TimeLedger.summary``)."""
+        """The run's time lost to instability so far (``observability.time_lost.TimeLedger.summary``)."""
         with self._lock:
             self._s.time_lost = dict(summary)
 

@@ -34,8 +34,10 @@ from supervisor.core.policy import action_names, load_policy
 from supervisor.core.records import Record
 from supervisor.errors import CheckpointError, RuntimeBackendError, SupervisorError
 from supervisor.incidents import EventKind, EventStatus, IncidentState
+from supervisor.incidents.paths import open_incident_store
 from supervisor.logging import get_logger
 from supervisor.observability.hub import Observability
+from supervisor.observability.time_lost import TimeLedger
 from supervisor.runtime import actions, effects
 from supervisor.runtime.actions.checkpoints import in_force as rollback_in_force
 from supervisor.runtime.assembler import StepAssembler
@@ -46,15 +48,13 @@ from supervisor.runtime.lifecycle import Ended, Ending, Lifecycle, Relaunching, 
 from supervisor.runtime.machinery import Workers, WorkerSupervision
 from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
-from supervisor.runtime.rank_traces import open_traces
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, decide
-from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, write_state
-from supervisor.runtime.stores import open_incident_store, runtime_state_path
+from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, runtime_state_path, write_state
 from supervisor.runtime.tending import CheckpointTending
-from supervisor.runtime.time_lost import TimeLedger
 from supervisor.sdk.directives import END_REACHED, Directive, Finish, Stop
 from supervisor.sdk.wire import Group
+from supervisor.traces.rank_traces import open_traces
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
 #: steps before the incident's onset (a rollback in the plan brings its own margin).

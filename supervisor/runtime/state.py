@@ -25,7 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from supervisor.config.job import JobSpec
 from supervisor.core.policy import Plan
+from supervisor.incidents.paths import db_path_for_job
 
 #: Incident steps of the current timeline kept (``RuntimeState.incident_steps``): checkpoints are
 #: judged against the newest ones; older incidents lie far behind every checkpoint still unjudged.
@@ -171,6 +173,11 @@ class RuntimeState(BaseModel):
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return None
+
+
+def runtime_state_path(job: JobSpec) -> Path:
+    """The supervisor's own small state file (directive log, analyzer state, plan cursor)."""
+    return db_path_for_job(job).parent / "runtime" / f"{job.name}.json"
 
 
 def write_state(path: Path, data: str) -> None:

@@ -54,6 +54,18 @@ def test_stage_packages_do_not_import_the_runtime() -> None:
             assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
 
 
+def test_the_runtime_does_not_import_what_launches_it() -> None:
+    """The loop runs inside the supervisor actor; the launching process's side (client, cli, drills)
+    stays out of it."""
+    for f in (PKG / "runtime").rglob("*.py"):
+        bad = {
+            m
+            for m in _imports(f)
+            if m.startswith(("supervisor.client", "supervisor.cli", "supervisor.drills"))
+        }
+        assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
+
+
 def test_the_supervisor_process_does_not_import_torch() -> None:
     # The supervisor actor reads the SDK's directives and never trains: importing it must not pull
     # in torch (~3 CPU-s per job), which `supervisor.sdk` loads only when a torch-using name is used.
@@ -61,7 +73,7 @@ def test_the_supervisor_process_does_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, supervisor.runtime.actor, supervisor.runtime.api, supervisor.sdk.directives\n"
+        "import sys, supervisor.runtime.actor, supervisor.client.api, supervisor.sdk.directives\n"
         "from supervisor import sdk\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert sdk.SupervisedLoader.__name__ == 'SupervisedLoader' and 'torch' in sys.modules\n"

@@ -91,7 +91,7 @@ def test_auto_joins_the_head_and_says_so(head: tuple[str, dict[str, str]], tmp_p
     script = textwrap.dedent(f"""
         import ray
         from supervisor.config.job import load_job
-        from supervisor.runtime import cluster
+        from supervisor.client import cluster
         try:  # what `launch` did before: Ray's default joins the head, and refuses num_cpus there
             ray.init(num_cpus=2)
         except ValueError as exc:

@@ -13,7 +13,7 @@ from supervisor.cli.main import cli
 from supervisor.config.job import JobSpec, load_job
 from supervisor.config.runtime import RuntimeSection, RuntimeSettings, settings_for
 from supervisor.errors import ConfigError
-from supervisor.runtime.rank_traces import RankTraces
+from supervisor.traces.rank_traces import RankTraces
 
 VALID = {
     "name": "tiny",

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from supervisor.config.job import JobSpec
-from supervisor.runtime.stores import open_incident_store
+from supervisor.incidents.paths import open_incident_store
 from tests.incidents.builders import diagnosis
 
 

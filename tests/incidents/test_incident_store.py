@@ -368,7 +368,7 @@ def test_the_supervisors_store_rebuilds_from_the_jobs_storage(tmp_path: Path) ->
     """The wiring the runtime uses: `open_incident_store(job)` rebuilds from `<storage>/<job>/incidents/`."""
     from supervisor.checkpoint.lifecycle import open_checkpoint_store
     from supervisor.incidents.export import export_incident
-    from supervisor.runtime.stores import open_incident_store
+    from supervisor.incidents.paths import open_incident_store
 
     job = JobSpec.model_validate(
         {"name": "job-a", "entrypoint": "m:f", "storage": {"path": str(tmp_path / "store")}, "max_steps": 10}

@@ -134,7 +134,7 @@ def test_a_new_database_beside_exports_is_rebuilt_at_once(tmp_path: Path) -> Non
 
 
 def test_a_garbage_database_before_launch_is_named(tmp_path: Path) -> None:
-    from supervisor.runtime.stores import open_incident_store
+    from supervisor.incidents.paths import open_incident_store
 
     job = JobSpec.model_validate(
         {"name": "job-a", "entrypoint": "m:f", "storage": {"path": str(tmp_path / "store")}, "max_steps": 10}

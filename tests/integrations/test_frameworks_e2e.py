@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import ray
 
+from supervisor.client import api
 from supervisor.incidents import EventKind, IncidentState
-from supervisor.runtime import api
-from supervisor.runtime.stores import open_incident_store
+from supervisor.incidents.paths import open_incident_store
 from tests.integrations.conftest import command_job, final_loss, plain_torchrun, settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from supervisor.checkpoint.lifecycle import open_checkpoint_store
 from supervisor.cli.main import cli
+from supervisor.client import api
 from supervisor.incidents import EventKind, IncidentState
+from supervisor.incidents.paths import open_incident_store
 from supervisor.ranks.process_logs import generations, read_segments
-from supervisor.runtime import api
-from supervisor.runtime.stores import open_incident_store
 from tests.integrations.conftest import command_job, final_loss, plain_torchrun, settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

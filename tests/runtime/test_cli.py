@@ -28,7 +28,7 @@ def test_attach_without_file_or_cluster_job_is_exit_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_status_and_stop_from_the_cli(tmp_path: Path) -> None:
-    from supervisor.runtime import api
+    from supervisor.client import api
 
     job = make_job(tmp_path, "clistop", max_steps=5000)
     handle = api.launch(job, FAST)

@@ -11,10 +11,10 @@ import pytest
 import ray
 
 from supervisor.checkpoint.lifecycle import open_checkpoint_store
+from supervisor.client import api
 from supervisor.core.model import HealthMark
 from supervisor.incidents import EventKind, EventStatus, IncidentState
-from supervisor.runtime import api
-from supervisor.runtime.stores import open_incident_store
+from supervisor.incidents.paths import open_incident_store
 from tests.runtime.conftest import FAST, TINY, make_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

@@ -10,12 +10,12 @@ import pytest
 import ray
 
 from supervisor.checkpoint.lifecycle import open_checkpoint_store
+from supervisor.client import api
 from supervisor.core.model import HealthMark
 from supervisor.incidents import EventKind, EventStatus
+from supervisor.incidents.paths import open_incident_store
 from supervisor.ranks.names import NAMESPACE
-from supervisor.runtime import api
 from supervisor.runtime.group import WorkerGroup
-from supervisor.runtime.stores import open_incident_store
 from tests.runtime.conftest import FAST, make_job, wait_for
 
 pytestmark = pytest.mark.slow

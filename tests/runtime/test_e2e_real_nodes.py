@@ -133,8 +133,8 @@ def _observing(
     process and the handle of its supervisor); the launch is killed and the driver shut down at the end."""
     import ray
 
+    from supervisor.client import api
     from supervisor.ranks.names import NAMESPACE
-    from supervisor.runtime import api
 
     head, second = nodes
     # A driver's first GCS calls can miss their deadline on a loaded machine: a few tries.
@@ -167,11 +167,11 @@ def test_a_worker_node_lost_mid_incident_fails_the_job_at_once_naming_its_ranks(
 ) -> None:
     import ray
 
+    from supervisor.client import api
+    from supervisor.client.cluster import head_node_id
     from supervisor.config.runtime import RuntimeSettings
-    from supervisor.runtime import api
-    from supervisor.runtime.cluster import head_node_id
+    from supervisor.incidents.paths import open_incident_store
     from supervisor.runtime.group import WorkerGroup
-    from supervisor.runtime.stores import open_incident_store
 
     head, second = two_nodes
     job_file = _job_file(tmp_path, head.address)
@@ -233,8 +233,8 @@ def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks
 
     from supervisor.checkpoint.lifecycle import open_checkpoint_store
     from supervisor.config.runtime import RuntimeSettings
+    from supervisor.incidents.paths import open_incident_store
     from supervisor.runtime.group import WorkerGroup
-    from supervisor.runtime.stores import open_incident_store
 
     head, second = two_nodes
     resources = {"num_workers": 4, "cpus_per_worker": 1, "min_workers": 2}

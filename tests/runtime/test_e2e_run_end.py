@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.checkpoint.lifecycle import open_checkpoint_store
+from supervisor.client import api
 from supervisor.core.model import HealthMark
 from supervisor.incidents import EventKind, IncidentState
-from supervisor.runtime import api
-from supervisor.runtime.stores import open_incident_store
+from supervisor.incidents.paths import open_incident_store
 from tests.runtime.conftest import FAST, make_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

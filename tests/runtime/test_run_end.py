@@ -146,7 +146,7 @@ def test_time_lost_to_instability_against_an_independent_count(
     effective training time ratio -- each against the records the ranks sent, recounted here."""
     clock = TickingClock()
     monkeypatch.setattr("supervisor.runtime.controller.time", clock)
-    monkeypatch.setattr("supervisor.runtime.time_lost.time", clock)
+    monkeypatch.setattr("supervisor.observability.time_lost.time", clock)
     ranks = Timed(1, 200, diverges_once(195), grads_follow_loss=True)
     before = clock.time()
     ctl = run(tmp_path, ranks)

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from supervisor.client import api
 from supervisor.errors import RuntimeBackendError
 from supervisor.incidents import EventKind, EventStatus, IncidentState
-from supervisor.runtime import api
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job

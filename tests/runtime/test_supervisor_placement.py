@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.runtime import api
+from supervisor.client import api
 from tests.runtime.conftest import FAST
 
 HEAD, WORKER = "a" * 56, "b" * 56

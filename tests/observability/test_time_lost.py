@@ -1,4 +1,4 @@
-"""The time-lost ledger on its own (runtime/time_lost.py): what survives into the final timeline,
+"""The time-lost ledger on its own (observability/time_lost.py): what survives into the final timeline,
 per incident and for worker-group restarts, recounted here from the steps fed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from supervisor.incidents.timeline import incident_words
-from supervisor.runtime.time_lost import RESTARTS, TimeLedger, run_words
+from supervisor.observability.time_lost import RESTARTS, TimeLedger, run_words
 
 
 def rec(step_time: float | None = None, t: float | None = None) -> SimpleNamespace:

@@ -8,12 +8,12 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from supervisor.client.cluster import head_node_id
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
 from supervisor.ranks.names import NAMESPACE, named_actors, supervisor_env, supervisor_name
 from supervisor.runtime.actor import SupervisorActor
-from supervisor.runtime.cluster import head_node_id
 
 RemoteSupervisor = ray.remote(SupervisorActor)
 
@@ -83,8 +83,7 @@ def status(handle: Any, timeout_s: float = 10.0) -> dict[str, Any]:
 def ended_status(job: JobSpec) -> dict[str, Any] | None:
     """The job's outcome as its supervisor left it on disk, when the state file says the job ended;
     None otherwise (the supervisor died with the job still running: that is a failure, exit 3)."""
-    from supervisor.runtime.state import RuntimeState
-    from supervisor.runtime.stores import runtime_state_path
+    from supervisor.runtime.state import RuntimeState, runtime_state_path
 
     try:
         st = RuntimeState.load(runtime_state_path(job))

@@ -25,7 +25,7 @@ from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
 from supervisor.ranks.names import NAMESPACE
 
-log = get_logger("supervisor.runtime.cluster")
+log = get_logger("supervisor.client.cluster")
 
 PROBE_TIMEOUT_S = 5.0
 """How long a TCP connect to a cluster's address may take before it counts as unreachable."""
