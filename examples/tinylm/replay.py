@@ -1,6 +1,6 @@
 """What the supervisor's `replay` action needs to rebuild this job in one process.
 
-The runtime (supervisor/runtime/replay.py) loads the last healthy checkpoint into a fresh
+The runtime (supervisor/ranks/replay.py) loads the last healthy checkpoint into a fresh
 model and runs forward/backward on the suspect batch and on a control batch of normal
 samples. Batches are rebuilt from sample IDs, so the replay sees exactly the stored data.
 """

@@ -34,11 +34,11 @@ from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
+from supervisor.ranks.replay import has_replay_hooks
 from supervisor.runtime import effects
 from supervisor.runtime.actions.base import Outcome
 from supervisor.runtime.observe import StepStats, baseline
 from supervisor.runtime.plans import PlanRunner, action_id, can_move
-from supervisor.runtime.replay import has_replay_hooks
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 log = get_logger("supervisor.runtime.incidents")

@@ -140,7 +140,7 @@ class WorkerSupervision:
             self.group = None
 
     def replay(self, step: int, suspects: list[str], numeric: bool) -> Any:
-        from supervisor.runtime.replay import run_replay
+        from supervisor.ranks.replay import run_replay
 
         task = ray.remote(num_cpus=1, max_retries=0, runtime_env=priority(self.settings.niceness))(run_replay)
         return task.remote(self.job.model_dump(mode="json"), step, suspects, numeric)

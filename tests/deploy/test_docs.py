@@ -253,7 +253,7 @@ def test_the_replay_contract_reads_the_same_in_readme_runtime_md_and_the_code(tm
     when they have loss_fn + a SupervisedLoader, else offline through the hooks."""
     from supervisor.core.policy.engine import adapt_to_job
     from supervisor.core.policy.plan import JobState
-    from supervisor.runtime.replay import has_replay_hooks
+    from supervisor.ranks.replay import has_replay_hooks
 
     readme = _readme_section("Replay: telling a bad batch from a transient (optional)")
     runtime = next(

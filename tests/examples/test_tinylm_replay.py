@@ -14,7 +14,7 @@ from examples.tinylm.replay import replay_hooks
 from supervisor.checkpoint.store import CheckpointStore
 from supervisor.checkpoint.training_state import save_training_state
 from supervisor.config.job import JobSpec
-from supervisor.runtime.replay import run_replay
+from supervisor.ranks.replay import run_replay
 from supervisor.storage import open_backend
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.errors import RuntimeBackendError
 from supervisor.client import cluster
+from supervisor.errors import RuntimeBackendError
 
 
 def test_no_address_file_means_no_head_and_a_stale_one_starts_a_new_head(

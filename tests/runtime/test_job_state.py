@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.incidents import EventKind, IncidentState
+from supervisor.ranks.replay import has_replay_hooks
 from supervisor.runtime.controller import Controller
-from supervisor.runtime.replay import has_replay_hooks
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers, spikes_once

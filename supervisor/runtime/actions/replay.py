@@ -4,7 +4,7 @@ While the workers are alive (training, frozen, or held at their last step), ever
 ``Replay`` directive at its boundary (``supervisor.sdk.replay``: the checkpoint's state in place
 of the live one, put back after) and rank 0 leaves the result in the job's storage. When the
 workers are gone, or the ranks refuse (no map-style loader, no loss function), the offline
-single-process Ray task (``supervisor.runtime.replay``, the job's ``replay_hooks``) replays.
+single-process Ray task (``supervisor.ranks.replay``, the job's ``replay_hooks``) replays.
 """
 
 from __future__ import annotations
