@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from supervisor.incidents.states import EventKind
 from supervisor.incidents.timeline import seconds_words
 
 #: The ``incidents`` key of the steps re-trained after worker-group restarts (no rollback of an incident).
@@ -87,6 +88,21 @@ class TimeLedger:
         if self.s["retrain"] is not None:
             self._close_retrain()
         self.s["ended_at"] = now
+
+    def note_incidents(self, store: Any, job: str, step: int) -> None:
+        """After ``finish``: each incident's time lost into its timeline, once (a ``time_lost`` note;
+        the run's totals are in the final summary and ``status``)."""
+        for inc in store.list_incidents(job=job):
+            timeline = store.timeline(inc.id)
+            if any("time_lost" in e.payload for e in timeline):
+                continue  # recorded by the supervisor that ended the run before this one re-attached
+            downtime = sum(float(e.payload["downtime_s"]) for e in timeline if "downtime_s" in e.payload)
+            lost = {**self.of_incident(inc.id), "downtime_s": round(downtime, 2)}
+            if lost["steps_retrained"] or lost["retrain_s"] or downtime:
+                lost["retrain_s"] = round(lost["retrain_s"], 2)
+                store.record(
+                    inc.id, EventKind.NOTE, actor="supervisor", step=step, payload={"time_lost": lost}
+                )
 
     # -- read ---------------------------------------------------------------------------------
     def wall_s(self, now: float | None = None) -> float:

@@ -87,7 +87,7 @@ class SupervisorActor:
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """A long poll of up to ``wait_s`` (at most 5 s) when there are none after ``after_seq`` yet."""
-        return self.ctl.directives_after(rank, after_seq, min(wait_s, 5.0))
+        return self.ctl.directives.after(after_seq, min(wait_s, 5.0))
 
     def status(self) -> dict[str, Any]:
         out = self.ctl.status()

@@ -8,7 +8,7 @@ move; the incident flow (``incidents.py``, given the job's moment as ``incidents
 runner (``plans.py``) and the action executors (reading the job through ``actions.base.Runtime``,
 passed per call) return effects, which ``apply`` alone carries out ("One writer per state").
 
-Ray actor threads call ``ingest_batch`` / ``directives_after`` / ``status`` / ``request_stop``;
+Ray actor threads call ``ingest_groups`` / ``directives.after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
 """
 
@@ -18,7 +18,7 @@ import queue
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -331,7 +331,7 @@ class Controller:
         self.history.append(aggregate(step, records))
         self.current_step = step
         self.time_lost.on_step(step, records)
-        self.apply_all(self.flow.observe(step, records, self._now()))
+        self.drive(self.flow.observe(step, records, self._now()))
         self.observability.on_step(step, records, self.history[-1])
         self.observability.metrics.on_time_lost(self.time_lost.summary(self.downtime_now()))
 
@@ -427,7 +427,8 @@ class Controller:
         # whose events are not looked at again (a job failed mid-observation left it pending).
         self._abandon_pending_events(f"job ended ({phase.value}: {reason})")
         self.apply_all(self.flow.close_at_end(phase, reason, self._event_step))
-        self.close_time_lost()
+        self.time_lost.finish(time.time())
+        self.time_lost.note_incidents(self.incidents, self.job.name, max(self.current_step, 0))
         self.set_phase(phase, reason)
 
     def _take_down(self, why: str) -> None:
@@ -667,21 +668,6 @@ class Controller:
             self.state.downtime_s += now - self.state.stalled_since
             self.state.stalled_since = None
 
-    def close_time_lost(self) -> None:
-        """The run ended: its time lost to instability, per incident into each one's timeline (a
-        ``time_lost`` note; the run's totals are in the final summary and ``status``)."""
-        self.time_lost.finish(time.time())
-        for inc in self.incidents.list_incidents(job=self.job.name):
-            timeline = self.incidents.timeline(inc.id)
-            if any("time_lost" in e.payload for e in timeline):
-                continue  # recorded by the supervisor that ended the run before this one re-attached
-            downtime = sum(float(e.payload["downtime_s"]) for e in timeline if "downtime_s" in e.payload)
-            lost = {**self.time_lost.of_incident(inc.id), "downtime_s": round(downtime, 2)}
-            if lost["steps_retrained"] or lost["retrain_s"] or downtime:
-                lost["retrain_s"] = round(lost["retrain_s"], 2)
-                self.incidents.record(inc.id, EventKind.NOTE, actor="supervisor", step=max(self.current_step, 0),
-                                      payload={"time_lost": lost})  # fmt: skip
-
     def downtime_now(self) -> float:
         since = self.state.stalled_since
         return self.state.downtime_s + (time.time() - since if since is not None else 0.0)
@@ -710,10 +696,26 @@ class Controller:
         for effect in fx:
             self.apply(effect)
 
-    def apply(self, effect: effects.Effect) -> None:
-        """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent."""
+    def drive(self, flow: Generator[effects.Effect, Any, Any]) -> Any:
+        """Carry out each effect as the flow yields it, sending back what it asks for (an
+        ``OpenIncident``'s id), before the flow goes on; returns what the flow returns."""
+        answer = None
+        while True:
+            try:
+                effect = flow.send(answer)
+            except StopIteration as end:
+                return end.value
+            answer = self.apply(effect)
+
+    def apply(self, effect: effects.Effect) -> Any:
+        """Carry out one effect an executor returned (``actions.base``); each is keyed or idempotent.
+        Returns what the effect made that its maker reads next (an opened incident's id), else None."""
         self.effects_applied.append(effect)
         match effect:
+            case effects.OpenIncident(diagnosis, key, step):
+                return int(self.incidents.open_incident(self.job.name, diagnosis, key=key, step=step).id)
+            case effects.ReopenIncident(incident, diagnosis, reason, attempt, step, key):
+                self.incidents.reopen(incident, diagnosis, reason=reason, attempt=attempt, step=step, key=key)
             case effects.Issue(directive):
                 self.issue(directive)
             case effects.BlockLatest(incident, reason) if self.checkpoints is not None:
@@ -792,9 +794,7 @@ class Controller:
         return Now(self.current_step, self.history, self.downtime_now(), self.stop_requested)
 
     def _finalize_open(self) -> bool:
-        judged, fx = self.flow.finalize_open(self._now())
-        self.apply_all(fx)
-        return judged
+        return bool(self.drive(self.flow.finalize_open(self._now())))
 
     # -- what actions may ask (actions.base.Runtime) ------------------------------------------
     @property
@@ -828,7 +828,7 @@ class Controller:
         active = None if machinery else self.state.active
         self.time_lost.on_rewind(to_step, self.current_step, active.incident_id if active else None)
         self.assembler.rewind(to_step)
-        self.apply_all(self.flow.notify_rollback(to_step, reason, self._now()))
+        self.drive(self.flow.notify_rollback(to_step, reason, self._now()))
         if not key.startswith("restart:"):
             self.state.restart_resumed_at = None  # a rollback: the group had trained past its resume point
         self.current_step = to_step
@@ -836,10 +836,6 @@ class Controller:
         self.tending.abandon_after(self.state, to_step)
         self.state.effects.append(key)
         self.persist(force=True)
-
-    def observation_end(self, onset_step: int) -> int:
-        """The last step an observation window must reach: the onset plus the policy's margin."""
-        return onset_step + self.policy.observation.onset_margin_steps
 
     def window_after(self, step: int) -> list[StepStats]:
         return [h for h in self.history if h.step > step]
@@ -877,22 +873,11 @@ class Controller:
         return isinstance(self.lifecycle.resumed(), Ended)
 
     # -- called from actor threads ------------------------------------------------------------
-    def ingest_batch(
-        self,
-        rank: int,
-        batch: list[dict[str, Any]],
-        seqs: list[int] | None = None,
-        link: str | None = None,
-        held: tuple[int, int] | None = None,
-    ) -> dict[str, Any]:
-        """Queue a worker's batch. ``seqs``/``link``/``held``: its records' numbers, its link's id and
-        the range of numbers that link still holds. The answer says what is durable, and asks
-        for a resend when the link holds older records this supervisor never received."""
-        return self.ingest_groups([(rank, link, held, seqs, batch)])[0]
-
     def ingest_groups(self, groups: Sequence[Group]) -> list[dict[str, Any]]:
-        """Several links' batches of one call (a packed batch, ``sdk/wire.py``), each answered as
-        :meth:`ingest_batch` answers it, those taken queued together as one inbox item."""
+        """Queue the links' batches of one call (a packed batch, ``sdk/wire.py``: per link its rank,
+        id, the range of numbers it still holds, its records' numbers and the records) together as
+        one inbox item. Each link's answer says what is durable, and asks for a resend when the link
+        holds older records this supervisor never received."""
         replies, taken = [], []
         for rank, link, held, seqs, batch in groups:
             reply: dict[str, Any] = {
@@ -911,15 +896,8 @@ class Controller:
             self.inbox.put(taken)
         return replies
 
-    def directives_after(self, rank: int, seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        return self.directives.after(seq, wait_s)
-
     def request_stop(self, reason: str) -> None:
         self.stop_requested = reason
-
-    def stop_reason(self) -> str | None:
-        """Why a person asked the job to stop (``supervisor stop``, Ctrl-C); None: nobody did."""
-        return self.stop_requested
 
     def status(self) -> dict[str, Any]:
         last = self.history[-1] if self.history else None

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.core.model import Diagnosis
 from supervisor.core.policy import Plan
 from supervisor.incidents import EventKind, IncidentState
 from supervisor.runtime.state import ActivePlan, JobPhase
@@ -165,6 +166,28 @@ class StartPlan(Effect):
 @dataclass(frozen=True)
 class EndPlan(Effect):
     """No plan is active any more: no incident is acted on until the next one's plan is made."""
+
+
+@dataclass(frozen=True)
+class OpenIncident(Effect):
+    """A new incident, ``open``, for the detector's ``key``; the controller sends its id back to the
+    flow, which goes on with it (``IncidentFlow.observe``)."""
+
+    diagnosis: Diagnosis
+    key: int
+    step: int
+
+
+@dataclass(frozen=True)
+class ReopenIncident(Effect):
+    """Resolved incident ``incident`` opens again for attempt ``attempt``: its fault came back."""
+
+    incident: int
+    diagnosis: Diagnosis
+    reason: str
+    attempt: int
+    step: int
+    key: int
 
 
 @dataclass(frozen=True)

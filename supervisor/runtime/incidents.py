@@ -19,7 +19,7 @@ Guarantees kept here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -100,6 +100,8 @@ class Now:
 
 
 Effects = list[effects.Effect]
+Flow = Generator[effects.Effect, Any, None]
+"""Effects yielded one at a time, each carried out before the flow resumes (``Controller.drive``)."""
 
 
 class IncidentFlow:
@@ -135,12 +137,15 @@ class IncidentFlow:
         out, self._out = self._out, []
         return out
 
-    def observe(self, step: int, records: list[Record], now: Now) -> Effects:
+    def observe(self, step: int, records: list[Record], now: Now) -> Flow:
+        """The step's detector updates. An incident opened or reopened is yielded as it happens and
+        carried out before the flow goes on (what follows reads it; ``OpenIncident`` gets its id
+        sent back); every other effect comes after the last update, in order."""
         for update in self.analyzer.observe_step(step, records):
-            self._on_update(update.kind, update.key, update.diagnosis, step, now)
-        return self._take()
+            yield from self._on_update(update.kind, update.key, update.diagnosis, step, now)
+        yield from self._take()
 
-    def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int, now: Now) -> None:
+    def _on_update(self, kind: str, key_: int, d: Diagnosis, step: int, now: Now) -> Flow:
         key = str(key_)
         incident_id = self.state.incident_keys.get(key)
         again = (
@@ -148,11 +153,11 @@ class IncidentFlow:
         )
         if again is not None:  # a periodic fault's next occurrence: the fault came back
             d = again
-            incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
+            incident_id = self.state.incident_keys[key] = yield from self._open(d, key_, step)
             if self._active_id != incident_id and incident_id not in self.state.waiting:
                 self.state.waiting.append(incident_id)  # planned again: ``ready`` came long ago
         elif incident_id is None:
-            incident_id = self.state.incident_keys[key] = self._open(d, key_, step)
+            incident_id = self.state.incident_keys[key] = yield from self._open(d, key_, step)
         elif kind in ("refined", "closed", "ready"):
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
@@ -170,7 +175,7 @@ class IncidentFlow:
             ):
                 self.state.waiting.append(incident_id)
 
-    def _open(self, d: Diagnosis, key: int, step: int) -> int:
+    def _open(self, d: Diagnosis, key: int, step: int) -> Generator[effects.Effect, Any, int]:
         # A supervisor killed after it recorded this incident but before its state reached disk
         # left it in the store: the same records give the same key, so it is the same incident
         # (a reopened one carries the new key too).
@@ -182,10 +187,14 @@ class IncidentFlow:
         if observed is not None:
             return observed
         again = self._recurrence_of(d)
-        if again is not None:
-            incident_id = self._reopen(again, d, key, step)
+        if again is not None:  # same id, next attempt: ``recurrence.max_attempts`` bounds them
+            (earlier, why), incident_id = again, again[0].incident_id
+            yield effects.ReopenIncident(incident_id, d, why, earlier.attempts + 1, step, key)
+            self.state.attempts_of[str(incident_id)] = earlier.attempts
+            log.warning("incident_reopened", incident=incident_id, onset=d.onset_step, attempt=earlier.attempts + 1,
+                        why=why)  # fmt: skip
         else:
-            incident_id = int(self.store.open_incident(self.job.name, d, key=key, step=step).id)
+            incident_id = int((yield effects.OpenIncident(d, key, step)))
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
         self.state.note_incident(step, d.onset_step)
@@ -253,16 +262,6 @@ class IncidentFlow:
                 out.append({"step": e.step, "onset_step": d.get("onset_step"), "severity": d.get("severity")})
         return out
 
-    def _reopen(self, again: tuple[Resolved, str], d: Diagnosis, key: int, step: int) -> int:
-        """Same id, next attempt: ``recurrence.max_attempts`` bounds them (``JobState.incident_attempt``)."""
-        earlier, why = again
-        attempt = earlier.attempts + 1
-        self.store.reopen(earlier.incident_id, d, reason=why, attempt=attempt, step=step, key=key)
-        self.state.attempts_of[str(earlier.incident_id)] = earlier.attempts
-        log.warning("incident_reopened", incident=earlier.incident_id, onset=d.onset_step, attempt=attempt,
-                    why=why)  # fmt: skip
-        return earlier.incident_id
-
     def _recurrence_of(self, d: Diagnosis) -> tuple[Resolved, str] | None:
         """The resolved incident of the same fault (``same_fault``) this one repeats, and why
         (``core.policy.recurrence.reopens`` decides)."""
@@ -283,42 +282,45 @@ class IncidentFlow:
         obs = self.store.last_done(incident_id, EventKind.OBSERVATION)
         return ((obs.result or {}).get("window") or [None, None])[-1] if obs is not None else None
 
-    def finalize_open(self, now: Now) -> tuple[bool, Effects]:
+    def finalize_open(self, now: Now) -> Generator[effects.Effect, Any, bool]:
         """No more steps will come: an incident the detector still holds open is judged now. True
         when one was."""
         inc = self.analyzer.open
         if inc is None:
-            return self._judge_end(now), self._take()
+            judged = yield from self._judge_end(now)
+            yield from self._take()
+            return judged
         if str(inc.key) in self.state.ready_keys:
-            return False, []
+            return False
         d = inc.diagnosis(self.analyzer.settings)
         log.warning("incident_ready_at_end", key=inc.key, onset=d.onset_step,
                     why="training reached its last step before the incident was confirmed")  # fmt: skip
-        self._on_update("ready", inc.key, d, now.step, now)
-        return True, self._take()
+        yield from self._on_update("ready", inc.key, d, now.step, now)
+        yield from self._take()
+        return True
 
-    def _judge_end(self, now: Now) -> bool:
+    def _judge_end(self, now: Now) -> Generator[effects.Effect, Any, bool]:
         """Nothing open at the last step: what no later step can confirm is judged as it stands
         (``core.run_end``), before the final checkpoint is marked. True when an incident opened."""
         from supervisor.core.run_end import judge_end
 
         updates = judge_end(self.analyzer)
         for u in updates:
-            self._on_update(u.kind, u.key, u.diagnosis, now.step, now)
+            yield from self._on_update(u.kind, u.key, u.diagnosis, now.step, now)
         if updates:
             d = updates[-1].diagnosis
             log.warning("incident_at_end", key=updates[-1].key, onset=d.onset_step,
                         why="the update ratio left its band in the last steps; no step follows to confirm it")  # fmt: skip
         return bool(updates)
 
-    def notify_rollback(self, to_step: int, reason: str, now: Now) -> Effects:
+    def notify_rollback(self, to_step: int, reason: str, now: Now) -> Flow:
         updates = self.analyzer.notify_rollback(
             to_step, from_step=now.step, reason=reason, observe_steps=self._observe_steps()
         )
         for u in updates:
-            self._on_update(u.kind, u.key, u.diagnosis, to_step, now)
+            yield from self._on_update(u.kind, u.key, u.diagnosis, to_step, now)
         self._abandon_after(to_step)
-        return self._take()
+        yield from self._take()
 
     def _abandon_after(self, to_step: int) -> None:
         """Incidents that began after ``to_step`` are of a timeline training no longer has: they

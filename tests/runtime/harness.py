@@ -3,7 +3,7 @@
 Real: the controller loop (``Controller.iterate``), the detector, the policy engine, the
 incident store (SQLite), the checkpoint store (local files), the directive log, the record
 receipts and the runtime state file. Fake: the workers. ``FakeRanks`` plays every rank: it
-sends numbered records of a synthetic trace through ``ingest_batch`` (as a worker link does),
+sends numbered records of a synthetic trace through ``send`` (as a worker link does),
 keeps what the supervisor has not durably accepted and sends it again when asked,
 and answers directives the way the SDK's steering does (acknowledgements as control
 messages, a freeze parks, a rollback rewinds the step counter, ranks hold at the last step
@@ -15,7 +15,7 @@ How it differs from production:
   interleaving is deterministic; a "kill" is dropping the controller object between calls;
 - records are synthetic (loss, grad norm, LR, throughput; one spike where the test puts it);
   no model is trained, so a rollback restores no weights -- the trace simply continues;
-- one ``ingest_batch`` call per step and rank, answered at once (the real link batches);
+- one ``send`` call per step and rank, answered at once (the real link batches);
 - checkpoints are written by the test when it needs a rollback or restart target.
 """
 
@@ -33,6 +33,14 @@ from supervisor.runtime.controller import Controller
 from supervisor.runtime.restarts import GroupEvent
 
 Loss = Callable[[int, int], float]
+
+
+def send(ctl: Any, rank: int, batch: list[dict[str, Any]], seqs: list[int] | None = None,
+         link: str | None = None, held: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One link's batch into the controller as the actor hands it over (``Controller.ingest_groups``),
+    and that link's answer."""
+    reply: dict[str, Any] = ctl.ingest_groups([(rank, link, held, seqs, batch)])[0]
+    return reply
 
 
 def calm(step: int, rank: int) -> float:
@@ -107,7 +115,7 @@ class FakeRanks:
         where the supervisor asks."""
         kept = self._unacked.get(rank, [])
         held = ((kept or batch)[0][0], (batch or kept)[-1][0]) if kept or batch else None
-        reply = ctl.ingest_batch(rank, [r for _, r in batch], [s for s, _ in batch], self.link(rank), held)
+        reply = send(ctl, rank, [r for _, r in batch], [s for s, _ in batch], self.link(rank), held)
         everything = [(s, r) for s, r in kept + batch if s > reply["acked"]]
         resend = reply.get("resend_from")
         if resend is None:
@@ -159,7 +167,7 @@ class FakeRanks:
         raise AssertionError(f"not reached; status {ctl.status()}")
 
     def boundary(self, ctl: Controller) -> None:
-        for d in ctl.directives_after(0, self.after_seq):
+        for d in ctl.directives.after(self.after_seq):
             self.after_seq = d["seq"]
             self.apply(ctl, d)
         if self.step >= self.max_steps and not self.ended:

@@ -20,6 +20,7 @@ from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
+from tests.runtime.harness import send
 
 LEAN = str(Path(__file__).parent / "policies" / "lean.yaml")
 
@@ -36,8 +37,10 @@ def record(
 def ack(ctl: Controller, kind: str, step: int) -> str:
     """Acknowledge the newest directive of ``kind`` the way the SDK does while frozen."""
     d = next(e for e in reversed(ctl.directives.entries) if e["kind"] == kind)
-    ctl.ingest_batch(
-        0, [{"step": step, "rank": 0, "control": True, "events": [f"directive_applied:{d['id']}:{kind}"]}]
+    send(
+        ctl,
+        0,
+        [{"step": step, "rank": 0, "control": True, "events": [f"directive_applied:{d['id']}:{kind}"]}],
     )
     return str(d["id"])
 
@@ -58,16 +61,14 @@ def test_nonfinite_incident_walks_through_the_plan(tmp_path: Path) -> None:
         save_training_state(ctl.checkpoints, step, rank=0, world_size=1, model=model,
                             optimizer=torch.optim.AdamW(model.parameters()))  # fmt: skip
     rng = random.Random(0)
-    ctl.ingest_batch(
-        0, [record(s, rng, events=["checkpoint_saved"] if s in (40, 60) else []) for s in range(1, 81)]
-    )
+    send(ctl, 0, [record(s, rng, events=["checkpoint_saved"] if s in (40, 60) else []) for s in range(1, 81)])
     ctl.iterate()
     assert ctl.current_step == 80 and ctl.status()["incident"] is None
     assert ctl.checkpoints.manifest(40).health.value == "healthy"
     assert ctl.checkpoints.latest() == 60
 
     # 1. A NaN: the incident opens and is ready at once; alert then freeze.
-    ctl.ingest_batch(0, [record(81, rng, loss=math.nan)])
+    send(ctl, 0, [record(81, rng, loss=math.nan)])
     spin(ctl, lambda: any(e["kind"] == "freeze" for e in ctl.directives.entries))
     assert ctl.phase is JobPhase.INCIDENT
     incident = ctl.status()["incident"]["id"]
@@ -90,11 +91,11 @@ def test_nonfinite_incident_walks_through_the_plan(tmp_path: Path) -> None:
     # 3. Observe releases the freeze and needs 50 clean steps after the rollback point -- and
     #    at least up to the onset (81) plus the policy's observation.onset_margin_steps (20).
     spin(ctl, lambda: not ctl.state.frozen)
-    ctl.ingest_batch(0, [record(s, rng) for s in range(41, 91)])
+    send(ctl, 0, [record(s, rng) for s in range(41, 91)])
     for _ in range(5):
         ctl.iterate()
     assert not any(e["kind"] == "continue" and "resume" in e["id"] for e in ctl.directives.entries)
-    ctl.ingest_batch(0, [record(s, rng) for s in range(91, 102)])
+    send(ctl, 0, [record(s, rng) for s in range(91, 102)])
     spin(ctl, lambda: any(e["kind"] == "continue" and "resume" in e["id"] for e in ctl.directives.entries))
     ack(ctl, "continue", 102)
     spin(ctl, lambda: ctl.status()["incident"] is None)
@@ -114,7 +115,7 @@ def test_a_restarted_controller_skips_done_actions_and_repolls_the_pending_one(t
     job = make_job(tmp_path, "restart", max_steps=1000, policy=LEAN, resources={"num_workers": 1})
     ctl = Controller(job, FAST)
     rng = random.Random(1)
-    ctl.ingest_batch(0, [record(s, rng) for s in range(1, 81)] + [record(81, rng, loss=math.inf)])
+    send(ctl, 0, [record(s, rng) for s in range(1, 81)] + [record(81, rng, loss=math.inf)])
     spin(ctl, lambda: any(e["kind"] == "freeze" for e in ctl.directives.entries))
     ctl.persist(force=True)
     freeze_id = next(e["id"] for e in ctl.directives.entries if e["kind"] == "freeze")

@@ -31,6 +31,7 @@ from supervisor.runtime.effects import (
     MoveIncident,
     NextAction,
     NoteOverrides,
+    OpenIncident,
     Persist,
     RecordEvent,
     ReleaseLatest,
@@ -42,17 +43,18 @@ from supervisor.runtime.lifecycle import Ended, Ending, Relaunching, Running, St
 from supervisor.runtime.restarts import GroupEvent, Restarting
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
-from tests.runtime.harness import FakeWorkers
+from tests.runtime.harness import FakeWorkers, send
 from tests.runtime.test_controller import record
 
 STEPS = str(Path(__file__).parent / "policies" / "steps.yaml")
 
 
-def planned(rule: str) -> list[Any]:
-    """The flow's effects when incident 1's first plan is made: its note, the plan in force, the
-    phase, then the plan on disk before its first action begins."""
+def planned(rule: str, onset: int) -> list[Any]:
+    """The flow's effects when incident 1 opens at ``onset`` and its first plan is made in the same
+    iteration: the incident opened, the plan's note, the plan in force, the phase, then the plan on
+    disk before its first action begins."""
     phase = SetPhase(JobPhase.INCIDENT, f"incident 1: plan 1 ({rule})")
-    return [("note", "plan"), ("plan", 1, 1), phase, Persist()]
+    return [("open", onset), ("note", "plan"), ("plan", 1, 1), phase, Persist()]
 
 
 def begins(action: str, state: str | None = None, *started: Any) -> list[Any]:
@@ -85,12 +87,12 @@ class Loop:
         self.issued: list[str] = []
 
     def records(self, first: int, last: int, **kw: Any) -> None:
-        self.ctl.ingest_batch(0, [record(s, self.rng, **kw) for s in range(first, last + 1)])
+        send(self.ctl, 0, [record(s, self.rng, **kw) for s in range(first, last + 1)])
 
     def ack(self, directive_id: str, step: int) -> None:
         kind = next(d["kind"] for d in self.ctl.directives.entries if d["id"] == directive_id)
         event = f"directive_applied:{directive_id}:{kind}"
-        self.ctl.ingest_batch(0, [{"step": step, "rank": 0, "control": True, "events": [event]}])
+        send(self.ctl, 0, [{"step": step, "rank": 0, "control": True, "events": [event]}])
 
     def step(self) -> tuple[JobPhase, bool, list[str], list[Any]]:
         """One iteration: the phase, frozen, the directives it issued and the effects it applied."""
@@ -119,6 +121,8 @@ class Loop:
                 return ("issue", directive.id)
             case StartPlan(active):
                 return ("plan", active.incident_id, active.plan_no)
+            case OpenIncident(diagnosis):
+                return ("open", diagnosis.onset_step)
         return effect
 
 
@@ -130,7 +134,7 @@ def test_a_nonfinite_step_is_frozen_fixed_observed_and_resumed_one_iteration_at_
     assert loop.step() == (JobPhase.RUNNING, False, [], [])
     loop.records(81, 81, loss=math.nan)
     # The incident is ready at once: its plan starts and its first action issues the freeze.
-    first = planned("nonfinite") + begins("i1-p1-a0-freeze", "frozen", ("issue", "i1-p1-a0-freeze"))
+    first = planned("nonfinite", 81) + begins("i1-p1-a0-freeze", "frozen", ("issue", "i1-p1-a0-freeze"))
     assert loop.step() == (JobPhase.INCIDENT, False, ["i1-p1-a0-freeze"], first)
     assert loop.step() == (JobPhase.INCIDENT, False, [], [])  # waiting for the rank
     loop.ack("i1-p1-a0-freeze", 81)
@@ -170,13 +174,13 @@ def test_an_escalation_ends_the_job_once_its_stop_took_the_workers_down(tmp_path
     # A spike of the loss, the grad norm and the update (an optimizer fault, not a metric artifact)
     # and no non-finite value: the fallback escalates.
     spike = record(81, loop.rng, loss=3.0 * 8) | {"grad_norm": 8.0, "update_norm": 0.8}
-    loop.ctl.ingest_batch(0, [spike])
+    send(loop.ctl, 0, [spike])
     loop.records(82, 90)  # the steps that confirm it
     phase, _, issued, effects = loop.step()
     assert phase is JobPhase.INCIDENT
     snapshot, stop = issued
     assert snapshot.endswith("-escalate-snapshot") and stop.endswith("-escalate-stop")
-    assert effects == planned("fallback") + begins(
+    assert effects == planned("fallback", 81) + begins(
         "i1-p1-a0-escalate", None, ("issue", snapshot), ("issue", stop)
     )
     loop.ack(snapshot, 81)
@@ -265,7 +269,7 @@ def test_ranks_held_at_the_end_are_released_once_and_the_job_finishes(tmp_path: 
     loop = Loop(tmp_path)
     loop.records(1, 40)
     assert loop.step() == (JobPhase.RUNNING, False, [], [])
-    loop.ctl.ingest_batch(0, [{"step": 40, "rank": 0, "control": True, "events": ["end_reached:40"]}])
+    send(loop.ctl, 0, [{"step": 40, "rank": 0, "control": True, "events": ["end_reached:40"]}])
     # Nothing is left to handle: the held rank is released at once, by one Finish.
     assert loop.step() == (JobPhase.RUNNING, False, ["finish-g0-s40"], [])
     assert loop.ctl.lifecycle == Running(released="finish-g0-s40")

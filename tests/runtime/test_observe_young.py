@@ -56,8 +56,8 @@ class YoungRun:
     def training_ended(self) -> bool:
         return False
 
-    def stop_reason(self) -> None:
-        return None
+    stop_requested = None
+    policy = None  # the observation section's built-in defaults
 
 
 def test_the_observe_action_judges_a_young_window_instead_of_failing_it() -> None:

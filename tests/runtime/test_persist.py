@@ -23,7 +23,7 @@ from supervisor.runtime.observe import StepStats
 from supervisor.runtime.state import RuntimeState
 from supervisor.sdk.directives import Freeze
 from tests.runtime.conftest import FAST, make_job, wait_for
-from tests.runtime.harness import FakeRanks, FakeWorkers
+from tests.runtime.harness import FakeRanks, FakeWorkers, send
 
 
 def setup(tmp_path: Path) -> tuple[FakeRanks, Controller]:
@@ -65,7 +65,7 @@ def test_a_changed_state_is_on_disk_before_its_records_are_acked(tmp_path: Path)
     for rank in range(2):
         link = ranks.link(rank)
         assert ctl.receipts.ack_for(link) == saved.receipts[link] > 0, "acked beyond what the file holds"
-        assert ctl.ingest_batch(rank, [], [], link)["acked"] == saved.receipts[link]
+        assert send(ctl, rank, [], [], link)["acked"] == saved.receipts[link]
 
 
 def test_a_directive_written_outside_persist_does_not_hide_the_next_write(tmp_path: Path) -> None:

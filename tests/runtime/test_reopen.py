@@ -4,7 +4,10 @@ passed, the incident was resolved, and the fault came back -- the same incident 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,29 @@ from tests.runtime.conftest import FAST, make_job
 from tests.runtime.harness import FakeRanks, FakeWorkers, saver, spikes_once
 
 REOPEN = str(Path(__file__).parent / "policies" / "reopen.yaml")
+STATE_WRITES = ("open_incident", "reopen", "transition")
+
+
+def spy_state_writes(store: Any) -> list[tuple[str, str]]:
+    """Each call that writes an incident's state, with the function that asked for it."""
+    seen: list[tuple[str, str]] = []
+    for name in STATE_WRITES:
+
+        def wrapped(*args: Any, _real: Any = getattr(store, name), _name: str = name, **kw: Any) -> Any:
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.endswith("store.py"):  # not the store's own inner calls
+                seen.append((_name, _writer(caller)))
+            return _real(*args, **kw)
+
+        setattr(store, name, wrapped)
+    return seen
+
+
+def _writer(frame: FrameType) -> str:
+    """``plans.move`` is the helper every move goes through: the writer is who called it."""
+    while frame.f_code.co_name == "move" and frame.f_code.co_filename.endswith("plans.py") and frame.f_back:
+        frame = frame.f_back
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
 
 
 @pytest.mark.slow
@@ -28,6 +54,7 @@ def test_a_fault_back_after_its_window_reopens_the_incident_until_attempts_run_o
     ranks.on_checkpoint = saver(ctl)
     ctl.boot()
     store = ctl.incidents
+    writes = spy_state_writes(store)
 
     def only() -> object:
         [inc] = store.list_incidents(job="back")
@@ -62,6 +89,9 @@ def test_a_fault_back_after_its_window_reopens_the_incident_until_attempts_run_o
     assert [p["attempt"] for p in plans] == [1, 2, 3, 4] and plans[-1]["escalate"]
     assert "recurrence.max_attempts=3" in plans[-1]["escalate"]
     assert ctl.phase is JobPhase.ESCALATED
+    # One writer of every incident's state: the controller carried out each open, reopen and move.
+    assert {w for _, w in writes} == {"controller.py:apply"}, writes
+    assert [n for n, _ in writes].count("reopen") == 3 and ("open_incident", "controller.py:apply") in writes
     # Each timeline keeps its own rows: re-plans after rollbacks never overwrite the original run.
     original = {r["step"]: r["loss"] for r in store.series(first.id, replay=0) if "rank" not in r}
     rerun = {r["step"]: r["loss"] for r in store.series(first.id, replay=1) if "rank" not in r}

@@ -56,7 +56,7 @@ class ObserveAction:
 
     def prepare(self, rt: Runtime, params: dict[str, Any], action_id: str) -> dict[str, Any]:
         steps = int(params.get("steps", 100))
-        end = max(rt.current_step + steps, rt.observation_end(rt.diagnosis.onset_step))
+        end = max(rt.current_step + steps, rt.diagnosis.onset_step + rt.policy.observation.onset_margin_steps)
         return {
             "from_step": rt.current_step,
             "steps": end - rt.current_step,
@@ -76,7 +76,7 @@ class ObserveAction:
         short = len(window) < memo["steps"]
         if not early and short and not ended:
             return None
-        stop = rt.stop_reason() if ended else None
+        stop = rt.stop_requested if ended else None
         if stop is not None and short:  # a stopped window is not a passed one
             return Outcome.skip(
                 f"stopped on request ({stop}) {len(window)} of {memo['steps']} steps into the observation window",
@@ -141,7 +141,7 @@ def event_checks(rt: Runtime, from_step: int) -> list[Check]:
 def criteria(rt: Runtime, given: dict[str, Any]) -> dict[str, Any]:
     """The action's pass criteria over the policy's ``observation`` defaults (read defensively:
     a policy without the section keeps the built-in defaults)."""
-    section = getattr(getattr(rt, "policy", None), "observation", None)
+    section = getattr(rt.policy, "observation", None)
     out = {k: v for k, v in given.items() if v is not None}
     if section is not None:
         out.setdefault("throughput", getattr(section, "throughput", True))
