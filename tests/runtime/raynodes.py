@@ -156,7 +156,9 @@ def join(ip: str, temp_dir: Path, head_address: str, *, num_cpus: int, env: dict
         try:
             while not node.up():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"`ray start` on {ip} did not start its node within {timeout_s:.0f}s")
+                    tail = node.log_path.read_text(errors="replace").strip().splitlines()[-8:]
+                    raise RuntimeError(f"`ray start` on {ip} did not start its node within {timeout_s:.0f}s; "
+                                       f"its log ends: {' | '.join(tail) or '(no output)'}")  # fmt: skip
                 time.sleep(0.2)
             return node
         except RuntimeError:
