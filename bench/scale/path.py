@@ -101,13 +101,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     host = EmulatorHost(job, vars(EmulatorConfig(ranks=args.ranks, checkpoint_every=0)), 0)
     host.links = [_Link(r, "bench") for r in range(args.ranks)]
     host.lr_scale, host.pending_events = 1.0, []
-    ctl = Controller(JobSpec.model_validate(job), settings, workers=_Workers(args.ranks))  # type: ignore[arg-type]
+    ctl = Controller(JobSpec.model_validate(job), settings, workers=_Workers(args.ranks))
     ctl.boot()
     gc.freeze()  # as the supervisor actor sets its collector (runtime/actor.py)
     gc.set_threshold(GC_YOUNG, 20, 20)
     controller_mod.PERSIST_INTERVAL_S = 0.0  # one state write per step, as at 0.5-s steps
     cpu = time.thread_time
-    spent = {k: [] for k in PHASES}  # type: dict[str, list[float]]
+    spent: dict[str, list[float]] = {k: [] for k in PHASES}
     started = None
     for step in range(1, args.warmup + args.steps + 1):
         if step == args.warmup + 1:
