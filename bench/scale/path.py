@@ -82,6 +82,11 @@ class _Workers:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="scale-path-") as tmp:  # the run's stores go with it
+        return _run(args, Path(tmp))
+
+
+def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from supervisor.config.job import JobSpec
     from supervisor.config.runtime import RuntimeSettings
     from supervisor.drills.emulator import EmulatorConfig, EmulatorHost, _Link
@@ -90,7 +95,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from supervisor.runtime.controller import Controller
     from supervisor.sdk.wire import pack, unpack
 
-    root = Path(tempfile.mkdtemp(prefix="scale-path-"))
     job = {
         "name": f"path-{args.ranks}", "entrypoint": "supervisor.drills.emulator:EmulatorHost",
         "max_steps": args.warmup + args.steps + 10, "resources": {"num_workers": args.ranks},
