@@ -417,10 +417,11 @@ class Detector:
             "spread": self.spread.values(),
             "worst": self.worst.values(),
             "rank_steps": list(self.rank_steps),
-            "rank_losses": [[step, {str(k): v for k, v in d.items()}] for step, d in self.rank_losses]
+            # (step, {rank: value}) pairs as they are: JSON writes them as [step, {"rank": value}].
+            "rank_losses": list(self.rank_losses)
             if sum(len(d) for _, d in self.rank_losses) <= RANK_OWN_STATE
             else [],
-            "levels": [list(x) for x in self.levels],
+            "levels": list(self.levels),
             "intervals": self.intervals.values(),
             "last_lr": self.last_lr,
             "last_step": self.last_step,

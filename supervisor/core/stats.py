@@ -219,7 +219,7 @@ class LevelTracker:
     def state_dict(self) -> dict[str, Any]:
         return {
             "resid": self._resid.values(),
-            "hist": [list(h) for h in self._hist],
+            "hist": list(self._hist),  # (step, x, has_resid) tuples: JSON arrays, as lists would be
             "floor": self.floor,
             "settle": self._settle,
             "anchor": self._anchor,

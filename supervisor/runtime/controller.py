@@ -17,7 +17,6 @@ from __future__ import annotations
 import queue
 import time
 import uuid
-from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -50,7 +49,14 @@ from supervisor.runtime.observe import StepStats, aggregate
 from supervisor.runtime.plans import action_id, move
 from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, decide
-from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState, runtime_state_path, write_state
+from supervisor.runtime.state import (
+    ActivePlan,
+    JobPhase,
+    RuntimeState,
+    StepHistory,
+    runtime_state_path,
+    write_state,
+)
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.sdk.directives import END_REACHED, Directive, Finish, Stop
 from supervisor.sdk.wire import Group
@@ -96,9 +102,10 @@ class Controller:
                                        on_release=self.receipts.release)  # fmt: skip
         self.assembler.watermark = self.state.watermark
         self.current_step = max(self.state.watermark, 0)
-        self.history: deque[StepStats] = deque(
+        self.history = StepHistory(
             (StepStats(**h) for h in self.state.history), maxlen=max(HISTORY_KEPT, job.telemetry.window)
         )
+        self.state.hold_history(self.history)
         self.batches: dict[int, int] = {int(k): v for k, v in self.state.batches.items()}
         self.inbox: queue.SimpleQueue[list[Queued]] = queue.SimpleQueue()
         """One item per ingest call: its links' accepted batches, in the order they came."""
@@ -640,11 +647,11 @@ class Controller:
         st.acks, st.failures = self.directives.acks, self.directives.failures
         st.watermark = self.assembler.watermark
         st.analyzer = self.flow.analyzer.state_dict()
-        st.history = [h.to_json() for h in self.history]
         # Memory holds what a restarted supervisor reads back: a long run's map stays bounded.
         self.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
         st.batches = dict(self.batches)
         st.receipts = marks
+        st.hold_history(self.history)
         data = st.dump()
         if data != self._written:
             write_state(self.state_path, data)
@@ -832,7 +839,7 @@ class Controller:
         if not key.startswith("restart:"):
             self.state.restart_resumed_at = None  # a rollback: the group had trained past its resume point
         self.current_step = to_step
-        self.history = deque((h for h in self.history if h.step <= to_step), maxlen=self.history.maxlen)
+        self.history.drop_after(to_step)
         self.tending.abandon_after(self.state, to_step)
         self.state.effects.append(key)
         self.persist(force=True)

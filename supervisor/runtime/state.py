@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter
 
 from supervisor.config.job import JobSpec
 from supervisor.core.policy import Plan
 from supervisor.incidents.paths import db_path_for_job
+from supervisor.runtime.observe import StepStats
 
 #: Incident steps of the current timeline kept (``RuntimeState.incident_steps``): checkpoints are
 #: judged against the newest ones; older incidents lie far behind every checkpoint still unjudged.
@@ -87,6 +90,7 @@ class RuntimeState(BaseModel):
     """Everything a restarted supervisor needs besides the incident store and the checkpoints."""
 
     model_config = ConfigDict(extra="forbid")
+    _history_json: str | None = PrivateAttr(default=None)  # ``hold_history``
 
     job: str
     phase: JobPhase = JobPhase.STARTING
@@ -163,9 +167,19 @@ class RuntimeState(BaseModel):
     def save(self, path: Path) -> None:
         write_state(path, self.dump())
 
+    def hold_history(self, history: StepHistory) -> None:
+        """From now on this state's ``history`` is ``history`` as it is now, whose entries were
+        serialized once each as they came: a write joins them instead of serializing every entry
+        again (the ``history`` field is then left empty)."""
+        self.history = []
+        self._history_json = ",".join(history.json)
+
     def dump(self) -> str:
         """The state as it is saved (compact JSON)."""
-        return self.model_dump_json(indent=None)
+        if self._history_json is None:
+            return self.model_dump_json(indent=None)
+        head = self.model_dump_json(indent=None, exclude={"history"})  # "job" is required: never "{}"
+        return f'{head[:-1]},"history":[{self._history_json}]}}'
 
     @classmethod
     def load(cls, path: Path) -> RuntimeState | None:
@@ -173,6 +187,45 @@ class RuntimeState(BaseModel):
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             return None
+
+
+_ENTRY = TypeAdapter(dict[str, Any])
+"""Serializes one history entry exactly as ``RuntimeState.model_dump_json`` serializes it."""
+
+
+class StepHistory(Sequence[StepStats]):
+    """The newest per-step aggregates (at most ``maxlen``), each kept with its JSON as the state file
+    holds it, made once when its step is added: a state write joins the entries' JSON instead of
+    serializing the whole history again (at a thousand steps that took most of each write)."""
+
+    def __init__(self, entries: Iterable[StepStats] = (), maxlen: int | None = None) -> None:
+        self._steps: deque[StepStats] = deque(maxlen=maxlen)
+        self.json: deque[str] = deque(maxlen=maxlen)
+        for h in entries:
+            self.append(h)
+
+    def append(self, h: StepStats) -> None:
+        self._steps.append(h)
+        self.json.append(_ENTRY.dump_json(h.to_json()).decode())
+
+    def drop_after(self, step: int) -> None:
+        """Forget the entries past ``step`` (a rollback or restart re-trains them)."""
+        kept = [(h, j) for h, j in zip(self._steps, self.json, strict=True) if h.step <= step]
+        self._steps = deque((h for h, _ in kept), maxlen=self._steps.maxlen)
+        self.json = deque((j for _, j in kept), maxlen=self.json.maxlen)
+
+    def __iter__(self) -> Iterator[StepStats]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    @overload
+    def __getitem__(self, i: int) -> StepStats: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[StepStats]: ...
+    def __getitem__(self, i: int | slice) -> StepStats | list[StepStats]:
+        return list(self._steps)[i] if isinstance(i, slice) else self._steps[i]
 
 
 def runtime_state_path(job: JobSpec) -> Path:

@@ -9,6 +9,7 @@ the file holds. Plus the worker group's health check, which asks Ray at most onc
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from supervisor.runtime import group as group_module
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.group import WorkerGroup
 from supervisor.runtime.observe import StepStats
-from supervisor.runtime.state import RuntimeState
+from supervisor.runtime.state import RuntimeState, StepHistory
 from supervisor.sdk.directives import Freeze
 from tests.runtime.conftest import FAST, make_job, wait_for
 from tests.runtime.harness import FakeRanks, FakeWorkers, send
@@ -102,3 +103,52 @@ def test_the_group_asks_ray_at_most_once_per_loop_interval(
     assert [group.health().state for _ in range(20)] == ["running"] * 20
     assert calls == [["ref-0", "ref-1"]], "asked Ray more than once within loop_interval_s"
     wait_for(lambda: {"n": len(calls), "state": group.health().state}, lambda st: st["n"] == 2, timeout_s=10)
+
+
+def test_the_history_is_written_as_the_model_writes_it_and_read_back_whole(tmp_path: Path) -> None:
+    """The state file's history is joined from each entry's JSON, made once when its step came; it
+    reads as the field would have been written (NaN and infinity as null) and restores the same
+    aggregates, also after a rewind dropped the newest."""
+    odd = [
+        StepStats(step=1, loss=float("nan"), nonfinite=True),
+        StepStats(step=2, loss=2.5, grad_norm=float("inf")),
+    ]
+    history = StepHistory(
+        [*odd, *(StepStats(step=s, loss=1.0 / s, lr=1e-3) for s in range(3, 40))], maxlen=30
+    )
+    assert [h.step for h in history] == list(range(10, 40)), "the oldest go past maxlen"
+    history.drop_after(31)
+    state = RuntimeState(job="j", watermark=31)
+    state.hold_history(history)
+    whole = RuntimeState(job="j", watermark=31, history=[h.to_json() for h in history])
+    assert json.loads(state.dump()) == json.loads(whole.model_dump_json())
+    both = StepHistory(odd)
+    state.hold_history(both)
+    assert (
+        json.loads(state.dump())["history"]
+        == json.loads(RuntimeState(job="j", history=[h.to_json() for h in odd]).model_dump_json())["history"]
+    )
+    state.save(tmp_path / "s.json")
+    loaded = RuntimeState.load(tmp_path / "s.json")
+    assert loaded is not None and [h["step"] for h in loaded.history] == [1, 2]
+    assert loaded.history[0]["loss"] is None and loaded.history[1]["grad_norm"] is None
+
+
+def test_a_write_serializes_no_step_of_the_history_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state write costs the same at step 1,000 as at step 10: each step's aggregate is serialized
+    once, when it comes, not once per write; a restarted controller reads every step back."""
+    ranks, ctl = setup(tmp_path)
+    ranks.train(ctl, 30)
+    made: list[int] = []
+    to_json = StepStats.to_json
+    monkeypatch.setattr(StepStats, "to_json", lambda self: made.append(self.step) or to_json(self))
+    for _ in range(5):
+        ranks.train(ctl, 2)
+        ctl.persist(force=True)
+    assert set(made) == set(range(31, 41)), "a write serialized older steps again"
+    monkeypatch.undo()
+    again = Controller(ctl.job, FAST, attach=True, workers=FakeWorkers(ranks))
+    assert [h.step for h in again.history] == [h.step for h in ctl.history] == list(range(1, 41))
+    assert [h.to_json() for h in again.history] == [h.to_json() for h in ctl.history]
