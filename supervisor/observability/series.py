@@ -7,7 +7,8 @@ What a person reviewing the incident also needs, this recorder adds to the incid
 - **per-rank rows** (loss, grad norm, ... of every rank, at most ``MAX_RANKS``), step by step from
   the incident's first sight, and the ring of recent steps before it written once its plan has
   begun, ``BACKFILL_STEPS`` ring steps in each step's transaction (all of it when the incident ends
-  or the job does), so a rank-local incident can be drawn rank by rank;
+  or the job does), so a rank-local incident can be drawn rank by rank (its own rank, when past
+  the first ``MAX_RANKS``, for the ``RING_ALL_RANKS_STEPS`` ring steps up to its first sight);
 - the **abandoned timeline** up to the rollback (the steps between the plan and the freeze);
 - the **new timeline** after each rollback, as ``replay`` n (n-th rollback of that incident),
   through the observation window, so the plots can overlay both.
@@ -31,6 +32,11 @@ RING_STEPS = 128
 MAX_RANKS = 64
 #: Ring steps written per analysed step once an incident's plan has begun (its earlier rows).
 BACKFILL_STEPS = 4
+#: The newest ring steps that keep every rank's record; older ring steps keep the first
+#: ``MAX_RANKS`` ranks' only. A rank-local incident on a rank past them gets its own rows for this
+#: many steps up to its first sight (that step included), and the ring's memory stays ``RING_STEPS x MAX_RANKS`` records
+#: plus this many steps of every rank (every rank's 128 steps held ~190 MB at 1,024 ranks).
+RING_ALL_RANKS_STEPS = 16
 
 
 def _rows(records: list[Any], keep_rank: int | None) -> list[Any]:
@@ -72,7 +78,11 @@ class IncidentSeries:
             self.replay[incident_id] += 1
 
     def on_step(self, step: int, records: list[Any], aggregate: dict[str, Any] | None) -> None:
-        self.ring.append((step, records, aggregate))
+        ring = self.ring
+        ring.append((step, records, aggregate))
+        if len(ring) > RING_ALL_RANKS_STEPS and len(ring[-RING_ALL_RANKS_STEPS - 1][1]) > MAX_RANKS:
+            old, kept, agg = ring[-RING_ALL_RANKS_STEPS - 1]  # an incident's pending back-fill keeps its own
+            ring[-RING_ALL_RANKS_STEPS - 1] = (old, _rows(kept, None), agg)
         open_now = {inc.id: inc for inc in self.store.active(self.job)}
         if not open_now and not self.replay:
             return

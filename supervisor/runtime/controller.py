@@ -345,6 +345,8 @@ class Controller:
     def _note(self, rank: int, rec: dict[str, Any] | Record) -> None:
         if type(rec) is Record:  # decoded from the wire: typed fields, never a control message
             step, rank, events, attrs, control = rec.step, rec.rank, rec.events, rec.attrs, False
+            if not (events or attrs or self.state.held_at):
+                return  # the common record: nothing in it for the bookkeeping below
         else:
             events = [e for e in rec.get("events") or () if isinstance(e, str)]
             sent = rec.get("step")

@@ -14,7 +14,13 @@ import pytest
 
 from supervisor.core.records import Record
 from supervisor.incidents import IncidentStore
-from supervisor.observability.series import BACKFILL_STEPS, MAX_RANKS, RING_STEPS, IncidentSeries
+from supervisor.observability.series import (
+    BACKFILL_STEPS,
+    MAX_RANKS,
+    RING_ALL_RANKS_STEPS,
+    RING_STEPS,
+    IncidentSeries,
+)
 from tests.incidents.builders import diagnosis
 
 RANKS = MAX_RANKS + 8  # more ranks than are kept: the first MAX_RANKS and the incident's rank
@@ -60,7 +66,10 @@ def test_the_first_sight_writes_its_own_step_and_the_ring_follows_in_slices(stor
     last = series.ring[-1][0]
     stored = _stored(store, inc.id)
     assert set(stored) == set(range(1, last + 1))  # the whole ring before it, then step by step
-    assert all(ranks == kept for ranks in stored.values())
+    recent = range(101 - RING_ALL_RANKS_STEPS, last + 1)  # its own rank only where every rank was kept
+    assert all(
+        ranks == (kept if step in recent else kept - {MAX_RANKS + 3}) for step, ranks in stored.items()
+    )
     assert series.backfill == {}
 
 
@@ -99,3 +108,17 @@ def test_what_is_still_held_back_is_written_when_the_incident_ends_or_the_job_do
     _feed(series, range(102, 103))  # resolved: its earlier rows go out at once, nothing more after
     assert set(_stored(store, other.id)) == set(range(101 - RING_STEPS, 102)) & set(range(1, 102))
     assert series.backfill == {}
+
+
+def test_the_ring_holds_every_rank_only_for_its_newest_steps(store: IncidentStore) -> None:
+    """A job of many ranks does not hold ``RING_STEPS`` steps of every rank's record: past the newest
+    ``RING_ALL_RANKS_STEPS`` the ring keeps the first ``MAX_RANKS`` ranks (the rows it would write)."""
+    series = IncidentSeries(store, "tinylm")
+    _feed(series, range(1, RING_STEPS + 10))
+    sizes = [len(records) for _, records, _ in series.ring]
+    assert len(sizes) == RING_STEPS
+    assert sizes[-RING_ALL_RANKS_STEPS:] == [RANKS] * RING_ALL_RANKS_STEPS
+    assert sizes[:-RING_ALL_RANKS_STEPS] == [MAX_RANKS] * (RING_STEPS - RING_ALL_RANKS_STEPS)
+    assert all(
+        r.rank < MAX_RANKS for _, records, _ in list(series.ring)[:-RING_ALL_RANKS_STEPS] for r in records
+    )
