@@ -149,3 +149,27 @@ def test_unusable_records_are_counted() -> None:
     a.add(0, {"step": "x"})
     a.add(0, {"loss": 1.0})
     assert a.skipped == 2
+
+
+def test_silent_ranks_with_every_rank_heard_or_one_stale_missing_or_foreign() -> None:
+    """The answer when every rank of the range was heard from recently (found without a walk over the
+    ranks) and each way it is not: one rank stale, one never heard, a rank outside the range heard."""
+    clock = Clock()
+    a = StepAssembler(4, deadline_s=5.0, clock=clock)
+    for r in range(4):
+        a.add(r, rec(1, r))
+    assert a.silent_ranks(5.0, range(4), 100.0) == []
+    clock.t = 4.0
+    for r in (0, 1, 3):
+        a.add(r, rec(2, r))
+    clock.t = 6.0
+    assert a.silent_ranks(5.0, range(4), 100.0) == [2]  # rank 2 last heard at 0.0
+    a.add(2, rec(2, 2))
+    assert a.silent_ranks(5.0, range(4), 100.0) == []
+    assert a.silent_ranks(5.0, range(5), 1.0) == [4]  # one more rank, never heard from
+    b = StepAssembler(3, deadline_s=5.0, clock=clock)
+    for r in (0, 1, 7):  # a record naming rank 7 of a 3-rank group: rank 2 is still silent
+        b.add(r, rec(1, r))
+    clock.t = 200.0
+    b.touch()
+    assert b.silent_ranks(5.0, range(3), 100.0) == [2]
