@@ -652,9 +652,19 @@ class ScaleSupervisor(SupervisorActor):
 
         proc = psutil.Process(os.getpid())
         cpu = proc.cpu_times()
-        return {"pid": os.getpid(), "cpu_s": cpu.user + cpu.system, "rss": proc.memory_info().rss,
+        return {"pid": os.getpid(), "cpu_s": cpu.user + cpu.system, "loop_cpu_s": self._loop_cpu_s(),
+                "rss": proc.memory_info().rss,
                 "costs": {k: asdict(v) for k, v in self.costs.items()}, "step": self.ctl.current_step,
                 "watermark": self.ctl.assembler.watermark}  # fmt: skip
+
+    def _loop_cpu_s(self) -> float | None:
+        """CPU time of the control loop's thread (the rest of the process is Ray's transport and
+        threads, and the calls: the wire's decode, ``status``); None once the loop has ended."""
+        ident = self.thread.ident
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident)) if ident is not None else None
+        except (OSError, AttributeError):  # the thread ended; no per-thread clock on this platform
+            return None
 
     def analysed(self) -> dict[int, float]:
         return dict(self.analysed_at)

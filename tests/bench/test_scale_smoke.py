@@ -42,3 +42,6 @@ def test_scale_smoke_walks_the_plan_and_loses_no_record(tmp_path: Path) -> None:
         f["detected_step"] is not None and f["frozen_steps"] >= 0 and f["acked_s"] >= 0.5
     )  # restore takes 0.5 s
     assert f["state_file"]["calls"] > 0 and f["incident_store"]["calls"] > 0
+    # The control loop's thread is part of the process: its CPU per step is some of the whole (the
+    # process's figure counts in 10-ms ticks, hence the margin).
+    assert f["loop_ms_per_step"] is not None and 0 < f["loop_ms_per_step"] <= f["cpu_ms_per_step"] + 1.0
