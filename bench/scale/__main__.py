@@ -167,9 +167,10 @@ def _compare(args: argparse.Namespace) -> int:
     med: dict[str, dict[str, float | None]] = {}
     for label, rs in runs.items():
         med[label] = {k: _median([x.get(k) for x in rs]) for k in ("cpu_ms_per_step", "loop_ms_per_step",
-                      "cpu_s_total", "ingest_records_per_s", "frozen_s", "frozen_steps", "acked_s", "lost", "wall_s")}  # fmt: skip
+                      "ingest_ms_per_step", "cpu_s_total", "ingest_records_per_s", "frozen_s", "frozen_steps", "acked_s", "lost", "wall_s")}  # fmt: skip
         m = med[label]
         print(f"  {label:12} supervisor {_fmt(m['cpu_ms_per_step'])} ms CPU/step (loop {_fmt(m['loop_ms_per_step'])}, "
+              f"ingest calls {_fmt(m['ingest_ms_per_step'])}, "
               f"{_fmt(m['cpu_s_total'])} s in "
               f"all), ingest {_fmt(m['ingest_records_per_s'], '.0f')} records/s, frozen in {_fmt(m['frozen_s'])} s "
               f"({_fmt(m['frozen_steps'], '.0f')} steps), acked in {_fmt(m['acked_s'])} s, lost "
@@ -211,6 +212,7 @@ def _follow(sup: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], d
         status = ray.get(sup.status.remote(), timeout=120)
         probe = ray.get(sup.probe.remote(), timeout=120)
         samples.append({"t": time.time(), "cpu_s": probe["cpu_s"], "loop_cpu_s": probe["loop_cpu_s"],
+                        "ingest_cpu_s": probe["ingest_cpu_s"],
                         "rss": probe["rss"], "step": probe["watermark"],
                         "frozen": status["frozen"], "state_bytes": probe["costs"]["state_file"]["bytes"]})  # fmt: skip
         if status["terminal"] or time.monotonic() > deadline:
@@ -263,10 +265,11 @@ def _figures(args: argparse.Namespace, job: dict[str, Any], root: Path, samples:
             break
         before.append(s)
     paced = [s for s in before if s["step"] >= args.free_steps + 5]
-    cpu_per_step = loop_per_step = None
+    cpu_per_step = loop_per_step = ingest_per_step = None
     if len(paced) >= 2 and paced[-1]["step"] > paced[0]["step"]:
         a, b = paced[0], paced[-1]
         cpu_per_step = (b["cpu_s"] - a["cpu_s"]) / (b["step"] - a["step"])
+        ingest_per_step = (b["ingest_cpu_s"] - a["ingest_cpu_s"]) / (b["step"] - a["step"])
         if a["loop_cpu_s"] is not None and b["loop_cpu_s"] is not None:
             loop_per_step = (b["loop_cpu_s"] - a["loop_cpu_s"]) / (b["step"] - a["step"])
     inc = _incident_times(root)
@@ -291,6 +294,7 @@ def _figures(args: argparse.Namespace, job: dict[str, Any], root: Path, samples:
         "ingest_records_per_s": round(ingest), "lag_s": lag,
         "cpu_ms_per_step": None if cpu_per_step is None else round(cpu_per_step * 1000, 2),
         "loop_ms_per_step": None if loop_per_step is None else round(loop_per_step * 1000, 2),
+        "ingest_ms_per_step": None if ingest_per_step is None else round(ingest_per_step * 1000, 2),
         "cpu_s_total": round(probe["cpu_s"], 2), "rss_mb": round(probe["rss"] / 2**20, 1),
         "rss_mb_max": round(max(s["rss"] for s in samples) / 2**20, 1),
         "frozen_s": frozen_s, "frozen_steps": frozen_steps, "acked_s": acked_s, "detected_step": inc.get("detected_step"),
@@ -340,9 +344,11 @@ def _print(args: argparse.Namespace, f: dict[str, Any]) -> None:
     print(f"  ingest lag              made->accepted p50 {_fmt(lag['accept_p50'], '.3f')} s p99 "
           f"{_fmt(lag['accept_p99'], '.3f')} s; made->durable p50 {_fmt(lag['ack_p50'], '.3f')} s p99 "
           f"{_fmt(lag['ack_p99'], '.3f')} s")  # fmt: skip
-    rest = None if f["loop_ms_per_step"] is None else f["cpu_ms_per_step"] - f["loop_ms_per_step"]
-    print(f"  supervisor CPU          {_fmt(f['cpu_ms_per_step'])} ms per paced step (the control loop "
-          f"{_fmt(f['loop_ms_per_step'])}, the calls and Ray's threads {_fmt(rest)}), {f['cpu_s_total']} s in all")  # fmt: skip
+    parts = (f["cpu_ms_per_step"], f["loop_ms_per_step"], f["ingest_ms_per_step"])
+    rest = None if None in parts else parts[0] - parts[1] - parts[2]  # type: ignore[operator]
+    print(f"  supervisor CPU          {_fmt(f['cpu_ms_per_step'])} ms per paced step: the control loop "
+          f"{_fmt(f['loop_ms_per_step'])}, the ingest calls (decode, receipts) {_fmt(f['ingest_ms_per_step'])}, "
+          f"the rest (Ray's transport and threads, the bench's read-outs) {_fmt(rest)}; {f['cpu_s_total']} s in all")  # fmt: skip
     print(f"  supervisor RSS          {f['rss_mb']} MB at the end, {f['rss_mb_max']} MB max")
     print(f"  detection -> frozen     {_fmt(f['frozen_s'], '.3f')} s, {f['frozen_steps']} steps "
           f"(detected at step {f['detected_step']})")  # fmt: skip

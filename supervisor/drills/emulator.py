@@ -641,6 +641,17 @@ class ScaleSupervisor(SupervisorActor):
                 self.analysed_at.setdefault(step, time.time())
 
         self.ctl._analyse = timed  # type: ignore[method-assign]
+        self.ingest_cpu_s = 0.0
+        """CPU time of the ``ingest_packed`` calls themselves (the wire's decode, receipts, the inbox)."""
+        self._ingest_lock = threading.Lock()
+
+    def ingest_packed(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
+        t = time.thread_time()
+        try:
+            return super().ingest_packed(batch)
+        finally:
+            with self._ingest_lock:
+                self.ingest_cpu_s += time.thread_time() - t
 
     def _worker_supervision(self, spec: Any, settings: Any) -> Workers:
         return EmulatedWorkers(spec, settings, self._hosts)
@@ -653,6 +664,7 @@ class ScaleSupervisor(SupervisorActor):
         proc = psutil.Process(os.getpid())
         cpu = proc.cpu_times()
         return {"pid": os.getpid(), "cpu_s": cpu.user + cpu.system, "loop_cpu_s": self._loop_cpu_s(),
+                "ingest_cpu_s": self.ingest_cpu_s,
                 "rss": proc.memory_info().rss,
                 "costs": {k: asdict(v) for k, v in self.costs.items()}, "step": self.ctl.current_step,
                 "watermark": self.ctl.assembler.watermark}  # fmt: skip
