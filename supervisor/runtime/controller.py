@@ -51,6 +51,7 @@ from supervisor.runtime.receipts import Receipts
 from supervisor.runtime.restarts import GroupEvent, Restarting, decide
 from supervisor.runtime.state import (
     ActivePlan,
+    BufferJSON,
     JobPhase,
     RuntimeState,
     StepHistory,
@@ -125,6 +126,7 @@ class Controller:
         """What the workers do and how the job ends once they are down (``lifecycle.py``)."""
         self._last_persist = 0.0
         self._written: str | None = None  # the state file's content as this controller last wrote it
+        self._analyzer_json = BufferJSON()  # the analyzer's state, its buffers' entries serialized once
         self._trace = open_traces(self.settings, self.world_size)  # telemetry.trace: per-rank JSONL
         self.effects_applied: list[effects.Effect] = []
         """The effects carried out in the current (or last) iteration, in order."""
@@ -648,7 +650,7 @@ class Controller:
         st.directives = self.directives.entries
         st.acks, st.failures = self.directives.acks, self.directives.failures
         st.watermark = self.assembler.watermark
-        st.analyzer = self.flow.analyzer.state_dict()
+        st.hold_analyzer(self.flow.analyzer.state_dict(), self._analyzer_json)
         # Memory holds what a restarted supervisor reads back: a long run's map stays bounded.
         self.batches = {s: b for s, b in self.batches.items() if s > self.current_step - 2 * HISTORY_KEPT}
         st.batches = dict(self.batches)

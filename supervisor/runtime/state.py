@@ -18,7 +18,9 @@ old and new phase and the reason.
 from __future__ import annotations
 
 import json
+import operator
 import os
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
@@ -91,6 +93,7 @@ class RuntimeState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     _history_json: str | None = PrivateAttr(default=None)  # ``hold_history``
+    _analyzer_json: str | None = PrivateAttr(default=None)  # ``hold_analyzer``
 
     job: str
     phase: JobPhase = JobPhase.STARTING
@@ -174,12 +177,23 @@ class RuntimeState(BaseModel):
         self.history = []
         self._history_json = ",".join(history.json)
 
+    def hold_analyzer(self, state: dict[str, Any], encoder: BufferJSON) -> None:
+        """From now on this state's ``analyzer`` is ``state`` (the analyzer's ``state_dict``) as
+        ``encoder`` serialized it now, its rewind buffers' entries reused from the previous write
+        (the ``analyzer`` field is then left empty)."""
+        self.analyzer = None
+        self._analyzer_json = encoder.dump(state)
+
     def dump(self) -> str:
         """The state as it is saved (compact JSON)."""
-        if self._history_json is None:
+        held = {"analyzer": self._analyzer_json, "history": self._history_json}
+        held = {k: v for k, v in held.items() if v is not None}
+        if not held:
             return self.model_dump_json(indent=None)
-        head = self.model_dump_json(indent=None, exclude={"history"})  # "job" is required: never "{}"
-        return f'{head[:-1]},"history":[{self._history_json}]}}'
+        head = self.model_dump_json(indent=None, exclude=set(held))  # "job" is required: never "{}"
+        if "history" in held:
+            held["history"] = f"[{held['history']}]"
+        return head[:-1] + "".join(f',"{k}":{v}' for k, v in held.items()) + "}"
 
     @classmethod
     def load(cls, path: Path) -> RuntimeState | None:
@@ -191,6 +205,70 @@ class RuntimeState(BaseModel):
 
 _ENTRY = TypeAdapter(dict[str, Any])
 """Serializes one history entry exactly as ``RuntimeState.model_dump_json`` serializes it."""
+_ANY = TypeAdapter(Any)
+"""Serializes the analyzer's state and its parts exactly as ``RuntimeState.model_dump_json`` does."""
+
+
+class BufferJSON:
+    """The analyzer's state as JSON, written once per state write: its rewind buffers (each tracker's
+    last 512 values, the per-rank losses) are lists of tuples that change only at their ends from
+    one write to the next -- a new step appended, the oldest dropped, the newest taken back by a
+    rollback -- so each entry's JSON is made once and reused while the entries are the same tuple
+    objects in the same order. The text is byte for byte what serializing the whole state gives.
+
+    A buffer is any list of tuples in the state's dicts, known by its path of keys; a tuple's contents
+    are never changed in place (a rank-loss map is written only before its step's tuple is made)."""
+
+    SEARCH = 64
+    """How far into the previous write's buffer its new first entry is looked for (entries dropped
+    at the front since); further, the buffer is serialized whole."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, ...], tuple[list[Any], list[str]]] = {}
+        self._mark = f"@buffer-{uuid.uuid4().hex}-"
+
+    def dump(self, state: dict[str, Any]) -> str:
+        runs: list[str] = []
+        seen: dict[tuple[str, ...], tuple[list[Any], list[str]]] = {}
+        shell = self._swap(state, (), runs, seen)
+        self._runs = seen
+        head, *marked = _ANY.dump_json(shell).decode().split(f'"{self._mark}')
+        out = [head]
+        for part in marked:  # each '<i>"<text after the marker>'
+            i, rest = part.split('"', 1)
+            out += ("[", runs[int(i)], "]", rest)
+        return "".join(out)
+
+    def _swap(self, node: Any, path: tuple[str, ...], runs: list[str],
+              seen: dict[tuple[str, ...], tuple[list[Any], list[str]]]) -> Any:  # fmt: skip
+        """``node`` with each buffer replaced by a marker (dicts on the way copied, never changed)."""
+        if type(node) is dict:
+            out = None
+            for k, v in node.items():
+                new = self._swap(v, (*path, str(k)), runs, seen)
+                if new is not v:
+                    out = dict(node) if out is None else out
+                    out[k] = new
+            return node if out is None else out
+        if type(node) is list and node and type(node[0]) is tuple:
+            pieces = self._pieces(self._runs.get(path), node)
+            seen[path] = (node, pieces)
+            runs.append(",".join(pieces))
+            return f"{self._mark}{len(runs) - 1}"
+        return node
+
+    def _pieces(self, prev: tuple[list[Any], list[str]] | None, items: list[Any]) -> list[str]:
+        """Each entry's JSON: the previous write's where the entry is the same object, else new."""
+        kept: list[str] = []
+        if prev is not None:
+            old, old_pieces = prev
+            first = items[0]
+            at = next((k for k in range(min(self.SEARCH, len(old))) if old[k] is first), None)
+            if at is not None:
+                n = min(len(old) - at, len(items))
+                if all(map(operator.is_, items[:n], old[at : at + n])):  # the same entries, in order
+                    kept = old_pieces[at : at + n]
+        return kept + [_ANY.dump_json(t).decode() for t in items[len(kept) :]]
 
 
 class StepHistory(Sequence[StepStats]):

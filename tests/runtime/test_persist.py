@@ -10,6 +10,8 @@ the file holds. Plus the worker group's health check, which asks Ray at most onc
 from __future__ import annotations
 
 import json
+import random
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,11 @@ import pytest
 
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.runtime import group as group_module
+from supervisor.runtime import state as state_module
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.group import WorkerGroup
 from supervisor.runtime.observe import StepStats
-from supervisor.runtime.state import RuntimeState, StepHistory
+from supervisor.runtime.state import BufferJSON, RuntimeState, StepHistory
 from supervisor.sdk.directives import Freeze
 from tests.runtime.conftest import FAST, make_job, wait_for
 from tests.runtime.harness import FakeRanks, FakeWorkers, send
@@ -152,3 +155,81 @@ def test_a_write_serializes_no_step_of_the_history_again(
     again = Controller(ctl.job, FAST, attach=True, workers=FakeWorkers(ranks))
     assert [h.step for h in again.history] == [h.step for h in ctl.history] == list(range(1, 41))
     assert [h.to_json() for h in again.history] == [h.to_json() for h in ctl.history]
+
+
+def _buffers_state(bufs: dict[str, deque[Any]]) -> dict[str, Any]:
+    """A state shaped as the analyzer's: buffers (lists of tuples) in nested dicts beside other values."""
+    return {
+        "version": 2,
+        "detector": {
+            "trackers": {
+                name: {"hist": list(b), "floor": 0.1, "level": [1.0, 2.0]} for name, b in bufs.items()
+            },
+            "rank_steps": [1, 2, 3],
+            "rank_losses": [(s, {r: s / (r + 1) for r in range(3)}) for s in range(4)],
+        },
+        "open": None,
+        "excursions": [[1, None, 0.5]],
+    }
+
+
+def test_the_analyzers_buffers_are_written_as_the_whole_state_would_be_through_any_change() -> None:
+    """Byte for byte the serialization of the whole state, write after write, while the buffers take
+    a new value (dropping the oldest past their length), give back the newest (a rollback), are
+    rebuilt from some of their entries, cleared, or hold NaN and infinity."""
+    rng = random.Random(7)
+    bufs = {name: deque(maxlen=40) for name in ("loss", "grad", "source:web")}
+    enc, whole = BufferJSON(), state_module._ANY
+    step = 0
+    for _ in range(400):
+        for b in bufs.values():
+            op = rng.random()
+            if op < 0.7:
+                step += 1
+                x = rng.choice([rng.gauss(0, 1), float("nan"), float("inf"), 1e-300])
+                b.append((step, x, rng.random() < 0.5))
+            elif op < 0.85 and b:
+                b.pop()
+            elif op < 0.93:
+                kept = [t for t in b if t[0] % 3]
+                b.clear()
+                b.extend(kept)
+            elif op < 0.96:
+                b.clear()
+        state = _buffers_state(bufs)
+        assert enc.dump(state) == whole.dump_json(state).decode()
+        assert state["detector"]["trackers"]["loss"]["hist"] == list(bufs["loss"]), "the state was changed"
+
+
+def test_a_write_serializes_only_the_buffers_new_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state write costs the same at step 1,000 as at step 10: a buffer entry already written is
+    not serialized again while it is still there."""
+    hist: deque[tuple[int, float, bool]] = deque(((s, s / 10, True) for s in range(512)), maxlen=512)
+    enc = BufferJSON()
+    enc.dump(_buffers_state({"loss": hist}))
+    made: list[Any] = []
+    real = state_module._ANY
+
+    class Counting:
+        def dump_json(self, value: Any) -> bytes:
+            if type(value) is tuple:
+                made.append(value)
+            return real.dump_json(value)
+
+    monkeypatch.setattr(state_module, "_ANY", Counting())
+    hist.extend((s, s / 10, True) for s in range(512, 515))
+    enc.dump(_buffers_state({"loss": hist}))
+    assert [t[0] for t in made if len(t) == 3] == [512, 513, 514], "older entries serialized again"
+
+
+def test_the_analyzers_state_is_read_back_whole_by_a_restarted_controller(tmp_path: Path) -> None:
+    """The state file holds the analyzer's state as the analyzer gives it: a restarted controller's
+    analyzer gives the same state again."""
+    ranks, ctl = setup(tmp_path)
+    ranks.train(ctl, 40)
+    ctl.persist(force=True)
+    on_disk = json.loads(ctl.state_path.read_text(encoding="utf-8"))["analyzer"]
+    assert on_disk == json.loads(state_module._ANY.dump_json(ctl.flow.analyzer.state_dict()))
+    assert any(tr["hist"] for tr in on_disk["detector"]["trackers"].values()), "no buffer was written"
+    again = Controller(ctl.job, FAST, attach=True, workers=FakeWorkers(ranks))
+    assert again.flow.analyzer.state_dict() == ctl.flow.analyzer.state_dict()
