@@ -172,7 +172,10 @@ def rank_causes(inc: IncidentTrack, phen: Phenotype, settings: DetectorSettings)
                 f"source `{name}` out of its own band at {SOURCE_PERSIST} appearances in a row from step "
                 f"{inc.onset_step} while the other sources stayed in theirs: that source's data, not the model",
             )
-    _metric(inc, b, calm)
+    # Calm gradients say the loss moved without the model's updates moving: a logging artifact, unless
+    # one source alone carries the rise -- its own loss (the model's losses on its samples) out of its
+    # band while the others stay in theirs is what the model saw, whatever the gradients did.
+    _metric(inc, b, calm and f.source is None)
     if not any(b.evidence[c] for c in Cause if c is not prior) and len(b.evidence[prior]) == 1:
         b.evidence[prior].append(THIN)
     return b.ranked()

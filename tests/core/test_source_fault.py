@@ -50,3 +50,22 @@ def test_one_source_out_of_its_band_while_the_others_stay_is_a_source_fault(name
     d = found[0]
     assert d.source_local == source and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
     assert any(f"source `{source}`" in e for c in d.causes for e in c.evidence)
+
+
+@pytest.mark.parametrize(
+    ("name", "source"), [("clean_s0", "tests"), ("clean_s1", "docstrings"), ("clean_s2", "code")]
+)
+def test_a_source_far_out_of_its_band_with_calm_gradients_is_data_not_a_logging_artifact(
+    name: str, source: str
+) -> None:
+    """A source whose own loss rises 6x while the others stay in band, the gradients calm (a bad source
+    the model cannot fit): its samples' losses are what the model saw, so the rise is that source's
+    data, never a logging artifact to dismiss (sampler cell 395039:270289 dismissed a garbage source
+    as `metric_artifact`, calm gradients outscoring the source's own evidence)."""
+    res = analyze_records(_bad_source(name, source, 6.0))
+    found = [d for d in res.incidents if 200 <= d.onset_step <= 203]
+    assert found, [d.to_json() for d in res.incidents]
+    d = found[0]
+    assert d.source_local == source and d.severity.rank >= Severity.MEDIUM.rank, d.to_json()
+    assert d.causes[0].cause.value != "metric_artifact", d.to_json()
+    assert all(c.cause.value != "metric_artifact" for c in d.causes), [c.cause.value for c in d.causes]
