@@ -175,7 +175,7 @@ class RuntimeState(BaseModel):
         serialized once each as they came: a write joins them instead of serializing every entry
         again (the ``history`` field is then left empty)."""
         self.history = []
-        self._history_json = ",".join(history.json)
+        self._history_json = f"[{','.join(history.json)}]"
 
     def hold_analyzer(self, state: dict[str, Any], encoder: BufferJSON) -> None:
         """From now on this state's ``analyzer`` is ``state`` (the analyzer's ``state_dict``) as
@@ -186,13 +186,11 @@ class RuntimeState(BaseModel):
 
     def dump(self) -> str:
         """The state as it is saved (compact JSON)."""
-        held = {"analyzer": self._analyzer_json, "history": self._history_json}
-        held = {k: v for k, v in held.items() if v is not None}
+        parts = (("analyzer", self._analyzer_json), ("history", self._history_json))
+        held = {k: v for k, v in parts if v is not None}
         if not held:
             return self.model_dump_json(indent=None)
         head = self.model_dump_json(indent=None, exclude=set(held))  # "job" is required: never "{}"
-        if "history" in held:
-            held["history"] = f"[{held['history']}]"
         return head[:-1] + "".join(f',"{k}":{v}' for k, v in held.items()) + "}"
 
     @classmethod
@@ -203,10 +201,9 @@ class RuntimeState(BaseModel):
             return None
 
 
-_ENTRY = TypeAdapter(dict[str, Any])
-"""Serializes one history entry exactly as ``RuntimeState.model_dump_json`` serializes it."""
 _ANY = TypeAdapter(Any)
-"""Serializes the analyzer's state and its parts exactly as ``RuntimeState.model_dump_json`` does."""
+"""Serializes a history entry, the analyzer's state and its parts exactly as
+``RuntimeState.model_dump_json`` serializes them."""
 
 
 class BufferJSON:
@@ -284,7 +281,7 @@ class StepHistory(Sequence[StepStats]):
 
     def append(self, h: StepStats) -> None:
         self._steps.append(h)
-        self.json.append(_ENTRY.dump_json(h.to_json()).decode())
+        self.json.append(_ANY.dump_json(h.to_json()).decode())
 
     def drop_after(self, step: int) -> None:
         """Forget the entries past ``step`` (a rollback or restart re-trains them)."""
