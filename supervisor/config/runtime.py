@@ -64,6 +64,13 @@ class RuntimeSection(BaseModel):
         "buffered records to its rank's worker; an in-process rank sends each record as it is made.",
     )
     poll_interval_s: float = Field(0.1, gt=0, le=3600, description="How often a worker polls for directives.")
+    relay_from_ranks: int = Field(
+        16,
+        ge=0,
+        le=10**7,
+        description="A job of this many ranks or more sends its records through one relay actor per node, "
+        "so the supervisor takes one call per node instead of one per rank; 0: never.",
+    )
     startup_timeout_s: float = Field(
         600.0,
         gt=0,

@@ -24,6 +24,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from supervisor.logging import get_logger
 from supervisor.ranks.names import NAMESPACE, supervisor_name
+from supervisor.ranks.relay import UNAVAILABLE, node_relay
 from supervisor.sdk.directives import Directive
 from supervisor.sdk.transport import HOLD_AT_END_S  # the same hold as a command entrypoint's process
 from supervisor.sdk.wire import pack
@@ -43,10 +44,19 @@ FLUSH_ACK_POLL_S = 0.5
 
 class SupervisorLink:
     def __init__(
-        self, job: str, rank: int, *, buffer_records: int, poll_interval_s: float, after_seq: int = 0
+        self,
+        job: str,
+        rank: int,
+        *,
+        buffer_records: int,
+        poll_interval_s: float,
+        after_seq: int = 0,
+        relay: bool = False,
     ) -> None:
         self.job = job
         self.rank = rank
+        self.relay = relay
+        """Batches go through this node's relay (``ranks/relay.py``) instead of straight to the supervisor."""
         self.buffer_records = buffer_records
         self.poll_interval_s = poll_interval_s
         self.dropped = 0
@@ -62,9 +72,11 @@ class SupervisorLink:
         self._backlog: deque[tuple[int, dict[str, Any]]] = deque()  # not sent yet
         self._unacked: deque[tuple[int, dict[str, Any]]] = deque()  # sent, not durably accepted
         self._last_call = 0.0
-        self._in_flight: tuple[Any, list[tuple[int, dict[str, Any]]]] | None = None
+        self._in_flight: tuple[Any, list[tuple[int, dict[str, Any]]], bool] | None = None
         self._handle: Any = None
         self._next_lookup = 0.0
+        self._relay: Any = None
+        self._next_relay = 0.0
         self._after_id = after_seq  # directives up to here predate this worker: never applied
         self._directives: deque[dict[str, Any]] = deque()
         self._lock = threading.Lock()
@@ -124,6 +136,7 @@ class SupervisorLink:
                 "backlog": len(self._backlog),
                 "link_id": self.link_id,
                 "connected": self._handle is not None,
+                "relayed": self._relay is not None,
                 "applied": dict(self.applied),
                 "last_step": self.last_step,
                 "after_id": self._after_id,
@@ -171,7 +184,7 @@ class SupervisorLink:
     def _pump(self, ack_poll_s: float = ACK_POLL_S) -> None:
         with self._lock:
             if self._in_flight is not None:
-                ref, batch = self._in_flight
+                ref, batch, relayed = self._in_flight
                 ready, _ = ray.wait([ref], timeout=0)
                 if not ready:
                     return
@@ -180,9 +193,15 @@ class SupervisorLink:
                     reply = ray.get(ref)
                 except RayActorError:
                     self._backlog.extendleft(reversed(batch))  # resend later, in order
-                    self._forget_handle()
+                    if relayed:
+                        self._forget_relay()
+                    else:
+                        self._forget_handle()
                 else:
-                    if isinstance(reply, dict) and "refused" in reply:  # malformed: never accepted, counted
+                    if isinstance(reply, dict) and UNAVAILABLE in reply:  # the relay could not deliver it
+                        self._backlog.extendleft(reversed(batch))
+                        self._forget_handle()
+                    elif isinstance(reply, dict) and "refused" in reply:  # malformed: never accepted, counted
                         self.dropped += len(batch)
                         log.warning(
                             "records_refused", rank=self.rank, records=len(batch), why=reply["refused"]
@@ -194,6 +213,7 @@ class SupervisorLink:
             handle = self._supervisor()
             if handle is None:
                 return
+            relay = self._node_relay()
             idle = time.monotonic() - self._last_call < ack_poll_s
             if not self._backlog and (not self._unacked or idle):
                 return
@@ -203,8 +223,22 @@ class SupervisorLink:
             held = (self._unacked or batch)[0][0], (batch or self._unacked)[-1][0]
             # One packed batch (sdk/wire.py): columns the supervisor decodes in bulk.
             wire = pack([(self.rank, self.link_id, held, [s for s, _ in batch], [r for _, r in batch])])
-            call = handle.ingest_packed.remote(wire)
-            self._in_flight = (call, batch)
+            call = (relay or handle).ingest_packed.remote(wire)
+            self._in_flight = (call, batch, relay is not None)
+
+    def _node_relay(self) -> Any:
+        """This node's relay when the link sends through one and it can be had (else None: direct)."""
+        if self.relay and self._relay is None and time.monotonic() >= self._next_relay:
+            try:
+                self._relay = node_relay(self.job)
+            except Exception as exc:  # no relay: the supervisor directly, and ask again later
+                log.warning("relay_unavailable", rank=self.rank, error=repr(exc))
+                self._forget_relay()
+        return self._relay
+
+    def _forget_relay(self) -> None:
+        self._relay = None
+        self._next_relay = time.monotonic() + 1.0
 
     def _on_reply(self, reply: Any) -> None:
         """Forget what is durable; resend from where the supervisor asks (it lacks those records)."""

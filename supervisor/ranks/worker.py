@@ -126,6 +126,7 @@ class TrainWorker:
             buffer_records=self.settings.buffer_records,
             poll_interval_s=self.settings.poll_interval_s,
             after_seq=after_seq,
+            relay=0 < self.settings.relay_from_ranks <= self.world_size,
         )
 
     def _failed(self, exc: BaseException) -> None:

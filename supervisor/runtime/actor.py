@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -42,6 +43,9 @@ class SupervisorActor:
                               workers=self._worker_supervision(spec, runtime_settings))  # fmt: skip
         self.refused = 0
         """Record batches refused as malformed (``sdk/wire.py``); their senders count the records dropped."""
+        self.record_calls = 0
+        """Record batches received: one per rank and interval, or per node through its relay."""
+        self._calls_lock = threading.Lock()
         self._dicts = self.ctl.settings.trace_path is not None  # the trace writes records as sent
         # Each step allocates a burst of short-lived objects (decoded records, columns, summaries)
         # that form no cycles; at the default threshold (700) the collector ran every few records,
@@ -76,6 +80,8 @@ class SupervisorActor:
     def ingest_packed(self, batch: Any) -> list[dict[str, Any]] | dict[str, Any]:
         """A packed batch of several links' records (``sdk/wire.py``), decoded in bulk: one answer per
         link, in order, as ``ingest`` answers; a malformed batch is refused whole (``refused``: why)."""
+        with self._calls_lock:  # calls run on Ray's threads
+            self.record_calls += 1
         try:
             groups = unpack(batch, as_dicts=self._dicts)
         except WireError as exc:
@@ -93,6 +99,8 @@ class SupervisorActor:
         out = self.ctl.status()
         out["supervisor_node"] = self.node_id
         out["batches_refused"] = self.refused
+        out["record_calls"] = self.record_calls
+        out["cpu_s"] = round(time.process_time(), 3)  # the supervisor process's CPU, every thread
         if self.error:
             out["error"] = self.error
         return out
