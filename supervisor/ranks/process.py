@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from supervisor.config.job import JobSpec
+from supervisor.ranks.rendezvous import AGENT_STORE_ENV
 from supervisor.sdk.context import GENERATION_ENV, JOB_ENV, RESUME_ENV
 from supervisor.sdk.local_link import SOCKET_ENV
 
@@ -113,6 +114,7 @@ def child_env(
         OMP_NUM_THREADS=str(max(1, int(job.resources.cpus_per_worker))),
         PYTHONUNBUFFERED="1",
     )
+    env[AGENT_STORE_ENV] = "True"  # rank 0's actor hosts the store at MASTER_PORT, as torchrun's agent does
     env[SOCKET_ENV] = socket_path
     env[JOB_ENV] = json.dumps(job.model_dump(mode="json"))
     env[GENERATION_ENV] = str(generation)

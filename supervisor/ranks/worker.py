@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import sys
 import threading
 import time
@@ -49,6 +48,8 @@ class TrainWorker:
         self._outcome: dict[str, Any] = {"state": "idle"}
         self._link: SupervisorLink | None = None
         self._proc: Any = None
+        self._store: Any = None
+        """Rank 0's: the group's rendezvous store (``address``), alive as long as this actor."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -58,11 +59,16 @@ class TrainWorker:
         return self.job.model_dump(mode="json")
 
     def address(self) -> tuple[str, int]:
-        """This node's IP and a free TCP port, for rank 0's rendezvous."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        """This node's IP and the port of the group's rendezvous store, which this actor (rank 0's)
+        hosts from now on (:mod:`supervisor.ranks.rendezvous`: a port merely found free can be
+        taken before the ranks bind it). Asked again, the same store answers."""
+        from supervisor.ranks.rendezvous import host_store
+
+        ip = ray.util.get_node_ip_address()
+        if self._store is None:
+            self._store = host_store(ip, self.settings.dist_timeout_s)
+            self.log.info("rendezvous_store_hosted", port=self._store.port)
+        return ip, self._store.port
 
     def placement(self) -> tuple[str, list[str]]:
         """(node id, GPU ids Ray assigned): what peers need to compute torchrun's local ranks."""
@@ -141,16 +147,18 @@ class TrainWorker:
         import torch.distributed as dist
 
         from supervisor.ranks.entrypoint import resolve
+        from supervisor.ranks.rendezvous import join_store
 
         torch.set_num_threads(max(1, int(self.job.resources.cpus_per_worker)))
         use_cuda = self.job.resources.gpus_per_worker > 0
+        timeout_s = self.settings.dist_timeout_s
         try:
             dist.init_process_group(
                 backend="nccl" if use_cuda else "gloo",
-                init_method=f"tcp://{master_addr}:{master_port}",
+                store=join_store(master_addr, master_port, self.world_size, timeout_s),
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=timedelta(seconds=self.settings.dist_timeout_s),
+                timeout=timedelta(seconds=timeout_s),
             )
             if use_cuda:
                 torch.cuda.set_device(0)

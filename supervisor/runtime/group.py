@@ -117,7 +117,9 @@ class WorkerGroup:
             ).remote(spec, rank, self.world_size, self.generation, settings)
             for rank in range(self.world_size)
         ]
-        # 3. Rendezvous at rank 0's node, then start every rank (each joins the process group).
+        # 3. Rank 0's actor hosts the rendezvous store on a port it holds from the moment it is named
+        # (a port found free and released could be taken before the ranks bind it: ranks/rendezvous.py),
+        # then every rank starts and joins the process group through it.
         # A rank that is slow to come up (a loaded host) or dies on the way is a start failure:
         # the half-started generation is taken down and the caller decides whether to try again.
         stage = "rank 0 (rendezvous address)"
