@@ -19,6 +19,7 @@ Guarantees kept here:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,23 +28,26 @@ from supervisor.config.job import JobSpec
 from supervisor.core.analysis import StreamingAnalyzer
 from supervisor.core.detect import DetectorSettings
 from supervisor.core.model import Cause, Diagnosis, Severity
-from supervisor.core.policy import JobState, PlannedAction, Policy, plan
+from supervisor.core.policy import JobState, Plan, PlannedAction, Policy, plan
 from supervisor.core.policy.actions import TERMINAL, names_where
+from supervisor.core.policy.args import ObserveArgs, RollbackArgs
 from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
+from supervisor.core.reference import healthy_reference
 from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.ranks.replay import has_replay_hooks
 from supervisor.runtime import effects
 from supervisor.runtime.actions.base import Outcome
-from supervisor.runtime.observe import StepStats, baseline
+from supervisor.runtime.observe import Baseline, StepStats, baseline
 from supervisor.runtime.plans import PlanRunner, action_id, can_move
 from supervisor.runtime.state import ActivePlan, JobPhase, RuntimeState
 
 log = get_logger("supervisor.runtime.incidents")
 
 NEEDS_WORKERS = names_where("needs_workers")  # skipped at the end of training: the fault is unhandled
+BASELINE_STEPS = 200  # steps before the onset a plan's baseline is taken from
 
 
 def timeline_of(step: int, rollback_targets: list[int]) -> int:
@@ -87,6 +91,39 @@ def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
     if set(findings(a)) & set(findings(b)) & set(_SPECIFIC):
         return True
     return a.top_cause is b.top_cause and b.severity.rank >= Severity.MEDIUM.rank
+
+
+def plan_baseline(
+    history: Sequence[StepStats], d: Diagnosis, p: Plan, step: int, level_window: int
+) -> tuple[Baseline | None, dict[str, Any] | None]:
+    """The baseline a plan's observation window is judged against, from the steps before the onset,
+    and how its grad norm was set. The grad norm's is what the healthy run did over the window's
+    steps (``core.reference``): the median of every step before the onset misjudges a grad norm that
+    rose (or fell) as the run trained. The window starts where the plan sends training back (the
+    run's start, its rollback target) or, with no rollback, at the current step."""
+    pre = [h for h in history if h.step < d.onset_step][-BASELINE_STEPS:]
+    base = baseline(pre)
+    observe, rollback = p.action("observe"), p.action("rollback")
+    if base is None or observe is None or not isinstance(observe.args, ObserveArgs):
+        return base, None
+    start = step
+    if rollback is not None and isinstance(rollback.args, RollbackArgs):
+        r = rollback.args
+        start = 0 if r.to_start else r.target_step if r.target_step is not None else r.max_target_step
+    window = range(start + 1, start + 1 + observe.args.window_steps(start))
+    grads = [(h.step, h.grad_norm) for h in pre if h.grad_norm is not None and _counted(h)]
+    ref = healthy_reference(grads, d.onset_step, window, level_window)
+    if ref is None:
+        return base, None
+    why = {"window": [window.start, window.stop - 1], "onset": d.onset_step, "level_window": level_window,
+           "reference": ref, "median_before_onset": base.grad_norm}  # fmt: skip
+    return replace(base, grad_norm=ref), why
+
+
+def _counted(h: StepStats) -> bool:
+    """A step ``baseline`` counts (finite, not skipped by the AMP loss scaler), with a finite grad norm."""
+    g = h.grad_norm
+    return not h.nonfinite and not h.skipped and math.isfinite(h.loss) and g is not None and math.isfinite(g)
 
 
 @dataclass(frozen=True)
@@ -474,8 +511,7 @@ class IncidentFlow:
         p = plan(d, js, self.policy)
         rule = p.rule or "fallback"
         attempt = self._count_attempt(incident_id, rule, +1)
-        pre = [h for h in now.history if h.step < d.onset_step][-200:]
-        base = baseline(pre)
+        base, reference = plan_baseline(now.history, d, p, now.step, self.analyzer.settings.level_window)
         # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
         # ``rule_attempt``: the rule's own count, which its cooldown may have started over.
         note = {"plan": f"rule {rule}: {', '.join(p.action_names)}", "why": p.matched_because,
@@ -483,7 +519,8 @@ class IncidentFlow:
         self._note(incident_id, now.step, note, actor="policy")
         self.store.add_artifact(incident_id, "plan", f"plan-{plan_no}",
                                 {"plan": p.to_json(), "job_state": js.to_json(),
-                                 "baseline": base.to_json() if base else None})  # fmt: skip
+                                 "baseline": base.to_json() if base else None,
+                                 "grad_norm_reference": reference})  # fmt: skip
         self._attach_series(incident_id, d, now.history)
         previous = self._plan
         since = previous.downtime_from if previous and previous.incident_id == incident_id else now.downtime_s
