@@ -5,6 +5,7 @@ harmless -- the control loop never dies of it and goes on analysing the records 
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ def _actor(tmp_path: Path, ranks: FakeRanks) -> SupervisorActor:
     actor.ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
     actor.ctl.boot()
     actor.refused, actor._dicts, actor.log = 0, False, get_logger("test")
+    actor.record_calls, actor._calls_lock = 0, threading.Lock()
     return actor
 
 
@@ -48,6 +50,7 @@ def test_packed_batches_are_analysed_step_by_step(tmp_path: Path) -> None:
         assert len(replies) == 4 and all("acked" in r and "refused" not in r for r in replies)
     assert actor.ctl.assembler.watermark == 30 and actor.ctl.assembler.missing == 0
     assert actor.ctl.assembler.skipped == 0 and actor.ctl.receipts.lost == 0
+    assert actor.record_calls == 30  # one packed batch per step, whatever the ranks in it
 
 
 def test_hostile_input_is_refused_or_harmless_and_the_loop_goes_on(tmp_path: Path) -> None:
