@@ -158,3 +158,41 @@ def test_a_relay_killed_mid_stream_costs_a_resend_never_a_record() -> None:
         for link in links:
             link.close(timeout_s=1.0)
         ray.kill(stub)
+
+
+def test_records_made_while_the_supervisor_is_gone_reach_its_successor_through_the_relay() -> None:
+    import ray
+
+    job = "relayed-successor"
+    stub = start_stub(job, call_s=0.0)
+    links = make_links(job, 2)
+    successor: list[Any] = []
+
+    def restart_at_60(step: int) -> None:
+        if step == 60:
+            deadline = time.monotonic() + 30
+            while True:  # its name is free once Ray has it dead
+                try:
+                    ray.get_actor(supervisor_name(job), namespace=NAMESPACE)
+                except ValueError:
+                    break
+                assert time.monotonic() < deadline, "the killed supervisor's name stayed taken"
+                time.sleep(0.05)
+            successor.append(start_stub(job, call_s=0.0))
+
+    try:
+        run_steps(links, range(1, 31))
+        settle(links, 30)  # all durable at the first supervisor
+        ray.kill(stub)
+        run_steps(links, range(31, 91), between=restart_at_60)
+        settle(links, 90)
+        got, _ = ray.get(successor[0].seen.remote())
+        for link in links:  # what the dead one never took, the successor got, in order
+            first = list(dict.fromkeys(got[link.link_id]))
+            assert first == list(range(31, 91)), (link.rank, first)
+            assert link.dropped == 0 and link.stats()["relayed"]
+    finally:
+        for link in links:
+            link.close(timeout_s=1.0)
+        for s in successor:
+            ray.kill(s)
