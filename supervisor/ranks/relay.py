@@ -1,8 +1,8 @@
 """One relay per node between the ranks' telemetry links and the supervisor actor.
 
 Without it every rank's link makes its own ``ingest_packed`` call per step, and each call costs the
-one supervisor actor Ray's handling (~0.4 ms of its CPU): 1,024 ranks, ~0.4 s of its CPU per step
-before a record is read. With it the links of one node call their node's relay, which sends what
+one supervisor actor Ray's handling (~0.7 ms of its CPU, ``bench.relay``): 1,024 ranks, ~0.7 s of
+its CPU per step before a record is read. With it the links of one node call their node's relay, which sends what
 they gave it meanwhile to the supervisor as one packed batch (``sdk/wire.py``: several links'
 groups in one call, the batch the rank emulator sends per host) and hands every link its own
 answer. The supervisor's calls then grow with nodes, not ranks; the relay's own work (a decode

@@ -5,7 +5,8 @@ supervisor, pinned to the head, stays up; the group no longer fits the node left
 fails at once with exit code 3 and one reason naming the lost node; the fault's incident names
 the ranks that were on it, and the LR incident is escalated with its observation recorded as
 cut short by the job's end, none of its actions left pending. With `resources.min_workers: 2`
-the group goes on with the 2 ranks the head holds instead, and the run ends at its last step.
+(and the ranks reporting through a relay per node) the group goes on with the 2 ranks the head
+holds instead, and the run ends at its last step.
 Every process is stopped by PID.
 
 How it differs from production: both nodes are on one machine (the second on 127.0.0.2, so a
@@ -234,11 +235,16 @@ def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks
     from supervisor.checkpoint.lifecycle import open_checkpoint_store
     from supervisor.config.runtime import RuntimeSettings
     from supervisor.incidents.paths import open_incident_store
+    from supervisor.ranks.names import NAMESPACE
+    from supervisor.ranks.relay import relay_name
     from supervisor.runtime.group import WorkerGroup
 
     head, second = two_nodes
     resources = {"num_workers": 4, "cpus_per_worker": 1, "min_workers": 2}
-    job_file = _job_file(tmp_path, head.address, resources=resources, max_steps=360)
+    # The ranks report through a relay per node (supervisor/ranks/relay.py): the lost node's goes
+    # with it, the head's with the group it restarts.
+    job_file = _job_file(tmp_path, head.address, resources=resources, max_steps=360,
+                         runtime={"relay_from_ranks": 2})  # fmt: skip
     job = JobSpec.model_validate(yaml.safe_load(job_file.read_text()))
     with _observing(tmp_path, two_nodes, job_file) as (launched, _):
         second_id = next(n["NodeID"] for n in ray.nodes() if n["NodeManagerAddress"] == "127.0.0.2")
@@ -246,6 +252,8 @@ def test_a_worker_node_lost_mid_incident_with_min_workers_goes_on_with_the_ranks
         assert group is not None
         lost = sorted(r for r, n in group.rank_nodes.items() if n == second_id)
         assert len(lost) == 2, group.rank_nodes
+        for node in set(group.rank_nodes.values()):  # raises ValueError where a node has no relay
+            ray.get_actor(relay_name(JOB, node), namespace=NAMESPACE)
         second.kill_raylet()
         rc = launched.wait(timeout=400)
     out = (tmp_path / "launch.log").read_text(errors="replace")
