@@ -33,18 +33,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _job(args: argparse.Namespace, root: Path, relay: bool, index: int) -> Any:
     from bench.real_ranks import JOB
+    from supervisor.config.job import JobSpec
     from supervisor.drills.scenario import _merge, find_scenarios
 
     (clean,) = find_scenarios(["clean"])
     over = {
+        "name": f"relay-{'on' if relay else 'off'}-{index}",
+        "storage": {"path": str(root / f"run-{index}-{relay}")},
         "resources": {"num_workers": args.ranks, "cpus_per_worker": 0.25},
         "max_steps": args.steps,
-        "runtime": {"relay_from_ranks": args.ranks if relay else 0},
+        "runtime": {**JOB["runtime"], "relay_from_ranks": args.ranks if relay else 0},
         "faults": [],
     }
-    return clean.model_copy(update={"job_data": _merge(_merge(clean.job_data, JOB), over)}).job_spec(
-        root / f"run-{index}", job_name=f"relay-{'on' if relay else 'off'}-{index}"
-    )
+    return JobSpec.model_validate(_merge(_merge(clean.job_data, JOB), over))
 
 
 def _run(job: Any) -> dict[str, float]:
