@@ -20,7 +20,7 @@ Guarantees kept here:
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,7 @@ from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.core.reference import healthy_reference
-from supervisor.incidents import EventKind, EventStatus, IncidentState
+from supervisor.incidents import Artifact, EventKind, EventStatus, IncidentState
 from supervisor.logging import get_logger
 from supervisor.ranks.replay import has_replay_hooks
 from supervisor.runtime import effects
@@ -93,16 +93,59 @@ def same_fault(a: Diagnosis, b: Diagnosis) -> bool:
     return a.top_cause is b.top_cause and b.severity.rank >= Severity.MEDIUM.rank
 
 
+@dataclass(frozen=True)
+class PreOnset:
+    """The run before an incident's onset, as a plan's window is judged against it: the baseline of
+    its last ``BASELINE_STEPS`` steps and the (step, grad norm) of those ``baseline`` counts.
+
+    The first plan of an onset keeps it in its artifact (``pre_onset``), and a later plan of the
+    same onset reuses it (``kept_pre_onset``): by then a rollback may have cut the history back and
+    re-run the steps before the onset under the first plan's fix, and a baseline taken from them
+    would judge the second window against that fix (a stricter one where the fix trains calmer,
+    one that passes the same failure where it does not cure)."""
+
+    onset: int
+    baseline: Baseline | None
+    grad_norms: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def of(cls, history: Sequence[StepStats], onset: int) -> PreOnset:
+        pre = [h for h in history if h.step < onset][-BASELINE_STEPS:]
+        grads = tuple((h.step, h.grad_norm) for h in pre if h.grad_norm is not None and _counted(h))
+        return cls(onset, baseline(pre), grads)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"onset": self.onset, "baseline": self.baseline.to_json() if self.baseline else None,
+                "grad_norms": [list(g) for g in self.grad_norms]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: Any) -> PreOnset | None:
+        """None for what is not one (a plan an older supervisor stored without it)."""
+        if not isinstance(d, dict) or not isinstance(d.get("onset"), int) or "grad_norms" not in d:
+            return None
+        base = Baseline.from_json(d["baseline"]) if d.get("baseline") else None
+        return cls(d["onset"], base, tuple((int(s), float(g)) for s, g in d["grad_norms"]))
+
+
+def kept_pre_onset(artifacts: Iterable[Artifact], onset: int) -> tuple[PreOnset, str] | None:
+    """What the incident's earliest plan that kept one kept for ``onset``, and that plan's ref; None
+    when none did (another onset: a reopened incident's new diagnosis; a plan stored without it)."""
+    for a in artifacts:
+        kept = PreOnset.from_json(a.meta.get("pre_onset")) if a.kind == "plan" else None
+        if kept is not None and kept.onset == onset:
+            return kept, a.ref
+    return None
+
+
 def plan_baseline(
-    history: Sequence[StepStats], d: Diagnosis, p: Plan, step: int, level_window: int
+    pre: PreOnset, p: Plan, step: int, level_window: int
 ) -> tuple[Baseline | None, dict[str, Any] | None]:
-    """The baseline a plan's observation window is judged against, from the steps before the onset,
+    """The baseline a plan's observation window is judged against, from the run before the onset,
     and how its grad norm was set. The grad norm's is what the healthy run did over the window's
     steps (``core.reference``): the median of every step before the onset misjudges a grad norm that
     rose (or fell) as the run trained. The window starts where the plan sends training back (the
     run's start, its rollback target) or, with no rollback, at the current step."""
-    pre = [h for h in history if h.step < d.onset_step][-BASELINE_STEPS:]
-    base = baseline(pre)
+    base = pre.baseline
     observe, rollback = p.action("observe"), p.action("rollback")
     if base is None or observe is None or not isinstance(observe.args, ObserveArgs):
         return base, None
@@ -111,11 +154,10 @@ def plan_baseline(
         r = rollback.args
         start = 0 if r.to_start else r.target_step if r.target_step is not None else r.max_target_step
     window = range(start + 1, start + 1 + observe.args.window_steps(start))
-    grads = [(h.step, h.grad_norm) for h in pre if h.grad_norm is not None and _counted(h)]
-    ref = healthy_reference(grads, d.onset_step, window, level_window)
+    ref = healthy_reference(pre.grad_norms, pre.onset, window, level_window)
     if ref is None:
         return base, None
-    why = {"window": [window.start, window.stop - 1], "onset": d.onset_step, "level_window": level_window,
+    why = {"window": [window.start, window.stop - 1], "onset": pre.onset, "level_window": level_window,
            "reference": ref, "median_before_onset": base.grad_norm}  # fmt: skip
     return replace(base, grad_norm=ref), why
 
@@ -511,16 +553,20 @@ class IncidentFlow:
         p = plan(d, js, self.policy)
         rule = p.rule or "fallback"
         attempt = self._count_attempt(incident_id, rule, +1)
-        base, reference = plan_baseline(now.history, d, p, now.step, self.analyzer.settings.level_window)
+        ref = f"plan-{plan_no}"
+        kept = kept_pre_onset(self.store.artifacts(incident_id), d.onset_step)
+        pre, pre_from = kept if kept is not None else (PreOnset.of(now.history, d.onset_step), ref)
+        base, reference = plan_baseline(pre, p, now.step, self.analyzer.settings.level_window)
         # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
         # ``rule_attempt``: the rule's own count, which its cooldown may have started over.
         note = {"plan": f"rule {rule}: {', '.join(p.action_names)}", "why": p.matched_because,
                 "escalate": p.escalate_reason, "attempt": attempt, "rule_attempt": p.attempt}  # fmt: skip
         self._note(incident_id, now.step, note, actor="policy")
-        self.store.add_artifact(incident_id, "plan", f"plan-{plan_no}",
-                                {"plan": p.to_json(), "job_state": js.to_json(),
-                                 "baseline": base.to_json() if base else None,
-                                 "grad_norm_reference": reference})  # fmt: skip
+        meta = {"plan": p.to_json(), "job_state": js.to_json(), "baseline": base.to_json() if base else None,
+                "grad_norm_reference": reference, "baseline_from": pre_from}  # fmt: skip
+        if kept is None:  # taken from the history: kept for the later plans of this onset
+            meta["pre_onset"] = pre.to_json()
+        self.store.add_artifact(incident_id, "plan", ref, meta)
         self._attach_series(incident_id, d, now.history)
         previous = self._plan
         since = previous.downtime_from if previous and previous.incident_id == incident_id else now.downtime_s
@@ -532,9 +578,8 @@ class IncidentFlow:
             effects.StartPlan(made),
             effects.SetPhase(JobPhase.INCIDENT, f"incident {incident_id}: plan {plan_no} ({rule})"),
         ]
-        log.info(
-            "plan", incident=incident_id, rule=p.rule, actions=p.action_names, escalate=p.escalate_reason
-        )
+        log.info("plan", incident=incident_id, rule=p.rule, actions=p.action_names, escalate=p.escalate_reason,
+                 baseline_from=pre_from)  # fmt: skip
         self._dismiss_after = d.top_cause is Cause.METRIC_ARTIFACT and all(
             a.name == "alert" for a in p.actions
         )

@@ -16,6 +16,7 @@ The traces: the faulty timeline (steps 1-65, as recorded) and the rolled-back on
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from supervisor.core.detect import DetectorSettings
 from supervisor.core.model import Diagnosis
 from supervisor.core.policy import Plan, Policy, plan
 from supervisor.core.records import Record
-from supervisor.runtime.incidents import plan_baseline
+from supervisor.incidents import Artifact
+from supervisor.runtime.incidents import PreOnset, kept_pre_onset, plan_baseline
 from supervisor.runtime.observe import Baseline, Check, StepStats, aggregate, evaluate
 from supervisor.traces import read_trace
 from tests.policy.conftest import state
@@ -52,7 +54,7 @@ def planned(default_policy: Policy) -> tuple[Diagnosis, Plan]:
 
 def window_checks(default_policy: Policy, window: list[StepStats]) -> tuple[dict[str, Check], Baseline]:
     d, p = planned(default_policy)
-    base, _ = plan_baseline(steps("faulty"), d, p, 64, LEVEL_WINDOW)
+    base, _ = plan_baseline(PreOnset.of(steps("faulty"), d.onset_step), p, 64, LEVEL_WINDOW)
     observe = p.action("observe")
     assert base is not None and observe is not None
     checks = evaluate(base, window, dict(observe.params["pass"]))
@@ -73,7 +75,7 @@ def test_a_rollback_that_trains_as_the_healthy_run_passes_its_window(default_pol
 
 def test_the_reference_is_recorded_beside_the_median_it_replaces(default_policy: Policy) -> None:
     d, p = planned(default_policy)
-    base, why = plan_baseline(steps("faulty"), d, p, 64, LEVEL_WINDOW)
+    base, why = plan_baseline(PreOnset.of(steps("faulty"), d.onset_step), p, 64, LEVEL_WINDOW)
     assert base is not None and why is not None
     assert why["window"] == [41, 140] and why["onset"] == 61
     assert why["reference"] == base.grad_norm
@@ -93,3 +95,24 @@ def test_the_faulty_timeline_still_fails_against_the_same_baseline(default_polic
     window = [h for h in steps("faulty") if h.step > 61]
     checks, _ = window_checks(default_policy, window)
     assert not checks["loss"].passed, checks["loss"].detail
+
+
+def test_a_second_plan_after_the_re_run_keeps_the_first_plan_s_baseline(default_policy: Policy) -> None:
+    """Were the first window to fail at step 140, the default policy's second plan rolls back to 40
+    again (window 41-140). Taken from the history then (steps 1-40, then 41-140 re-run under the
+    re-warm), its baseline would be the re-warm's: a grad-norm reference of 4.6 instead of 11.8 and a
+    loss median of 3.29 instead of 3.47 (a stricter window for a cured run). What the first plan
+    kept (``pre_onset`` in its artifact) gives the second plan the first one's."""
+    d, p = planned(default_policy)
+    first, first_why = plan_baseline(PreOnset.of(steps("faulty"), d.onset_step), p, 64, LEVEL_WINDOW)
+    rerun = [h for h in steps("faulty") if h.step <= 40] + [h for h in steps("rolled_back") if h.step <= 140]
+    from_history, _ = plan_baseline(PreOnset.of(rerun, d.onset_step), p, 140, LEVEL_WINDOW)
+    assert first is not None and from_history is not None
+    assert (round(first.grad_norm or 0, 1), round(first.loss_median, 2)) == (11.8, 3.47)
+    assert (round(from_history.grad_norm or 0, 1), round(from_history.loss_median, 2)) == (4.6, 3.29)
+
+    stored = json.loads(json.dumps(PreOnset.of(steps("faulty"), d.onset_step).to_json()))
+    found = kept_pre_onset([Artifact(1, 1, "plan", "plan-1", {"pre_onset": stored}, 0.0)], d.onset_step)
+    assert found is not None and found[1] == "plan-1"
+    second, second_why = plan_baseline(found[0], p, 140, LEVEL_WINDOW)
+    assert (second, second_why) == (first, first_why)
