@@ -11,8 +11,9 @@ and a re-pack of a node's records) stays on the node.
 The relay keeps nothing: a link still numbers its records and keeps them until the supervisor
 answers that they are durable (``ranks/channel.py``), so a relay that dies or a supervisor it cannot
 reach costs a resend, never a record. While a call to the supervisor is in flight, the batches that
-arrive wait for the next one, and each forward first lingers ``LINGER_S`` for the rest of a step's
-records: a relay adds at most one supervisor round trip and the linger to a record's way.
+arrive wait for the next one, and each forward first gathers the rest of a step's records
+(``LINGER_S``, then the links of the previous forward, at most ``GATHER_MAX_S``): a relay adds at
+most one supervisor round trip and ``GATHER_MAX_S`` to a record's way.
 
 A relay is a named async actor on its node (a hard node affinity, no CPU reserved), made by the
 first link on the node that asks for it and owned by that rank's process: it goes with that
@@ -32,8 +33,12 @@ from supervisor.ranks.names import NAMESPACE, supervisor_name
 from supervisor.sdk.wire import Group, WireError, pack, unpack
 
 LINGER_S = 0.005
-"""A forward waits this long for more batches first: the ranks of a node end a step together (its
-collectives), so their records arrive within a few ms of each other and go in one call."""
+"""A forward waits at least this long for more batches: the ranks of a node end a step together
+(its collectives), so their records arrive within a few ms of each other and go in one call."""
+GATHER_MAX_S = 0.05
+"""...and then until every link of the previous forward has a batch waiting, at most this long: one
+call per step even when the node's ranks end it further apart (a slow rank, a loaded host); a link
+that went quiet (its rank frozen, held or gone) is waited for once."""
 UNAVAILABLE = "unavailable"
 """The key of a relay's answer when the supervisor could not be reached: nothing was delivered."""
 
@@ -49,6 +54,8 @@ class NodeRelay:
         self.job = job
         self._handle: Any = None
         self._waiting: list[tuple[list[Group], asyncio.Future[Any]]] = []
+        self._arrived = asyncio.Event()
+        self._last_round: set[str | None] = set()
         self._forwarding: asyncio.Task[None] | None = None
         self.calls = 0
         self.batches = 0
@@ -62,6 +69,7 @@ class NodeRelay:
         self.batches += 1
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((groups, answer))
+        self._arrived.set()
         if self._forwarding is None or self._forwarding.done():
             self._forwarding = asyncio.create_task(self._forward())
         return await answer
@@ -71,8 +79,9 @@ class NodeRelay:
 
     async def _forward(self) -> None:
         while self._waiting:
-            await asyncio.sleep(LINGER_S)
+            await self._gather()
             taken, self._waiting = self._waiting, []
+            self._last_round = {g[1] for gs, _ in taken for g in gs}
             try:
                 answers = await self._supervisor().ingest_packed.remote(
                     pack([g for gs, _ in taken for g in gs])
@@ -91,6 +100,20 @@ class NodeRelay:
                     at += len(groups)
                 else:  # refused whole: cannot be, each batch decoded here first; passed on as it is
                     answer.set_result(answers)
+
+    async def _gather(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GATHER_MAX_S
+        await asyncio.sleep(LINGER_S)
+        while not self._last_round <= {g[1] for gs, _ in self._waiting for g in gs}:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
     def _supervisor(self) -> Any:
         if self._handle is None:

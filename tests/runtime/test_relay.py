@@ -55,13 +55,13 @@ def make_links(job: str, n: int) -> list[Any]:
     ]
 
 
-def run_steps(links: list[Any], steps: range, between: Any = None) -> None:
+def run_steps(links: list[Any], steps: range, between: Any = None, step_s: float = 0.005) -> None:
     for step in steps:
         for link in links:
             link.sink([{"step": step, "rank": link.rank, "loss": 2.0, "samples": [f"web:a:{step}"]}])
         if between is not None:
             between(step)
-        time.sleep(0.005)  # a training step's time
+        time.sleep(step_s)  # a training step's time
 
 
 def settle(links: list[Any], produced: int) -> None:
@@ -84,7 +84,7 @@ def test_the_links_of_a_node_reach_the_supervisor_in_fewer_calls_each_acked_in_o
         settle(links, 10)  # the relay is up (the first batches waited for its process to start)
         relay = ray.get_actor(relay_name(job, ray.get_runtime_context().get_node_id()), namespace=NAMESPACE)
         before = ray.get(relay.stats.remote())
-        run_steps(links, range(11, 111))
+        run_steps(links, range(11, 111), step_s=0.02)
         settle(links, 110)
         got, _ = ray.get(stub.seen.remote())
         after = ray.get(relay.stats.remote())
@@ -93,7 +93,7 @@ def test_the_links_of_a_node_reach_the_supervisor_in_fewer_calls_each_acked_in_o
             link.link_id: list(range(1, 111)) for link in links
         }  # every record once, in order, to its own link
         calls, batches = after["calls"] - before["calls"], after["batches"] - before["batches"]
-        assert batches >= 40 and calls <= batches / 2, (calls, batches)  # the links' batches went together
+        assert calls >= 5 and calls <= batches / 3, (calls, batches)  # the 4 links' batches went together
         assert all(link.stats()["unacked"] == 0 and link.dropped == 0 for link in links)
     finally:
         for link in links:
