@@ -34,11 +34,12 @@ def smoke(script: str, *extra: str, timeout_s: float = 300) -> str:
 
 
 #: Not scripts of their own, or smoke-tested elsewhere (the GPU check needs a GPU; the 16-rank
-#: smoke is tests/bench/test_real_ranks.py, marked slow).
+#: smoke is tests/bench/test_real_ranks.py, the relay's tests/bench/test_relay_smoke.py, both slow).
 NOT_HERE = {
     "gpu_check.py",
     "checkpoint_io_ablations.py",
     "real_ranks.py",
+    "relay.py",
 }  # the ablations run in checkpoint_io's smoke
 
 
