@@ -5,7 +5,9 @@ record."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,12 +49,25 @@ def start_stub(job: str, call_s: float) -> Any:
     return ray.remote(StubSupervisor).options(name=supervisor_name(job), namespace=NAMESPACE).remote()
 
 
-def make_links(job: str, n: int) -> list[Any]:
+@contextlib.contextmanager
+def relayed(job: str, n: int, call_s: float) -> Iterator[tuple[list[Any], list[Any]]]:
+    """A stub supervisor (``call_s`` per call) and ``n`` links that send through their node's relay;
+    at the end the links are closed and every stub in the list (a test may add successors) killed."""
+    import ray
+
     from supervisor.ranks.channel import SupervisorLink
 
-    return [
+    stubs = [start_stub(job, call_s)]
+    links = [
         SupervisorLink(job, r, buffer_records=100_000, poll_interval_s=0.02, relay=True) for r in range(n)
     ]
+    try:
+        yield stubs, links
+    finally:
+        for link in links:
+            link.close(timeout_s=1.0)
+        for stub in stubs:
+            ray.kill(stub)
 
 
 def run_steps(links: list[Any], steps: range, between: Any = None, step_s: float = 0.005) -> None:
@@ -77,9 +92,7 @@ def test_the_links_of_a_node_reach_the_supervisor_in_fewer_calls_each_acked_in_o
     from supervisor.ranks.relay import relay_name
 
     job = "relayed"
-    stub = start_stub(job, call_s=0.02)
-    links = make_links(job, 4)
-    try:
+    with relayed(job, 4, call_s=0.02) as ([stub], links):
         run_steps(links, range(1, 11))
         settle(links, 10)  # the relay is up (the first batches waited for its process to start)
         relay = ray.get_actor(relay_name(job, ray.get_runtime_context().get_node_id()), namespace=NAMESPACE)
@@ -95,10 +108,6 @@ def test_the_links_of_a_node_reach_the_supervisor_in_fewer_calls_each_acked_in_o
         calls, batches = after["calls"] - before["calls"], after["batches"] - before["batches"]
         assert calls >= 5 and calls <= batches / 3, (calls, batches)  # the 4 links' batches went together
         assert all(link.stats()["unacked"] == 0 and link.dropped == 0 for link in links)
-    finally:
-        for link in links:
-            link.close(timeout_s=1.0)
-        ray.kill(stub)
 
 
 def test_a_malformed_batch_is_refused_alone() -> None:
@@ -107,9 +116,7 @@ def test_a_malformed_batch_is_refused_alone() -> None:
     from supervisor.ranks.relay import node_relay
 
     job = "relayed-refused"
-    stub = start_stub(job, call_s=0.0)
-    links = make_links(job, 2)
-    try:
+    with relayed(job, 2, call_s=0.0) as ([stub], links):
         run_steps(links, range(1, 6))
         bad = node_relay(job).ingest_packed.remote({"wire": 99})
         run_steps(links, range(6, 11))
@@ -117,10 +124,6 @@ def test_a_malformed_batch_is_refused_alone() -> None:
         settle(links, 10)
         got, _ = ray.get(stub.seen.remote())
         assert [got[link.link_id] for link in links] == [list(range(1, 11))] * 2
-    finally:
-        for link in links:
-            link.close(timeout_s=1.0)
-        ray.kill(stub)
 
 
 def test_a_relay_killed_mid_stream_costs_a_resend_never_a_record() -> None:
@@ -129,8 +132,6 @@ def test_a_relay_killed_mid_stream_costs_a_resend_never_a_record() -> None:
     from supervisor.ranks.relay import relay_name
 
     job = "relayed-killed"
-    stub = start_stub(job, call_s=0.01)
-    links = make_links(job, 3)
     name = relay_name(job, ray.get_runtime_context().get_node_id())
     killed: list[Any] = []
 
@@ -139,7 +140,7 @@ def test_a_relay_killed_mid_stream_costs_a_resend_never_a_record() -> None:
             killed.append(ray.get_actor(name, namespace=NAMESPACE))
             ray.kill(killed[0])
 
-    try:
+    with relayed(job, 3, call_s=0.01) as ([stub], links):
         run_steps(links, range(1, 81), between=kill_at_40)
         step, deadline = 81, time.monotonic() + 60
         while not all(link.stats()["relayed"] for link in links):  # straight to the supervisor meanwhile
@@ -154,19 +155,12 @@ def test_a_relay_killed_mid_stream_costs_a_resend_never_a_record() -> None:
             assert first == list(range(1, step + 20)), (link.rank, first)
             assert link.dropped == 0
         assert ray.get_actor(name, namespace=NAMESPACE)._actor_id != killed[0]._actor_id
-    finally:
-        for link in links:
-            link.close(timeout_s=1.0)
-        ray.kill(stub)
 
 
 def test_records_made_while_the_supervisor_is_gone_reach_its_successor_through_the_relay() -> None:
     import ray
 
     job = "relayed-successor"
-    stub = start_stub(job, call_s=0.0)
-    links = make_links(job, 2)
-    successor: list[Any] = []
 
     def restart_at_60(step: int) -> None:
         if step == 60:
@@ -178,21 +172,16 @@ def test_records_made_while_the_supervisor_is_gone_reach_its_successor_through_t
                     break
                 assert time.monotonic() < deadline, "the killed supervisor's name stayed taken"
                 time.sleep(0.05)
-            successor.append(start_stub(job, call_s=0.0))
+            stubs.append(start_stub(job, call_s=0.0))
 
-    try:
+    with relayed(job, 2, call_s=0.0) as (stubs, links):
         run_steps(links, range(1, 31))
         settle(links, 30)  # all durable at the first supervisor
-        ray.kill(stub)
+        ray.kill(stubs[0])
         run_steps(links, range(31, 91), between=restart_at_60)
         settle(links, 90)
-        got, _ = ray.get(successor[0].seen.remote())
+        got, _ = ray.get(stubs[1].seen.remote())
         for link in links:  # what the dead one never took, the successor got, in order
             first = list(dict.fromkeys(got[link.link_id]))
             assert first == list(range(31, 91)), (link.rank, first)
             assert link.dropped == 0 and link.stats()["relayed"]
-    finally:
-        for link in links:
-            link.close(timeout_s=1.0)
-        for s in successor:
-            ray.kill(s)
