@@ -1,7 +1,7 @@
 """Real ranks reporting straight to the supervisor or through their node's relay, side by side.
 
     python -m bench.relay [--ranks 16] [--steps 160] [--rounds 2]
-    python -m bench.relay --smoke     # 4 ranks, 70 steps, one run each (tests/bench/test_relay_smoke.py)
+    python -m bench.relay --smoke     # 4 ranks, 60 steps, one run each (tests/bench/test_relay_smoke.py)
 
 The same clean job (the real-ranks bench's: ``--ranks`` DDP ranks over gloo on a local Ray, each a
 Ray actor with one torch thread training a one-layer 16-wide TinyLM) runs with
@@ -29,10 +29,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
-    ap.add_argument("--smoke", action="store_true", help="4 ranks, 70 steps, one run each: the path works")
+    ap.add_argument("--smoke", action="store_true", help="4 ranks, 60 steps, one run each: the path works")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.ranks, args.steps, args.rounds = 4, 70, 1
+        args.ranks, args.steps, args.rounds = 4, 60, 1
     return args
 
 

@@ -1,6 +1,7 @@
 """``python -m bench.relay --smoke``: the same clean job at 4 real ranks, straight and through a node
 relay, finishes both ways with no record lost or missing, and the relayed run takes fewer record
-batches per step. The CPU figures are not judged: the machine is shared and the sizes tiny."""
+batches per step. The CPU figures are not judged: the machine is shared and the sizes tiny. (A fault
+through the relay: tests/bench/test_real_ranks.py, whose 16 ranks report through one by default.)"""
 
 from __future__ import annotations
 

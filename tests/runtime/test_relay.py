@@ -106,7 +106,8 @@ def test_the_links_of_a_node_reach_the_supervisor_in_fewer_calls_each_acked_in_o
             link.link_id: list(range(1, 111)) for link in links
         }  # every record once, in order, to its own link
         calls, batches = after["calls"] - before["calls"], after["batches"] - before["batches"]
-        assert calls >= 5 and calls <= batches / 3, (calls, batches)  # the 4 links' batches went together
+        # Two or more links' batches per call (3-4 here, loaded); one per call if the relay only passed them on.
+        assert calls >= 5 and calls <= batches / 2, (calls, batches)
         assert all(link.stats()["unacked"] == 0 and link.dropped == 0 for link in links)
 
 
