@@ -74,9 +74,11 @@ def _run(job: Any) -> dict[str, float]:
     if final["phase"] != "finished":
         raise SystemExit(f"{job.name}: ended {final['phase']}: {final.get('reason')}")
     lo, hi = 30, job.max_steps - 20
-    inside = [s for s in samples if lo <= s["step"] <= hi]
-    a, b = inside[0], inside[-1]
-    steps = b["step"] - a["step"]
+    # The two read-outs that span the steady part (the nearest outside it when a fast run left
+    # none inside): the last at or before step lo, the first at or after step hi.
+    a = next((s for s in reversed(samples) if s["step"] <= lo), samples[0])
+    b = next((s for s in samples if s["step"] >= hi), samples[-1])
+    steps = max(1, b["step"] - a["step"])
     return {
         "cpu_ms_per_step": (b["cpu_s"] - a["cpu_s"]) * 1000 / steps,
         "calls_per_step": (b["record_calls"] - a["record_calls"]) / steps,
