@@ -76,6 +76,8 @@ class Baseline:
     #: before they were kept, or when the ranks report no LR).
     lr: float | None = None
     update_per_lr: float | None = None
+    #: How many ranks its steps were analysed with (the median; None in a baseline stored before).
+    ranks: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +103,7 @@ def baseline(history: list[StepStats]) -> Baseline | None:
         tokens_per_s=capacity([h.tokens_per_s for h in finite]),
         lr=_median([h.lr for h in finite]),
         update_per_lr=_median([_per_lr(h) for h in finite]),
+        ranks=_median([float(h.ranks) for h in finite]),
     )
 
 
@@ -148,13 +151,30 @@ def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) 
     if warm := _warm_up_baseline(base, window):
         grad_check = Check("grad_norm", True, grad, None, f"not judged ({warm})")
     else:
-        grad_check = _ratio("grad_norm", base.grad_norm, grad, criteria, "grad_norm_ratio_max", True)
+        widen, why = _fewer_ranks(base, window)
+        grad_check = _ratio(
+            "grad_norm", base.grad_norm, grad, criteria, "grad_norm_ratio_max", True, widen, why
+        )
     speed = capacity([h.tokens_per_s for h in window])
     if criteria.get("throughput") is False:
         speed_check = Check("throughput", True, speed, None, "not judged (the policy turned it off)")
     else:
         speed_check = _ratio("throughput", base.tokens_per_s, speed, criteria, "throughput_min_ratio", False)
     return [_finite(window), loss, grad_check, _update(base, window, criteria), speed_check]
+
+
+def _fewer_ranks(base: Baseline, window: list[StepStats]) -> tuple[float, str]:
+    """How far the grad norm's bound widens when the window ran on fewer ranks than the baseline (a
+    group restarted on the ranks left, ``resources.min_workers``), and why. Each rank's batch is the
+    same, so the mean gradient is over fewer samples: its noise part grows by sqrt(before / now), the
+    most a smaller batch can add to the grad norm. More ranks only lower it: the bound stays."""
+    now = _median([float(h.ranks) for h in window])
+    if base.ranks is None or now is None or now <= 0 or now >= base.ranks:
+        return 1.0, ""
+    return math.sqrt(base.ranks / now), (
+        f"; the window ran on {now:g} of the baseline's {base.ranks:g} ranks: a gradient averaged over "
+        f"the smaller batch is noisier, by up to sqrt({base.ranks:g}/{now:g})"
+    )
 
 
 def _warm_up_baseline(base: Baseline, window: list[StepStats]) -> str:
@@ -234,12 +254,20 @@ def _finite(window: list[StepStats]) -> Check:
 
 
 def _ratio(
-    name: str, base: float | None, value: float | None, criteria: dict[str, Any], key: str, upper: bool
+    name: str,
+    base: float | None,
+    value: float | None,
+    criteria: dict[str, Any],
+    key: str,
+    upper: bool,
+    widen: float = 1.0,
+    why: str = "",
 ) -> Check:
+    """``value`` against ``base`` times the criterion's bound (``widen`` times it, for ``why``)."""
     if base is None or value is None or base <= 0:
         return Check(name, True, value, None, "not reported")
     ratio = value / base
-    bound = float(criteria.get(key, 2.0 if upper else 0.8))
+    bound = float(criteria.get(key, 2.0 if upper else 0.8)) * widen
     ok = ratio <= bound if upper else ratio >= bound
     sign = "<=" if upper else ">="
-    return Check(name, ok, ratio, bound, f"{ratio:.3g}x baseline (must be {sign} {bound:g}x)")
+    return Check(name, ok, ratio, bound, f"{ratio:.3g}x baseline (must be {sign} {bound:.3g}x{why})")

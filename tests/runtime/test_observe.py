@@ -50,6 +50,30 @@ def test_grad_norm_and_throughput_ratios() -> None:
     assert checks["update_ratio"].passed
 
 
+def test_a_window_on_fewer_ranks_allows_the_grad_norm_the_smaller_batch_explains() -> None:
+    """A group restarted on 2 of its 4 ranks averages its gradient over half the batch: its noise, and
+    so the grad norm, may rise by up to sqrt(4 / 2). The bound widens by that and no more; the same
+    rise at the baseline's rank count still fails, as does a rise beyond what the batch explains."""
+
+    def at(ranks: int, grad: float) -> list[StepStats]:
+        return [StepStats(step=i, loss=3.0, grad_norm=grad, update_ratio=1e-3, tokens_per_s=1e3, ranks=ranks)
+                for i in range(40)]  # fmt: skip
+
+    base = baseline(at(4, 1.0))
+    assert base is not None and base.ranks == 4
+
+    def grad(window: list[StepStats]) -> object:
+        return next(c for c in evaluate(base, window, {}) if c.name == "grad_norm")
+
+    fewer = grad(at(2, 2.6))
+    assert (
+        fewer.passed and fewer.limit == math.sqrt(2) * 2.0 and "2 of the baseline's 4 ranks" in fewer.detail
+    )
+    assert not grad(at(4, 2.6)).passed  # the same rise on as many ranks: not the batch
+    assert not grad(at(2, 3.0)).passed  # beyond what half the batch explains
+    assert grad(at(8, 1.9)).limit == 2.0  # more ranks: a smaller noise, the bound unchanged
+
+
 def test_throughput_is_judged_on_sustained_speed_not_on_steps_slowed_by_a_neighbour() -> None:
     base = baseline([stats(i, 3.0, tps=1000.0 + i) for i in range(40)])
     assert base is not None
