@@ -549,13 +549,12 @@ class IncidentFlow:
     def _start_plan(
         self, incident_id: int, d: Diagnosis, now: Now, *, plan_no: int, observation_failures: int
     ) -> None:
-        js = self._job_state(incident_id, d, observation_failures, now)
+        ref = f"plan-{plan_no}"
+        pre, pre_from = self._run_before_onset(incident_id, d, now, ref)
+        js = self._job_state(incident_id, d, observation_failures, now, pre)
         p = plan(d, js, self.policy)
         rule = p.rule or "fallback"
         attempt = self._count_attempt(incident_id, rule, +1)
-        ref = f"plan-{plan_no}"
-        kept = kept_pre_onset(self.store.artifacts(incident_id), d.onset_step)
-        pre, pre_from = kept if kept is not None else (PreOnset.of(now.history, d.onset_step), ref)
         base, reference = plan_baseline(pre, p, now.step, self.analyzer.settings.level_window)
         # ``attempt``: this incident's recovery attempt (a reopened incident goes on counting);
         # ``rule_attempt``: the rule's own count, which its cooldown may have started over.
@@ -564,7 +563,7 @@ class IncidentFlow:
         self._note(incident_id, now.step, note, actor="policy")
         meta = {"plan": p.to_json(), "job_state": js.to_json(), "baseline": base.to_json() if base else None,
                 "grad_norm_reference": reference, "baseline_from": pre_from}  # fmt: skip
-        if kept is None:  # taken from the history: kept for the later plans of this onset
+        if pre_from == ref:  # taken from the history: kept for the later plans of this onset
             meta["pre_onset"] = pre.to_json()
         self.store.add_artifact(incident_id, "plan", ref, meta)
         self._attach_series(incident_id, d, now.history)
@@ -595,14 +594,23 @@ class IncidentFlow:
         n = self.state.attempts_of[key] = max(0, self.state.attempts_of.get(key, 0) + delta)
         return n
 
-    def _job_state(self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now) -> JobState:
-        """The job as the policy engine sees it now."""
+    def _run_before_onset(self, incident_id: int, d: Diagnosis, now: Now, ref: str) -> tuple[PreOnset, str]:
+        """The run before ``d``'s onset and the plan it was taken for: what an earlier plan of this
+        onset kept, else the history now (for plan ``ref``)."""
+        kept = kept_pre_onset(self.store.artifacts(incident_id), d.onset_step)
+        return kept if kept is not None else (PreOnset.of(now.history, d.onset_step), ref)
+
+    def _job_state(
+        self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now, run: PreOnset
+    ) -> JobState:
+        """The job as the policy engine sees it now; its grad norm is the run's before the onset
+        (``run``: for a later plan of the onset, what the first plan kept, not the re-run since)."""
         last = self.state.last_incident_step
         refs = None
         if self.checkpoints is not None:
             refs = tuple((m.step, m.health) for m in self.checkpoints.manifests())
         pre = [h for h in now.history if h.step < d.onset_step]
-        grads = sorted(h.grad_norm for h in pre[-200:] if h.grad_norm is not None)
+        grads = sorted(g for _, g in run.grad_norms)
         return JobState(
             step=now.step,
             attempts=self.state.attempts,
@@ -666,7 +674,10 @@ class IncidentFlow:
         # the same counts, a re-made plan is the same attempt (never one that uses up the bound).
         old_rule = active.plan.rule or "fallback"
         self._count_attempt(active.incident_id, old_rule, -1)
-        new = plan(d, self._job_state(active.incident_id, d, active.observation_failures, now), self.policy)
+        run, _ = self._run_before_onset(active.incident_id, d, now, f"plan-{active.plan_no}")
+        new = plan(
+            d, self._job_state(active.incident_id, d, active.observation_failures, now, run), self.policy
+        )
         why = replan_reason(active.plan, new, active.index)
         if why is None:
             self._count_attempt(active.incident_id, old_rule, +1)

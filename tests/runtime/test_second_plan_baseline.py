@@ -89,6 +89,8 @@ def test_a_fix_that_does_not_cure_fails_its_second_window_too(tmp_path: Path) ->
     kept = first["pre_onset"]  # what the first plan took from the run before the onset
     assert kept["onset"] == ONSET and [s for s, _ in kept["grad_norms"]] == list(range(1, ONSET))
     assert first["baseline_from"] == second["baseline_from"] == "plan-1" and "pre_onset" not in second
+    # The grad norm the policy plans with (a clip where the job has none) is the same run's too.
+    assert second["job_state"]["grad_norm"] == first["job_state"]["grad_norm"] == pytest.approx(1.0, abs=0.1)
     ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
     inc = ctl.incidents.get(1)
     assert inc.state is IncidentState.ESCALATED, ctl.status()  # two windows failed on the grad norm
