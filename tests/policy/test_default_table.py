@@ -118,17 +118,20 @@ def test_periodic_excludes_the_offending_source(default_policy: Policy) -> None:
 
 
 @pytest.mark.parametrize("phenotype", ["divergence", "slow_recovery"])
-def test_a_sustained_source_local_rise_keeps_the_source_out(
+def test_a_sustained_source_local_rise_rolls_back_and_keeps_the_source_out(
     phenotype: str, default_policy: Policy, default_yaml: dict[str, Any]
 ) -> None:
-    """One source serving bad data: a rollback would meet it again, so the source is excluded."""
-    p = plan(
-        diag(phenotype, ("data",), source_local="web", suspect_samples=("web:a:0",)), state(), default_policy
-    )
+    """One source serving bad data: every step since the onset trained on it, so the run goes back
+    to the newest healthy checkpoint before the onset (the source's own loss dates it: no margin)
+    and re-runs from there without the source."""
+    d = diag(phenotype, ("data",), onset=120, source_local="web", suspect_samples=("web:a:0",))
+    p = plan(d, state(step=127, checkpoints=((80, "healthy"), (100, "healthy"), (120, "healthy"))), default_policy)
     assert p.rule == "source_local", p.matched_because
     assert p.action_names == yaml_actions(default_yaml, "source_local")
-    apply = p.action("apply")
+    rollback, apply = p.action("rollback"), p.action("apply")
+    assert rollback is not None and rollback.params["target_step"] == 100  # 120 holds the onset's step
     assert apply is not None and apply.params["exclude"] == {"samples": ["web:a:0"], "sources": ["web"]}
+    assert "lr_scale" not in apply.params and "warmup_steps" not in apply.params
     # Rank-local, or with evidence that the weights took a bad step: the other rules decide.
     assert plan(diag(phenotype, ("data",), source_local="web", rank_local=True, first_rank=1), state(),
                 default_policy).rule != "source_local"  # fmt: skip
