@@ -125,7 +125,9 @@ def test_a_sustained_source_local_rise_rolls_back_and_keeps_the_source_out(
     to the newest healthy checkpoint before the onset (the source's own loss dates it: no margin)
     and re-runs from there without the source."""
     d = diag(phenotype, ("data",), onset=120, source_local="web", suspect_samples=("web:a:0",))
-    p = plan(d, state(step=127, checkpoints=((80, "healthy"), (100, "healthy"), (120, "healthy"))), default_policy)
+    p = plan(
+        d, state(step=127, checkpoints=((80, "healthy"), (100, "healthy"), (120, "healthy"))), default_policy
+    )
     assert p.rule == "source_local", p.matched_because
     assert p.action_names == yaml_actions(default_yaml, "source_local")
     rollback, apply = p.action("rollback"), p.action("apply")
