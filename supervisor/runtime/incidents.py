@@ -107,16 +107,19 @@ class PreOnset:
     onset: int
     baseline: Baseline | None
     grad_norms: tuple[tuple[int, float], ...]
+    #: The LR the ranks reported last before the onset (None: none reported, or a plan stored
+    #: before it was kept): the LR a plan's fix is written against.
+    lr: float | None = None
 
     @classmethod
     def of(cls, history: Sequence[StepStats], onset: int) -> PreOnset:
         pre = [h for h in history if h.step < onset][-BASELINE_STEPS:]
         grads = tuple((h.step, h.grad_norm) for h in pre if h.grad_norm is not None and _counted(h))
-        return cls(onset, baseline(pre), grads)
+        return cls(onset, baseline(pre), grads, next((h.lr for h in reversed(pre) if h.lr is not None), None))
 
     def to_json(self) -> dict[str, Any]:
         return {"onset": self.onset, "baseline": self.baseline.to_json() if self.baseline else None,
-                "grad_norms": [list(g) for g in self.grad_norms]}  # fmt: skip
+                "grad_norms": [list(g) for g in self.grad_norms], "lr": self.lr}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Any) -> PreOnset | None:
@@ -124,7 +127,9 @@ class PreOnset:
         if not isinstance(d, dict) or not isinstance(d.get("onset"), int) or "grad_norms" not in d:
             return None
         base = Baseline.from_json(d["baseline"]) if d.get("baseline") else None
-        return cls(d["onset"], base, tuple((int(s), float(g)) for s, g in d["grad_norms"]))
+        lr = d.get("lr")
+        lr = float(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) else None
+        return cls(d["onset"], base, tuple((int(s), float(g)) for s, g in d["grad_norms"]), lr)
 
 
 def kept_pre_onset(artifacts: Iterable[Artifact], onset: int) -> tuple[PreOnset, str] | None:
@@ -603,14 +608,14 @@ class IncidentFlow:
     def _job_state(
         self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now, run: PreOnset
     ) -> JobState:
-        """The job as the policy engine sees it now; its grad norm is the run's before the onset
-        (``run``: for a later plan of the onset, what the first plan kept, not the re-run since)."""
+        """The job as the policy engine sees it now; its grad norm and LR are the run's before the
+        onset (``run``: for a later plan of the onset, what the first plan kept, not the re-run since)."""
         last = self.state.last_incident_step
         refs = None
         if self.checkpoints is not None:
             refs = tuple((m.step, m.health) for m in self.checkpoints.manifests())
-        pre = [h for h in now.history if h.step < d.onset_step]
         grads = sorted(g for _, g in run.grad_norms)
+        lr = run.lr if run.lr is not None else PreOnset.of(now.history, d.onset_step).lr  # kept without one
         return JobState(
             step=now.step,
             attempts=self.state.attempts,
@@ -618,7 +623,7 @@ class IncidentFlow:
             steps_since_last_incident=None if last is None else now.step - last,
             checkpoints=refs,
             state_maybe_nonfinite=d.nonfinite,
-            lr=next((h.lr for h in reversed(pre) if h.lr is not None), None),
+            lr=lr,
             # the supervisor's own LR override in force (a fix is relative to it)
             lr_scale=float(self.analyzer.lr_multiplier(now.step + 1)),
             grad_clip=self._grad_clip(now.step),

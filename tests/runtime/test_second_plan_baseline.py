@@ -30,7 +30,8 @@ ONSET = 130
 
 
 class ReRunHigher(FakeRanks):
-    """Ranks whose every re-run of a step has 3x the grad norm the step's first run had."""
+    """Ranks whose every re-run of a step has 3x the grad norm the step's first run had, at a
+    lower LR (as under a re-warm)."""
 
     seen: set[tuple[int, int]]
 
@@ -38,6 +39,7 @@ class ReRunHigher(FakeRanks):
         rec = super().record(step, rank, events)
         if (step, rank) in self.seen:
             rec["grad_norm"] *= 3.0
+            rec["lr"] *= 0.5
         self.seen.add((step, rank))
         return rec
 
@@ -91,6 +93,8 @@ def test_a_fix_that_does_not_cure_fails_its_second_window_too(tmp_path: Path) ->
     assert first["baseline_from"] == second["baseline_from"] == "plan-1" and "pre_onset" not in second
     # The grad norm the policy plans with (a clip where the job has none) is the same run's too.
     assert second["job_state"]["grad_norm"] == first["job_state"]["grad_norm"] == pytest.approx(1.0, abs=0.1)
+    # And the LR its fix is written against: the run's before the onset, not the re-run's 5e-4.
+    assert (second["job_state"]["lr"], first["job_state"]["lr"], kept.get("lr")) == (1e-3, 1e-3, 1e-3)
     ranks.run(ctl, lambda: ctl.phase.is_terminal, checkpoint_every=25)
     inc = ctl.incidents.get(1)
     assert inc.state is IncidentState.ESCALATED, ctl.status()  # two windows failed on the grad norm
