@@ -115,7 +115,7 @@ class PreOnset:
     def of(cls, history: Sequence[StepStats], onset: int) -> PreOnset:
         pre = [h for h in history if h.step < onset][-BASELINE_STEPS:]
         grads = tuple((h.step, h.grad_norm) for h in pre if h.grad_norm is not None and _counted(h))
-        return cls(onset, baseline(pre), grads, next((h.lr for h in reversed(pre) if h.lr is not None), None))
+        return cls(onset, baseline(pre), grads, _last_lr(history, onset))
 
     def to_json(self) -> dict[str, Any]:
         return {"onset": self.onset, "baseline": self.baseline.to_json() if self.baseline else None,
@@ -130,6 +130,11 @@ class PreOnset:
         lr = d.get("lr")
         lr = float(lr) if isinstance(lr, int | float) and not isinstance(lr, bool) else None
         return cls(d["onset"], base, tuple((int(s), float(g)) for s, g in d["grad_norms"]), lr)
+
+
+def _last_lr(history: Sequence[StepStats], onset: int) -> float | None:
+    """The LR the ranks reported last before ``onset`` (None: none reported)."""
+    return next((h.lr for h in reversed(history) if h.step < onset and h.lr is not None), None)
 
 
 def kept_pre_onset(artifacts: Iterable[Artifact], onset: int) -> tuple[PreOnset, str] | None:
@@ -601,9 +606,15 @@ class IncidentFlow:
 
     def _run_before_onset(self, incident_id: int, d: Diagnosis, now: Now, ref: str) -> tuple[PreOnset, str]:
         """The run before ``d``'s onset and the plan it was taken for: what an earlier plan of this
-        onset kept, else the history now (for plan ``ref``)."""
+        onset kept, else the history now (for plan ``ref``). A run kept by an older version has no
+        LR: the history's stands in for it, as before."""
         kept = kept_pre_onset(self.store.artifacts(incident_id), d.onset_step)
-        return kept if kept is not None else (PreOnset.of(now.history, d.onset_step), ref)
+        if kept is None:
+            return PreOnset.of(now.history, d.onset_step), ref
+        run, taken_for = kept
+        return (
+            run if run.lr is not None else replace(run, lr=_last_lr(now.history, d.onset_step))
+        ), taken_for
 
     def _job_state(
         self, incident_id: int, d: Diagnosis, observation_failures: int, now: Now, run: PreOnset
@@ -615,7 +626,6 @@ class IncidentFlow:
         if self.checkpoints is not None:
             refs = tuple((m.step, m.health) for m in self.checkpoints.manifests())
         grads = sorted(g for _, g in run.grad_norms)
-        lr = run.lr if run.lr is not None else PreOnset.of(now.history, d.onset_step).lr  # kept without one
         return JobState(
             step=now.step,
             attempts=self.state.attempts,
@@ -623,7 +633,7 @@ class IncidentFlow:
             steps_since_last_incident=None if last is None else now.step - last,
             checkpoints=refs,
             state_maybe_nonfinite=d.nonfinite,
-            lr=lr,
+            lr=run.lr,
             # the supervisor's own LR override in force (a fix is relative to it)
             lr_scale=float(self.analyzer.lr_multiplier(now.step + 1)),
             grad_clip=self._grad_clip(now.step),
