@@ -163,6 +163,10 @@ def _incidents(job: Any) -> list[dict[str, Any]]:
                         "escalation": escalation,
                         "excluded_sources": sorted({s for e in excludes for s in e.get("sources") or []}),
                         "excluded_samples": sum(len(e.get("samples") or []) for e in excludes),
+                        "rollbacks": sum(
+                            any(a.get("name") == "rollback" for a in p.get("actions", [])) for p in made
+                        ),
+                        "first_rank": diagnosis.first_rank if (diagnosis := inc.diagnosis) else None,
                     }
                 )
     except Exception as exc:  # no store (the job never started): reported as no incidents, with why

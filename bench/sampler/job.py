@@ -31,7 +31,7 @@ from bench.sampler.models import build_model, token_loss
 from bench.sampler.optim import make_optimizer, schedule
 from examples.tinylm.data import TextDataset, collate
 from supervisor import sdk
-from supervisor.drills.glue import attach, plan_for_worker, replay_view
+from supervisor.drills.glue import attach, plan_dataset, plan_for_worker, replay_view
 
 DEFAULTS: dict[str, Any] = {
     "family": "llama",
@@ -87,6 +87,7 @@ def main(config: dict[str, Any] | None = None, ctx: Any = None) -> dict[str, Any
     amp = AMP.get(cfg["precision"])
     scaler = torch.amp.GradScaler("cpu") if cfg["precision"] == "fp16" else None
     faults = plan_for_worker(ctx, vocab_size=VOCAB)  # drills
+    dataset = plan_dataset(faults, dataset)  # drills: mixture_shift
     loader = sdk.SupervisedLoader(
         dataset,
         int(cfg["micro_batch"]) * accumulation,  # one step's rows: split into micro-batches below

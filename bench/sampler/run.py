@@ -90,6 +90,16 @@ def job_dict(cell: Cell, storage: Path) -> dict[str, Any]:
         elif f.kind == "recurring_shard":
             faults.append({"kind": "periodic_garbage", "step": f.step, "rank": f.rank, "period": f.period,
                            "fraction": f.fraction})  # fmt: skip
+        elif f.kind == "logging_bug":
+            faults.append({"kind": "logging_bug", "step": f.step, "steps": f.span, "mode": f.mode})
+        elif f.kind == "mixture_shift":
+            faults.append({"kind": "mixture_shift", "step": f.step, "weights": dict(f.weights)})
+        elif f.kind == "worker_kill":
+            if f.corrupt_step:  # another rank's shard: the kill's own rank restarts like the others
+                faults.append(
+                    {"kind": "corrupt_checkpoint", "step": f.corrupt_step, "rank": (f.rank + 1) % b.ranks}
+                )
+            faults.append({"kind": "worker_kill", "step": f.step, "rank": f.rank})
         else:
             raise ValueError(f"unknown fault {f.kind!r}")
     return {
@@ -127,6 +137,12 @@ class Result:
     """The same without the source `bad_source` breaks (what that cell is compared with)."""
     reference_loss: float | None = None
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    rank: int | None = None
+    """`worker_kill`: the rank killed (the one its incident must name)."""
+    corrupted: int | None = None
+    """`worker_kill` after a corrupted save: that checkpoint's step (the restart must go further back)."""
+    resumed_from: int | None = None
+    """The step the first restore of the run resumed from (None: no restore)."""
     wall_s: float = 0.0
     error: str | None = None
     verdict: str = ""
@@ -178,9 +194,10 @@ def run_cell(cell: Cell, out: Path, timeout_s: float) -> Result:
     work = (out / job_name(cell)).resolve()
     shutil.rmtree(work, ignore_errors=True)
     job = job_spec(cell, work / "storage")
-    res = Result(
-        cell.id, cell.name, cell.fault is None, cell.fault.kind if cell.fault else "clean", cell.command()
-    )
+    f = cell.fault
+    res = Result(cell.id, cell.name, f is None, f.kind if f else "clean", cell.command(),
+                 rank=f.rank if f is not None and f.kind == "worker_kill" else None,
+                 corrupted=(f.corrupt_step or None) if f is not None else None)  # fmt: skip
     t0 = time.monotonic()
     handle = None
     try:
@@ -203,6 +220,7 @@ def run_cell(cell: Cell, out: Path, timeout_s: float) -> Result:
         res.final_loss_good if res.fault == "bad_source" else final_loss(records, ws, job.max_steps)
     )
     res.incidents = _incidents(job)
+    res.resumed_from = series.first_resume(records)
     return res
 
 
@@ -227,6 +245,8 @@ def judge(res: Result, escalates: bool) -> None:
         why = next((i["escalation"] for i in res.incidents if i.get("escalation")), None) or res.reason
         res.ok = res.phase == "escalated" and bool(why)
         res.verdict = f"{res.phase} after {plans} plan(s): {why or res.reason or 'no reason given'}"
+    elif res.fault == "mixture_shift":
+        _judge_benign(res, serious)
     else:
         ratio = res.loss_ratio
         within = ratio is not None and ratio <= 1 + LOSS_TOLERANCE
@@ -244,6 +264,10 @@ def judge(res: Result, escalates: bool) -> None:
                 else f" on the other sources; {samples} samples excluded" if samples
                 else f" on the other sources; `{BAD_SOURCE}` never excluded"
             )  # fmt: skip
+        if res.fault == "logging_bug":
+            _judge_benign(res, [i for i in serious if i.get("top_cause") != "metric_artifact"], res.ok)
+        if res.fault == "worker_kill":
+            _judge_restart(res)
         if not res.ok and res.phase == "finished" and serious:
             res.verdict += "; incidents: " + ", ".join(
                 f"{i.get('severity')} {i.get('phenotype')}/{i.get('top_cause')} at {i.get('onset')} [{i.get('state')}]"
@@ -251,9 +275,39 @@ def judge(res: Result, escalates: bool) -> None:
             )
 
 
+def _judge_benign(res: Result, wrong: list[dict[str, Any]], ok: bool = True) -> None:
+    """A fault after which training is sound (``BENIGN``): it finishes, nothing is rolled back, kept
+    out or escalated, and no incident of severity medium or more blames anything but ``wrong``'s
+    complement (a logging bug may be named as the metric artifact it is). A mixture shift changes the
+    data: its loss is no reference."""
+    acted = [i for i in res.incidents
+             if i.get("rollbacks") or i.get("excluded_sources") or i.get("excluded_samples") or i.get("escalation")]  # fmt: skip
+    named = sorted({str(i.get("top_cause")) for i in res.incidents if i.get("top_cause")})
+    res.ok = ok and res.phase == "finished" and not acted and not wrong
+    head = res.verdict if res.fault == "logging_bug" else f"{res.phase}"
+    res.verdict = head + (
+        f"; acted on a benign fault: {', '.join('+'.join(i.get('rules') or ['-']) for i in acted)}" if acted
+        else f"; {len(wrong)} incident(s) >= medium not named a metric artifact" if wrong
+        else f"; nothing done (incidents: {', '.join(named) or 'none'})"
+    )  # fmt: skip
+
+
+def _judge_restart(res: Result) -> None:
+    """A killed worker: its incident blames the distributed machinery and names that rank; after a
+    corrupted save, the restart went back past it."""
+    named = [
+        i for i in res.incidents if i.get("top_cause") == "distributed" and i.get("first_rank") == res.rank
+    ]
+    past = res.corrupted is None or (res.resumed_from is not None and res.resumed_from < res.corrupted)
+    res.ok = res.ok and bool(named) and past
+    res.verdict += f"; rank {res.rank} " + ("named" if named else "**not named**")
+    if res.corrupted is not None:
+        res.verdict += f"; resumed from {res.resumed_from} (corrupted save: {res.corrupted})"
+
+
 def cost(cell: Cell) -> float:
     """Relative CPU of a cell: ranks x (recoveries re-run steps) — the longest start first."""
-    extra = {"lr_persistent": 3.0, "lr_cured": 2.0, "nan_rank": 1.5, "bad_source": 1.5}
+    extra = {"lr_persistent": 3.0, "lr_cured": 2.0, "nan_rank": 1.5, "bad_source": 1.5, "worker_kill": 1.5}
     return cell.base.ranks * extra.get(cell.fault.kind if cell.fault else "", 1.0)
 
 

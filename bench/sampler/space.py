@@ -33,6 +33,9 @@ FAULTS = (
     "oversized_update",
     "optimizer_lost",
     "recurring_shard",
+    "logging_bug",
+    "mixture_shift",
+    "worker_kill",
 )
 MOMENTS = ("warmup", "after_checkpoint", "mid_run", "last_5pct")
 LOADS = ("idle", "busy")
@@ -46,6 +49,10 @@ BAD_SOURCE = "web"
 """The fourth data source, as large as the three others together: the one `bad_source` breaks."""
 ESCALATES = frozenset({"lr_persistent"})
 """Faults whose expected outcome is an escalation after bounded attempts (only a person can fix them)."""
+BENIGN = frozenset({"logging_bug", "mixture_shift"})
+"""Faults after which training is sound: nothing may be rolled back, kept out or escalated."""
+SOURCES = ("code", "docstrings", "tests", BAD_SOURCE)
+"""The job's data sources (bench/matrix/data.py ``stdlib`` plus the fourth): what `mixture_shift` weighs."""
 
 #: The module the `nan_rank` overflow hits, per family: one that every forward runs (kept here, in
 #: the pure module, so that the runner does not import torch; bench.sampler.models builds them).
@@ -58,7 +65,7 @@ OVERFLOW_MODULE = {
     "mlp": "module.fc1",
 }
 
-ONE_RANK = frozenset({"garbage_rank", "nan_rank", "recurring_shard"})
+ONE_RANK = frozenset({"garbage_rank", "nan_rank", "recurring_shard", "worker_kill"})
 """Faults that hit one rank (``Fault.rank``); the others hit every rank."""
 
 _SEED_SPACE = 10**6
@@ -97,6 +104,15 @@ class Fault:
     """`recurring_shard`: steps between occurrences."""
     fraction: float = 1.0
     """`recurring_shard`: share of the rank's batch from the bad shard."""
+    mode: str = ""
+    """`logging_bug`: `misreduced` (summed over ranks, not averaged) or `padding` (pad tokens counted)."""
+    span: int = 0
+    """`logging_bug`: steps the logged loss is wrong (to the end of the run at most)."""
+    weights: tuple[tuple[str, float], ...] = ()
+    """`mixture_shift`: (source, sampling weight) from the onset on."""
+    corrupt_step: int = 0
+    """`worker_kill`: the checkpoint (the newest before the kill) one byte of another rank's shard of
+    is flipped first, so the restart must go further back; 0: none."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +131,12 @@ class Cell:
             return f"{self.base.name}-clean"
         f = self.fault
         where = f"/rank{f.rank}" if f.kind in ONE_RANK else ""
-        return f"{self.base.name}-{f.kind}{where}@{f.step}({f.moment})"
+        what = (
+            f"-{f.mode}x{f.span}" if f.kind == "logging_bug"
+            else "-" + "+".join(f"{n}{w:g}" for n, w in f.weights) if f.kind == "mixture_shift"
+            else f"+corrupt{f.corrupt_step}" if f.corrupt_step else ""
+        )  # fmt: skip
+        return f"{self.base.name}-{f.kind}{where}{what}@{f.step}({f.moment})"
 
     @property
     def escalates(self) -> bool:
@@ -174,6 +195,8 @@ def draw_fault(seed: int, base: Base, max_steps: int = MAX_STEPS) -> Fault:
     step = onset(moment, rng, max_steps)
     rank = rng.randrange(base.ranks)
     factor, period, fraction = 1.0, 0, 1.0
+    mode, span, corrupt_step = "", 0, 0
+    weights: tuple[tuple[str, float], ...] = ()
     if kind in ("lr_cured", "lr_persistent"):
         factor = float(rng.choice((20, 25, 30, 40)))
     elif kind == "oversized_update":
@@ -184,7 +207,16 @@ def draw_fault(seed: int, base: Base, max_steps: int = MAX_STEPS) -> Fault:
         period = rng.choice((40, 50, 60))
         fraction = rng.choice((0.25, 0.5))
         step -= period * max(0, (step - 4) // period)
-    return Fault(seed, kind, moment, step, rank, factor, period, fraction)
+    elif kind == "logging_bug":
+        mode = rng.choice(("misreduced", "padding"))
+        span = min(rng.choice((1, 3, 10, max_steps)), max_steps - step + 1)  # max_steps: to the end
+    elif kind == "mixture_shift":
+        # A curriculum change: one source at weight 1, each other one dropped or down-weighted.
+        lead = rng.choice(SOURCES)
+        weights = tuple((n, 1.0 if n == lead else rng.choice((0.0, 0.1, 0.3))) for n in SOURCES)
+    elif kind == "worker_kill" and rng.random() < 0.5 and step > CHECKPOINT_EVERY:
+        corrupt_step = (step - 1) // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # saved before the kill
+    return Fault(seed, kind, moment, step, rank, factor, period, fraction, mode, span, weights, corrupt_step)
 
 
 def parse_cell_id(text: str) -> tuple[int, int | None]:

@@ -46,7 +46,7 @@ def test_every_dimension_is_covered_over_many_seeds() -> None:
     assert seen["accumulation"] == {1, 2, 3, 4}
     assert seen["precision"] == {"fp32", "bf16", "fp16"}
     assert seen["ranks"] == {2, 3, 4}
-    assert seen["kind"] == set(space.FAULTS) and len(space.FAULTS) == 8
+    assert seen["kind"] == set(space.FAULTS) and len(space.FAULTS) == 11
     assert seen["moment"] == set(space.MOMENTS)
 
 
@@ -86,6 +86,30 @@ def test_recurring_shard_recurs_with_one_occurrence_at_the_moment() -> None:
         occurrences = range(f.step, space.MAX_STEPS + 1, f.period)
         assert f.period >= 40 and len(occurrences) >= 2
         assert 0 <= f.rank < base.ranks
+
+
+def test_the_new_kinds_draw_what_their_faults_need() -> None:
+    seen = {"logging_bug": set(), "mixture_shift": set(), "worker_kill": set()}
+    for seed in range(600):
+        base = space.draw_base(seed)
+        f = space.draw_fault(seed, base)
+        if f.kind == "logging_bug":
+            assert f.mode in ("misreduced", "padding") and 1 <= f.span <= space.MAX_STEPS - f.step + 1
+            seen[f.kind].add((f.mode, f.span == space.MAX_STEPS - f.step + 1))
+        elif f.kind == "mixture_shift":
+            weights = dict(f.weights)
+            assert set(weights) == set(space.SOURCES) and sorted(weights.values())[-1] == 1.0
+            assert sum(w == 1.0 for w in weights.values()) == 1  # one source leads
+            seen[f.kind].add(max(weights, key=weights.__getitem__))
+        elif f.kind == "worker_kill":
+            assert 0 <= f.rank < base.ranks
+            if f.corrupt_step:  # the newest checkpoint saved before the kill
+                assert f.corrupt_step % space.CHECKPOINT_EVERY == 0
+                assert 0 < f.step - f.corrupt_step <= space.CHECKPOINT_EVERY
+            seen[f.kind].add(bool(f.corrupt_step))
+    assert seen["logging_bug"] == {(m, e) for m in ("misreduced", "padding") for e in (False, True)}
+    assert seen["mixture_shift"] == set(space.SOURCES)
+    assert seen["worker_kill"] == {False, True}
 
 
 def test_a_failing_cells_command_reproduces_the_same_cell() -> None:
@@ -198,13 +222,50 @@ def test_judge_applies_the_criteria() -> None:
     assert {f.name for f in fields(Result)} >= {"id", "command", "verdict", "ok"}
 
 
+def test_judge_of_benign_faults_and_a_killed_worker() -> None:
+    def res(fault: str, **kw: object) -> Result:
+        r = Result(**{"id": "1:2", "name": "n", "clean": False, "fault": fault, "command": "c",
+                      "phase": "finished", "final_loss": 1.0, "reference_loss": 1.0, **kw})  # type: ignore[arg-type]  # fmt: skip
+        judge(r, escalates=False)
+        return r
+
+    metric = {
+        "severity": "medium",
+        "top_cause": "metric_artifact",
+        "rules": ["metric_artifact"],
+        "rollbacks": 0,
+    }
+    assert res("logging_bug", incidents=[metric]).ok
+    assert res("logging_bug", incidents=[]).ok  # nothing done: no harm
+    assert not res("logging_bug", incidents=[{**metric, "top_cause": "data"}]).ok  # blamed the data
+    assert not res("logging_bug", incidents=[{**metric, "rollbacks": 1}]).ok  # rolled back sound training
+    assert not res("logging_bug", final_loss=1.2, incidents=[]).ok
+    # A mixture shift changes the data: no loss reference, but nothing may be done about it.
+    assert res("mixture_shift", final_loss=1.3, incidents=[{"severity": "low", "top_cause": "data"}]).ok
+    assert not res("mixture_shift", incidents=[{"severity": "low", "excluded_sources": ["web"]}]).ok
+    assert not res("mixture_shift", incidents=[{"severity": "medium", "top_cause": "data"}]).ok
+    killed = {"severity": "high", "top_cause": "distributed", "first_rank": 1}
+    assert res("worker_kill", rank=1, incidents=[killed]).ok
+    assert not res("worker_kill", rank=0, incidents=[killed]).ok  # another rank named
+    assert res("worker_kill", rank=1, corrupted=100, resumed_from=80, incidents=[killed]).ok
+    assert not res("worker_kill", rank=1, corrupted=100, resumed_from=100, incidents=[killed]).ok
+    assert not res("worker_kill", rank=1, corrupted=100, resumed_from=None, incidents=[killed]).ok
+
+
 def test_rejudge_judges_what_an_interrupted_invocation_finished(tmp_path: Path) -> None:
     from dataclasses import asdict
 
     from bench.sampler.run import rejudge
 
     clean, faulty = space.draw(5, 6, 2)
-    on_first = [c for c in faulty if c.base == clean[0].base and not c.escalates]
+    on_first = [
+        c
+        for c in faulty
+        if c.base == clean[0].base
+        and not c.escalates
+        and c.fault is not None
+        and c.fault.kind not in space.BENIGN
+    ]
     on_second = [c for c in faulty if c.base == clean[1].base and not c.escalates]
     assert on_first and on_second
 
