@@ -29,7 +29,6 @@ from typing import Any
 
 from bench.sampler.space import (
     BAD_SOURCE,
-    CHECKPOINT_EVERY,
     MAX_STEPS,
     OVERFLOW_MODULE,
     WARMUP_STEPS,
@@ -108,9 +107,9 @@ def job_dict(cell: Cell, storage: Path) -> dict[str, Any]:
         "config": config,
         "resources": {"num_workers": b.ranks, "cpus_per_worker": 1},
         "storage": {"path": str(storage)},
-        "checkpoint": {"every_steps": CHECKPOINT_EVERY, "keep": 12},
+        "checkpoint": {"every_steps": b.checkpoint_every, "keep": 12},
         "policy": "default",
-        "max_steps": MAX_STEPS,
+        "max_steps": b.max_steps,
         "faults": faults,
         "runtime": RUNTIME,
     }
@@ -308,7 +307,12 @@ def _judge_restart(res: Result) -> None:
 def cost(cell: Cell) -> float:
     """Relative CPU of a cell: ranks x (recoveries re-run steps) — the longest start first."""
     extra = {"lr_persistent": 3.0, "lr_cured": 2.0, "nan_rank": 1.5, "bad_source": 1.5, "worker_kill": 1.5}
-    return cell.base.ranks * extra.get(cell.fault.kind if cell.fault else "", 1.0)
+    return (
+        cell.base.ranks
+        * cell.base.max_steps
+        / MAX_STEPS
+        * extra.get(cell.fault.kind if cell.fault else "", 1.0)
+    )
 
 
 def run_all(

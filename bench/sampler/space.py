@@ -43,8 +43,19 @@ LOADS = ("idle", "busy")
 MAX_STEPS = 150
 WARMUP_STEPS = 15
 CHECKPOINT_EVERY = 20
-MIN_STEPS = 46
-"""The shortest run every moment fits in: a warm-up, a checkpoint's second save and the final 5%."""
+RUN_LENGTHS = (120, 150, 200)
+"""Steps of a run (the base's ``max_steps``)."""
+CHECKPOINT_INTERVALS = (10, 20, 30, 50)
+"""Steps between checkpoints (the base's ``checkpoint_every``): how far a rollback has to go back."""
+
+
+def min_steps(every: int = CHECKPOINT_EVERY) -> int:
+    """The shortest run every moment fits in with a checkpoint every ``every`` steps: a warm-up, a
+    checkpoint's second save (and a step or two after it) before the final 5%."""
+    return -(-(2 * every + 3) * 100 // 95)
+
+
+MIN_STEPS = min_steps()
 BAD_SOURCE = "web"
 """The fourth data source, as large as the three others together: the one `bad_source` breaks."""
 ESCALATES = frozenset({"lr_persistent"})
@@ -80,12 +91,14 @@ class Base:
     accumulation: int
     precision: str
     ranks: int
+    max_steps: int = MAX_STEPS
+    checkpoint_every: int = CHECKPOINT_EVERY
 
     @property
     def name(self) -> str:
         return (
             f"{self.family}-{self.optimizer}-{self.schedule}-acc{self.accumulation}-{self.precision}"
-            f"-r{self.ranks}"
+            f"-r{self.ranks}-{self.max_steps}s-ck{self.checkpoint_every}"
         )
 
 
@@ -165,22 +178,25 @@ def draw_base(seed: int) -> Base:
         accumulation=rng.choice(ACCUMULATION),
         precision=rng.choice(PRECISIONS),
         ranks=rng.choice(RANKS),
+        max_steps=rng.choice(RUN_LENGTHS),  # drawn last: the fields above are those of earlier commits
+        checkpoint_every=rng.choice(CHECKPOINT_INTERVALS),
     )
 
 
-def onset(moment: str, rng: random.Random, max_steps: int = MAX_STEPS) -> int:
+def onset(moment: str, rng: random.Random, max_steps: int = MAX_STEPS, every: int = CHECKPOINT_EVERY) -> int:
     """A step for ``moment``: inside the LR warm-up (after the first few steps); one or two steps
-    after a checkpoint (from the second one to the last before the final 5%); anywhere in the middle
-    third; or inside the last 5% of the run (before its very last step)."""
-    if max_steps < MIN_STEPS:
+    after a checkpoint saved every ``every`` steps (from the second one to the last before the final
+    5%); anywhere in the middle third; or inside the last 5% of the run (before its very last step)."""
+    if max_steps < min_steps(every):
         raise ValueError(
-            f"max_steps {max_steps} is too short for the sampler's moments (at least {MIN_STEPS})"
+            f"max_steps {max_steps} is too short for the sampler's moments with a checkpoint every "
+            f"{every} steps (at least {min_steps(every)})"
         )
     if moment == "warmup":
         return rng.randint(4, WARMUP_STEPS - 1)
     if moment == "after_checkpoint":
-        last = (max_steps * 95 // 100 - 3) // CHECKPOINT_EVERY
-        return CHECKPOINT_EVERY * rng.randint(2, max(2, last)) + rng.randint(1, 2)
+        last = (max_steps * 95 // 100 - 3) // every
+        return every * rng.randint(2, max(2, last)) + rng.randint(1, 2)
     if moment == "mid_run":
         return rng.randint(max_steps // 3, 2 * max_steps // 3)
     if moment == "last_5pct":
@@ -188,11 +204,12 @@ def onset(moment: str, rng: random.Random, max_steps: int = MAX_STEPS) -> int:
     raise ValueError(f"unknown moment {moment!r} (valid: {', '.join(MOMENTS)})")
 
 
-def draw_fault(seed: int, base: Base, max_steps: int = MAX_STEPS) -> Fault:
+def draw_fault(seed: int, base: Base) -> Fault:
     rng = random.Random(f"fault:{seed}")
+    max_steps, every = base.max_steps, base.checkpoint_every
     kind = rng.choice(FAULTS)
     moment = rng.choice(MOMENTS)
-    step = onset(moment, rng, max_steps)
+    step = onset(moment, rng, max_steps, every)
     rank = rng.randrange(base.ranks)
     factor, period, fraction = 1.0, 0, 1.0
     mode, span, corrupt_step = "", 0, 0
@@ -204,7 +221,7 @@ def draw_fault(seed: int, base: Base, max_steps: int = MAX_STEPS) -> Fault:
     elif kind == "recurring_shard":
         # The shard recurs every `period` steps and one occurrence falls at the moment drawn: the
         # onset is the first occurrence, as early as that allows (from step 4 on).
-        period = rng.choice((40, 50, 60))
+        period = rng.choice([p for p in (40, 50, 60) if 2 * p + 3 <= max_steps])  # two occurrences at least
         fraction = rng.choice((0.25, 0.5))
         step -= period * max(0, (step - 4) // period)
     elif kind == "logging_bug":
@@ -214,8 +231,8 @@ def draw_fault(seed: int, base: Base, max_steps: int = MAX_STEPS) -> Fault:
         # A curriculum change: one source at weight 1, each other one dropped or down-weighted.
         lead = rng.choice(SOURCES)
         weights = tuple((n, 1.0 if n == lead else rng.choice((0.0, 0.1, 0.3))) for n in SOURCES)
-    elif kind == "worker_kill" and rng.random() < 0.5 and step > CHECKPOINT_EVERY:
-        corrupt_step = (step - 1) // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # saved before the kill
+    elif kind == "worker_kill" and rng.random() < 0.5 and step > every:
+        corrupt_step = (step - 1) // every * every  # saved before the kill
     return Fault(seed, kind, moment, step, rank, factor, period, fraction, mode, span, weights, corrupt_step)
 
 

@@ -83,7 +83,7 @@ def test_recurring_shard_recurs_with_one_occurrence_at_the_moment() -> None:
         f = space.draw_fault(seed, base)
         if f.kind != "recurring_shard":
             continue
-        occurrences = range(f.step, space.MAX_STEPS + 1, f.period)
+        occurrences = range(f.step, base.max_steps + 1, f.period)
         assert f.period >= 40 and len(occurrences) >= 2
         assert 0 <= f.rank < base.ranks
 
@@ -94,8 +94,8 @@ def test_the_new_kinds_draw_what_their_faults_need() -> None:
         base = space.draw_base(seed)
         f = space.draw_fault(seed, base)
         if f.kind == "logging_bug":
-            assert f.mode in ("misreduced", "padding") and 1 <= f.span <= space.MAX_STEPS - f.step + 1
-            seen[f.kind].add((f.mode, f.span == space.MAX_STEPS - f.step + 1))
+            assert f.mode in ("misreduced", "padding") and 1 <= f.span <= base.max_steps - f.step + 1
+            seen[f.kind].add((f.mode, f.span == base.max_steps - f.step + 1))
         elif f.kind == "mixture_shift":
             weights = dict(f.weights)
             assert set(weights) == set(space.SOURCES) and sorted(weights.values())[-1] == 1.0
@@ -104,12 +104,38 @@ def test_the_new_kinds_draw_what_their_faults_need() -> None:
         elif f.kind == "worker_kill":
             assert 0 <= f.rank < base.ranks
             if f.corrupt_step:  # the newest checkpoint saved before the kill
-                assert f.corrupt_step % space.CHECKPOINT_EVERY == 0
-                assert 0 < f.step - f.corrupt_step <= space.CHECKPOINT_EVERY
+                assert f.corrupt_step % base.checkpoint_every == 0
+                assert 0 < f.step - f.corrupt_step <= base.checkpoint_every
             seen[f.kind].add(bool(f.corrupt_step))
     assert seen["logging_bug"] == {(m, e) for m in ("misreduced", "padding") for e in (False, True)}
     assert seen["mixture_shift"] == set(space.SOURCES)
     assert seen["worker_kill"] == {False, True}
+
+
+def test_run_length_and_checkpoint_interval_are_drawn_and_every_moment_fits() -> None:
+    import random
+
+    seen = set()
+    for seed in range(300):
+        base = space.draw_base(seed)
+        seen.add((base.max_steps, base.checkpoint_every))
+        assert base.max_steps >= space.min_steps(base.checkpoint_every)
+        f = space.draw_fault(seed, base)
+        assert 4 <= f.step < base.max_steps
+        if f.moment == "after_checkpoint" and f.kind != "recurring_shard":  # that one: its first occurrence
+            assert f.step % base.checkpoint_every in (1, 2) and f.step >= 2 * base.checkpoint_every
+    assert seen == {(n, c) for n in space.RUN_LENGTHS for c in space.CHECKPOINT_INTERVALS}
+    for every in space.CHECKPOINT_INTERVALS:  # the shortest run allowed still fits each moment
+        rng = random.Random(every)
+        for moment in space.MOMENTS:
+            assert 4 <= space.onset(moment, rng, space.min_steps(every), every) < space.min_steps(every)
+
+
+def test_a_base_seed_draws_the_base_it_drew_before_run_length_and_interval_were_drawn() -> None:
+    # Named in bench/sampler/README.md's results: llama, Lion, inv_sqrt, accumulation 2, fp32, 2 ranks.
+    b = space.draw_base(269429)
+    assert (b.family, b.optimizer, b.schedule, b.accumulation, b.precision, b.ranks) == (
+        "llama", "lion", "inv_sqrt", 2, "fp32", 2)  # fmt: skip
 
 
 def test_a_failing_cells_command_reproduces_the_same_cell() -> None:
