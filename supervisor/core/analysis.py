@@ -34,7 +34,9 @@ from supervisor.core.trigger import (
     decide,
     incomplete_resume,
     locate_first,
+    misreport_before,
     rise_start,
+    standing_misreport,
     young_source_jump,
 )
 from supervisor.logging import get_logger
@@ -238,6 +240,10 @@ class StreamingAnalyzer:
         self._stall = stall if stall is not None and stall.name in sig.source_z else None
         if self._stall is not None:
             trig = Trigger("source", False, self._stall.name)
+        elif trig is None and sig.ready and standing_misreport(sig, self.recent) and not self._said_metric():
+            # Said once a run, against a band (the run's first steps are no reference for anything
+            # else the incident would cite); a later onset has a band to leave (``decide``).
+            trig = Trigger("metric", True)
         if trig is None:
             shift = self.watch.observe(sig, self.recent)
             if shift is not None:
@@ -261,6 +267,10 @@ class StreamingAnalyzer:
             inc.ready = True
             updates.append(self._update("ready", inc))
         return updates
+
+    def _said_metric(self) -> bool:
+        """An incident of this run already said the logged loss is wrong (kept across a restart)."""
+        return any(inc.facts.trigger == "metric" for inc in self.incidents)
 
     def _lr_back(self, sig: Signals) -> bool:
         """Inside the window of a fix of an LR fault, the LR (own factor divided out, exactly known)
@@ -344,6 +354,8 @@ class StreamingAnalyzer:
     def _close(self, inc: IncidentTrack) -> list[IncidentUpdate]:
         inc.closed = True
         self.open = None
+        if inc.facts.trigger == "metric" and self.last_step is not None:
+            self.detector.reanchor(self.last_step, ("reported",))  # a logging error that stays: its new level
         if not inc.ready:
             inc.ready = True
             return [self._update("ready", inc), self._update("closed", inc)]
@@ -375,7 +387,12 @@ class StreamingAnalyzer:
             return False
         rule = inc.facts.trigger
         if rule == "metric":
-            return sig.reported_z < band and not s.misreported
+            if sig.reported_z < band and not s.misreported:
+                return True
+            # A logging error that stays must not hold the incident open for the rest of the run (no
+            # other could open): it is over once training itself has been in band for ``lookback``
+            # steps since the onset, and the logged loss's level re-forms at the close (``_close``).
+            return sig.loss_z < band and sig.step - inc.onset_step >= self.settings.lookback
         if rule == "rank":
             return not (sig.rank_z is not None and sig.rank_z >= band and rank_rose(sig, self.settings))
         if rule == "trend":  # a slow rise: over only once the loss is back near its pre-incident level
@@ -422,6 +439,8 @@ class StreamingAnalyzer:
             first = FirstAnomaly(step=start, metric="loss_level", value=first.value, baseline=first.baseline)
         level = self.detector.loss.level()
         facts = Facts(trigger=trig.rule, baseline_loss=math.exp(level) if math.isfinite(level) else None)
+        # A logged loss already off its loss_sum / tokens before this step says nothing about it.
+        facts.misreport_known = trig.rule != "metric" and misreport_before(sig, self.recent)
         if trig.source is not None:
             facts.source = (trig.source, sig.source_z[trig.source], s.sources[trig.source][1])
             facts.source_offset = found.offset if found is not None else None

@@ -74,6 +74,7 @@ class Facts:
     rank_z: float | None = None
     checksum: tuple[int, list[int]] | None = None  # (first step, minority ranks)
     misreport: tuple[int, int, float, float] | None = None  # (step, rank, reported, recomputed)
+    misreport_known: bool = False  # the logged loss was off before the onset: not this incident's evidence
     reported_vs_true: tuple[int, float, float] | None = None  # (step, reported mean, token-weighted)
     collapse: tuple[int, int, float, float] | None = None  # (step, rank, tokens, median tokens)
     batch_mean: tuple[int, int, float, float] | None = None  # (step, rank, batch_mean_loss, loss)
@@ -261,12 +262,13 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
     s = sig.summary
     if s.checksum_minority and f.checksum is None:
         f.checksum = (s.step, list(s.checksum_minority))
-    if s.misreported and f.misreport is None:
+    if s.misreported and f.misreport is None and not f.misreport_known:
         rank, rep, true = max(s.misreported, key=lambda m: abs(m[1] - m[2]))
         f.misreport = (s.step, rank, rep, true)
     if (
         s.loss_true is not None
         and f.reported_vs_true is None
+        and not f.misreport_known
         and math.isfinite(s.loss)
         and s.loss > s.loss_true * (1 + settings.min_loss_jump)
         and sig.reported_z >= settings.z_threshold

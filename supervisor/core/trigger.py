@@ -50,7 +50,7 @@ def decide(sig: Signals, recent: Sequence[Signals], st: DetectorSettings) -> Tri
         return Trigger("loss", False)
     if loss_hi and co is None and sig.loss_unprecedented:  # no grad metrics logged: demand more of the loss
         return Trigger("loss", False)
-    metric_evidence = bool(s.misreported or s.collapsed_ranks)
+    metric_evidence = bool(s.collapsed_ranks) or (bool(s.misreported) and not misreport_before(sig, recent))
     if loss_hi and metric_evidence:
         return Trigger("metric", True)
     if loss_hi and sig.jump >= st.loss_only_jump and sig.loss_unprecedented:
@@ -145,6 +145,37 @@ def _rank_out(sig: Signals, st: DetectorSettings) -> bool:
         return True  # the split
     own = sig.rank_own(st.level_window, st.loss_floor)
     return own is not None and own[1] >= st.z_threshold and own[0] >= math.log1p(st.min_loss_jump)
+
+
+#: A logged loss this far from its ``loss_sum / tokens``, either way, is no rounding, auxiliary term
+#: or per-sample mean: a sum over ranks not divided (2x at 2 ranks), a mean over padding.
+MISREPORT_MIN = math.log(1.5)
+#: ``standing_misreport``: steps in a row (this step's included) the logged loss is that far off.
+MISREPORT_PERSIST = 3
+
+
+def standing_misreport(sig: Signals, recent: Sequence[Signals]) -> bool:
+    """The logged loss is at least ``MISREPORT_MIN`` off its ``loss_sum / tokens`` on some rank at this
+    step and the ``MISREPORT_PERSIST - 1`` steps before it: a logging error that needs no band, for
+    one that was there before the logged loss had a band to leave (from the first step on)."""
+    last = list(recent)[-MISREPORT_PERSIST:]
+    return (
+        len(last) == MISREPORT_PERSIST
+        and last[-1] is sig
+        and _contiguous(last)
+        and all(_far_misreport(r.summary.misreported) for r in last)
+    )
+
+
+def misreport_before(sig: Signals, recent: Sequence[Signals]) -> bool:
+    """The logged loss was already off its ``loss_sum / tokens`` at the step before this one: a
+    standing logging error, no evidence of what happens at this step."""
+    prev = list(recent)[-2] if len(recent) >= 2 and recent[-1] is sig else None
+    return prev is not None and _contiguous([prev, sig]) and bool(prev.summary.misreported)
+
+
+def _far_misreport(misreported: list[tuple[int, float, float]]) -> bool:
+    return any(rep > 0 and true > 0 and abs(math.log(rep / true)) >= MISREPORT_MIN for _r, rep, true in misreported)
 
 
 #: ``source_off``: appearances of a source in a row (this step's included) with its own loss out of band.
