@@ -91,6 +91,10 @@ def job_dict(cell: Cell, storage: Path) -> dict[str, Any]:
                            "fraction": f.fraction})  # fmt: skip
         elif f.kind == "logging_bug":
             faults.append({"kind": "logging_bug", "step": f.step, "steps": f.span, "mode": f.mode})
+        elif f.kind == "logging_then_lr":
+            faults.append({"kind": "logging_bug", "step": f.logged_from, "steps": b.max_steps - f.logged_from + 1,
+                           "mode": f.mode})  # fmt: skip
+            faults.append({"kind": "lr_spike", "step": f.step, "factor": f.factor})
         elif f.kind == "mixture_shift":
             faults.append({"kind": "mixture_shift", "step": f.step, "weights": dict(f.weights)})
         elif f.kind == "worker_kill":
@@ -267,6 +271,10 @@ def judge(res: Result, escalates: bool) -> None:
             _judge_benign(res, [i for i in serious if i.get("top_cause") != "metric_artifact"], res.ok)
         if res.fault == "worker_kill":
             _judge_restart(res)
+        if res.fault == "logging_then_lr":  # the LR stays raised until a rollback: loss alone proves nothing
+            cured = any(i.get("rollbacks") and i.get("top_cause") != "metric_artifact" for i in res.incidents)
+            res.ok = res.ok and cured
+            res.verdict += "; the LR fault rolled back" if cured else "; the LR fault **never rolled back**"
         if not res.ok and res.phase == "finished" and serious:
             res.verdict += "; incidents: " + ", ".join(
                 f"{i.get('severity')} {i.get('phenotype')}/{i.get('top_cause')} at {i.get('onset')} [{i.get('state')}]"
@@ -306,7 +314,14 @@ def _judge_restart(res: Result) -> None:
 
 def cost(cell: Cell) -> float:
     """Relative CPU of a cell: ranks x (recoveries re-run steps) — the longest start first."""
-    extra = {"lr_persistent": 3.0, "lr_cured": 2.0, "nan_rank": 1.5, "bad_source": 1.5, "worker_kill": 1.5}
+    extra = {
+        "lr_persistent": 3.0,
+        "lr_cured": 2.0,
+        "logging_then_lr": 2.0,
+        "nan_rank": 1.5,
+        "bad_source": 1.5,
+        "worker_kill": 1.5,
+    }
     return (
         cell.base.ranks
         * cell.base.max_steps

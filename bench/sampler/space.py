@@ -36,6 +36,7 @@ FAULTS = (
     "logging_bug",
     "mixture_shift",
     "worker_kill",
+    "logging_then_lr",
 )
 MOMENTS = ("warmup", "after_checkpoint", "mid_run", "last_5pct")
 LOADS = ("idle", "busy")
@@ -123,6 +124,8 @@ class Fault:
     """`logging_bug`: steps the logged loss is wrong (to the end of the run at most)."""
     weights: tuple[tuple[str, float], ...] = ()
     """`mixture_shift`: (source, sampling weight) from the onset on."""
+    logged_from: int = 0
+    """`logging_then_lr`: the step the lasting logging error (``mode``) begins, before the LR fault."""
     corrupt_step: int = 0
     """`worker_kill`: the checkpoint (the newest before the kill) one byte of another rank's shard of
     is flipped first, so the restart must go further back; 0: none."""
@@ -146,6 +149,7 @@ class Cell:
         where = f"/rank{f.rank}" if f.kind in ONE_RANK else ""
         what = (
             f"-{f.mode}x{f.span}" if f.kind == "logging_bug"
+            else f"-{f.mode}from{f.logged_from}" if f.kind == "logging_then_lr"
             else "-" + "+".join(f"{n}{w:g}" for n, w in f.weights) if f.kind == "mixture_shift"
             else f"+corrupt{f.corrupt_step}" if f.corrupt_step else ""
         )  # fmt: skip
@@ -212,10 +216,22 @@ def draw_fault(seed: int, base: Base) -> Fault:
     step = onset(moment, rng, max_steps, every)
     rank = rng.randrange(base.ranks)
     factor, period, fraction = 1.0, 0, 1.0
-    mode, span, corrupt_step = "", 0, 0
+    mode, span, corrupt_step, logged_from = "", 0, 0, 0
     weights: tuple[tuple[str, float], ...] = ()
-    if kind in ("lr_cured", "lr_persistent"):
+    if kind in ("lr_cured", "lr_persistent", "logging_then_lr"):
         factor = float(rng.choice((20, 25, 30, 40)))
+    if kind == "logging_then_lr":
+        # The logged loss goes wrong for good 15-40 steps before the LR fault, which comes early
+        # enough to be cured (20 steps before the end at least): the first must not hide the second.
+        last = max_steps - 20
+        if step > last:  # after a checkpoint still means one or two steps after one
+            step = (
+                (last - step % every) // every * every + step % every
+                if moment == "after_checkpoint"
+                else last
+            )
+        logged_from = max(2, step - rng.randint(15, 40))
+        mode = rng.choice(("misreduced", "padding"))
     elif kind == "oversized_update":
         factor = float(rng.choice((50, 100, 200)))
     elif kind == "recurring_shard":
@@ -233,7 +249,21 @@ def draw_fault(seed: int, base: Base) -> Fault:
         weights = tuple((n, 1.0 if n == lead else rng.choice((0.0, 0.1, 0.3))) for n in SOURCES)
     elif kind == "worker_kill" and rng.random() < 0.5 and step > every:
         corrupt_step = (step - 1) // every * every  # saved before the kill
-    return Fault(seed, kind, moment, step, rank, factor, period, fraction, mode, span, weights, corrupt_step)
+    return Fault(
+        seed,
+        kind,
+        moment,
+        step,
+        rank,
+        factor,
+        period,
+        fraction,
+        mode,
+        span,
+        weights,
+        logged_from,
+        corrupt_step,
+    )
 
 
 def parse_cell_id(text: str) -> tuple[int, int | None]:

@@ -46,7 +46,7 @@ def test_every_dimension_is_covered_over_many_seeds() -> None:
     assert seen["accumulation"] == {1, 2, 3, 4}
     assert seen["precision"] == {"fp32", "bf16", "fp16"}
     assert seen["ranks"] == {2, 3, 4}
-    assert seen["kind"] == set(space.FAULTS) and len(space.FAULTS) == 11
+    assert seen["kind"] == set(space.FAULTS) and len(space.FAULTS) == 12
     assert seen["moment"] == set(space.MOMENTS)
 
 
@@ -89,7 +89,8 @@ def test_recurring_shard_recurs_with_one_occurrence_at_the_moment() -> None:
 
 
 def test_the_new_kinds_draw_what_their_faults_need() -> None:
-    seen = {"logging_bug": set(), "mixture_shift": set(), "worker_kill": set()}
+    seen: dict[str, set[object]] = {"logging_bug": set(), "mixture_shift": set(), "worker_kill": set(),
+                                     "logging_then_lr": set()}  # fmt: skip
     for seed in range(600):
         base = space.draw_base(seed)
         f = space.draw_fault(seed, base)
@@ -107,9 +108,13 @@ def test_the_new_kinds_draw_what_their_faults_need() -> None:
                 assert f.corrupt_step % base.checkpoint_every == 0
                 assert 0 < f.step - f.corrupt_step <= base.checkpoint_every
             seen[f.kind].add(bool(f.corrupt_step))
+        elif f.kind == "logging_then_lr":
+            assert 2 <= f.logged_from < f.step <= base.max_steps - 20 and f.factor >= 20
+            seen[f.kind].add(f.mode)
     assert seen["logging_bug"] == {(m, e) for m in ("misreduced", "padding") for e in (False, True)}
     assert seen["mixture_shift"] == set(space.SOURCES)
     assert seen["worker_kill"] == {False, True}
+    assert seen["logging_then_lr"] == {"misreduced", "padding"}
 
 
 def test_run_length_and_checkpoint_interval_are_drawn_and_every_moment_fits() -> None:
@@ -123,7 +128,7 @@ def test_run_length_and_checkpoint_interval_are_drawn_and_every_moment_fits() ->
         f = space.draw_fault(seed, base)
         assert 4 <= f.step < base.max_steps
         if f.moment == "after_checkpoint" and f.kind != "recurring_shard":  # that one: its first occurrence
-            assert f.step % base.checkpoint_every in (1, 2) and f.step >= 2 * base.checkpoint_every
+            assert f.step % base.checkpoint_every in (1, 2) and f.step > base.checkpoint_every
     assert seen == {(n, c) for n in space.RUN_LENGTHS for c in space.CHECKPOINT_INTERVALS}
     for every in space.CHECKPOINT_INTERVALS:  # the shortest run allowed still fits each moment
         rng = random.Random(every)
@@ -276,6 +281,12 @@ def test_judge_of_benign_faults_and_a_killed_worker() -> None:
     assert res("worker_kill", rank=1, corrupted=100, resumed_from=80, incidents=[killed]).ok
     assert not res("worker_kill", rank=1, corrupted=100, resumed_from=100, incidents=[killed]).ok
     assert not res("worker_kill", rank=1, corrupted=100, resumed_from=None, incidents=[killed]).ok
+    # A lasting logging error, then an LR raised until a rollback: the loss alone proves nothing.
+    logged = {"severity": "low", "top_cause": "metric_artifact", "rollbacks": 0}
+    rolled = {"severity": "high", "top_cause": "optimizer", "rollbacks": 1}
+    assert res("logging_then_lr", incidents=[logged, rolled]).ok
+    assert not res("logging_then_lr", incidents=[logged]).ok  # hidden behind the logging error
+    assert not res("logging_then_lr", incidents=[{**logged, "rollbacks": 1}]).ok
 
 
 def test_rejudge_judges_what_an_interrupted_invocation_finished(tmp_path: Path) -> None:
