@@ -175,7 +175,9 @@ def misreport_before(sig: Signals, recent: Sequence[Signals]) -> bool:
 
 
 def _far_misreport(misreported: list[tuple[int, float, float]]) -> bool:
-    return any(rep > 0 and true > 0 and abs(math.log(rep / true)) >= MISREPORT_MIN for _r, rep, true in misreported)
+    return any(
+        rep > 0 and true > 0 and abs(math.log(rep / true)) >= MISREPORT_MIN for _r, rep, true in misreported
+    )
 
 
 #: ``source_off``: appearances of a source in a row (this step's included) with its own loss out of band.
