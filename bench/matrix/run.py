@@ -225,8 +225,13 @@ class BusyCore:
         self.started = 0.0
         self.cores: float | None = None
 
+    #: Spins while its parent (the PID given, so a parent gone before it started counts) lives: a
+    #: bench killed before ``__exit__`` must not leave a core busy under whatever runs next. One
+    #: parent check per ~100k iterations.
+    SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(100_000):\n        pass\n"
+
     def __enter__(self) -> BusyCore:
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        self.proc = subprocess.Popen([sys.executable, "-c", self.SPIN, str(os.getpid())])
         self.started = time.monotonic()
         return self
 
