@@ -248,7 +248,8 @@ def judge(res: Result, escalates: bool) -> None:
         why = next((i["escalation"] for i in res.incidents if i.get("escalation")), None) or res.reason
         res.ok = res.phase == "escalated" and bool(why)
         res.verdict = f"{res.phase} after {plans} plan(s): {why or res.reason or 'no reason given'}"
-    elif res.fault == "mixture_shift":
+    elif res.fault == "mixture_shift":  # other data: its loss is no reference
+        res.ok, res.verdict = res.phase == "finished", str(res.phase)
         _judge_benign(res, serious)
     else:
         ratio = res.loss_ratio
@@ -268,7 +269,7 @@ def judge(res: Result, escalates: bool) -> None:
                 else f" on the other sources; `{BAD_SOURCE}` never excluded"
             )  # fmt: skip
         if res.fault == "logging_bug":
-            _judge_benign(res, [i for i in serious if i.get("top_cause") != "metric_artifact"], res.ok)
+            _judge_benign(res, [i for i in serious if i.get("top_cause") != "metric_artifact"])
         if res.fault == "worker_kill":
             _judge_restart(res)
         if res.fault == "logging_then_lr":  # the LR stays raised until a rollback: loss alone proves nothing
@@ -282,17 +283,15 @@ def judge(res: Result, escalates: bool) -> None:
             )
 
 
-def _judge_benign(res: Result, wrong: list[dict[str, Any]], ok: bool = True) -> None:
-    """A fault after which training is sound (``BENIGN``): it finishes, nothing is rolled back, kept
-    out or escalated, and no incident of severity medium or more blames anything but ``wrong``'s
-    complement (a logging bug may be named as the metric artifact it is). A mixture shift changes the
-    data: its loss is no reference."""
+def _judge_benign(res: Result, wrong: list[dict[str, Any]]) -> None:
+    """A fault after which training is sound (``BENIGN``): on top of ``res``'s verdict so far,
+    nothing was rolled back, kept out or escalated, and no incident is in ``wrong`` (those of
+    severity medium or more it may not have opened)."""
     acted = [i for i in res.incidents
              if i.get("rollbacks") or i.get("excluded_sources") or i.get("excluded_samples") or i.get("escalation")]  # fmt: skip
     named = sorted({str(i.get("top_cause")) for i in res.incidents if i.get("top_cause")})
-    res.ok = ok and res.phase == "finished" and not acted and not wrong
-    head = res.verdict if res.fault == "logging_bug" else f"{res.phase}"
-    res.verdict = head + (
+    res.ok = res.ok and not acted and not wrong
+    res.verdict += (
         f"; acted on a benign fault: {', '.join('+'.join(i.get('rules') or ['-']) for i in acted)}" if acted
         else f"; {len(wrong)} incident(s) >= medium not named a metric artifact" if wrong
         else f"; nothing done (incidents: {', '.join(named) or 'none'})"
