@@ -4,8 +4,11 @@ Mid-run, an update ratio out of band is confirmed by what follows (the next step
 more steps out of band). After the last step nothing follows, yet the final weights and checkpoint
 carry a fault of the last step or two. ``judge_end`` judges the trailing run as it stands: the
 update ratio out of band at the last step, for fewer than ``GRAD_RUN`` steps, opens an incident
-ready at once. The supervisor's own window is exempt, as mid-run; a grad norm alone (clipped) is
-no oversized update.
+ready at once -- when it leapt there: out of its band (``band_z``) for fewer than ``GRAD_RUN`` steps
+in all. A fault of the last step or two arrives at once; an update ratio that climbs through its
+band over many steps is a drift (Adam settling on a new data mixture), which mid-run is confirmed
+only by persisting, and at the end nothing can confirm it. The supervisor's own window is exempt, as
+mid-run; a grad norm alone (clipped) is no oversized update.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ def judge_end(analyzer: StreamingAnalyzer) -> list[IncidentUpdate]:
     if analyzer.observing(sig.step):
         return []
     run = trailing_update_run(analyzer.recent, st.grad_z_threshold)
-    if not 0 < run < GRAD_RUN:
-        return []
+    if not 0 < run < GRAD_RUN or trailing_update_run(analyzer.recent, st.band_z) >= GRAD_RUN:
+        return []  # nothing out of band at the end, a run mid-run rules judge, or a climb: no leap
     inc = analyzer._new_incident(sig, Trigger("grad", True))
     analyzer.incidents.append(inc)
     analyzer.open = inc
