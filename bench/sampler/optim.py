@@ -67,6 +67,10 @@ def make_optimizer(name: str, params: Iterable[Any], lr: float | None = None) ->
     raise ValueError(f"config.optimizer: {name!r} (valid: adamw, sgd, lion)")
 
 
+#: The LR schedules ``schedule`` knows (the sampler draws among them, ``space.SCHEDULES``).
+SCHEDULE_NAMES = ("warmup_cosine", "wsd", "constant", "inv_sqrt", "step_decay", "cosine_restarts")
+
+
 def schedule(
     name: str, total: int, warmup: int, lr_bug: dict[str, Any] | None = None
 ) -> Callable[[int], float]:
@@ -79,6 +83,8 @@ def schedule(
             return 1.0
         if name == "inv_sqrt":
             return (s + 1) / warmup if s < warmup else math.sqrt(warmup / (s + 1))
+        if name == "step_decay":  # a vision recipe's milestones: x0.1 at half the run, again at 3/4
+            return 0.1 ** sum(s >= m for m in (total // 2, total * 3 // 4))
         if s < warmup:
             return (s + 1) / warmup
         if name == "warmup_cosine":
@@ -89,7 +95,11 @@ def schedule(
             if s < decay_from:
                 return 1.0
             return 1.0 - (1 - floor) * min(1.0, (s - decay_from) / max(1, total - decay_from))
-        raise ValueError(f"config.schedule: {name!r} (valid: warmup_cosine, wsd, constant, inv_sqrt)")
+        if name == "cosine_restarts":  # SGDR: cosine cycles of a third of the run, each back at the peak
+            cycle = max(1, -(-(total - warmup) // 3))  # three whole cycles
+            progress = ((s - warmup) % cycle) / cycle
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        raise ValueError(f"config.schedule: {name!r} (valid: {', '.join(SCHEDULE_NAMES)})")
 
     def factor(s: int) -> float:
         f = base(s)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import random
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 FAMILIES = ("llama", "gpt2", "moe", "lstm", "cnn", "mlp")
 OPTIMIZERS = ("adamw", "sgd", "lion")
 SCHEDULES = ("warmup_cosine", "wsd", "constant", "inv_sqrt")
+SCHEDULE_VARIANTS = ("step_decay", "cosine_restarts")
+"""Schedules whose LR jumps as planned (x0.1 at milestones; back to the peak at each restart): a
+quarter of the bases, drawn after every field above, so a base seed keeps its other fields."""
 ACCUMULATION = (1, 2, 3, 4)
 PRECISIONS = ("fp32", "bf16", "fp16")
 RANKS = (2, 3, 4)
@@ -174,7 +177,7 @@ def fresh_seed() -> int:
 
 def draw_base(seed: int) -> Base:
     rng = random.Random(f"base:{seed}")
-    return Base(
+    base = Base(
         seed=seed,
         family=rng.choice(FAMILIES),
         optimizer=rng.choice(OPTIMIZERS),
@@ -182,9 +185,12 @@ def draw_base(seed: int) -> Base:
         accumulation=rng.choice(ACCUMULATION),
         precision=rng.choice(PRECISIONS),
         ranks=rng.choice(RANKS),
-        max_steps=rng.choice(RUN_LENGTHS),  # drawn last: the fields above are those of earlier commits
+        max_steps=rng.choice(RUN_LENGTHS),  # drawn after: the fields above are those of earlier commits
         checkpoint_every=rng.choice(CHECKPOINT_INTERVALS),
     )
+    if rng.random() < 0.25:  # drawn last, as the two above were
+        base = replace(base, schedule=rng.choice(SCHEDULE_VARIANTS))
+    return base
 
 
 def onset(moment: str, rng: random.Random, max_steps: int = MAX_STEPS, every: int = CHECKPOINT_EVERY) -> int:

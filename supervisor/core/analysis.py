@@ -157,6 +157,12 @@ class StreamingAnalyzer:
         if self.detector.is_gap(step):
             updates += self._on_gap(self.detector.score(summary, mult))
         sig = self.detector.score(summary, mult)
+        if self.extremes.restart(sig.lr_norm, summary.lr):
+            # The schedule sent the LR back up to where the run has trained (a warm restart): the
+            # update follows it by design, so its level re-forms from here, as after an LR override.
+            # The loss keeps its band: a restart that breaks the loss is an incident.
+            self.detector.reanchor(step - 1, ("update",))
+            sig = self.detector.score(summary, mult)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
         self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr)

@@ -23,6 +23,11 @@ LR_JUMP = 8.0
 LR_ABOVE_PEAK = 2.0
 #: An update this many times every earlier update (relative to the parameter norm).
 UPDATE_JUMP = 8.0
+#: A warm restart: the LR rises at least this many times the schedule's own step-to-step ratio in
+#: one step...
+RESTART_RISE = 1.5
+#: ... back to between this share of the run's peak LR and that peak: a level the run trained at.
+RESTART_FLOOR = 0.5
 #: Steps with a value before a maximum is a reference.
 MIN_SEEN = 3
 #: The schedule's own step-to-step ratio: the median over this many logged steps before.
@@ -98,10 +103,8 @@ class RunExtremes:
             lr is not None and lr > 0 and top and raw_rose
             and self.lr.seen >= MIN_SEEN and lr >= LR_ABOVE_PEAK * top
         ):  # fmt: skip
-            ratios = [r for _, r in self.lr_steps]
-            schedule = max(1.0, median(ratios)) if ratios else 1.0
             rise = lr / self.last_lr if self.last_lr else lr / top
-            if rise >= LR_JUMP * schedule:
+            if rise >= LR_JUMP * self._schedule():
                 return Extreme("lr", step, lr, top, lr / top)
         top = self.update.peak()
         if (
@@ -112,6 +115,24 @@ class RunExtremes:
         ):
             return Extreme("update_ratio", step, update_ratio, top, update_ratio / top)
         return None
+
+    def restart(self, lr: float | None, raw_lr: float | None = None) -> bool:
+        """This step's LR (own factor divided out) rose abruptly back to a level the run has trained
+        at (call before ``push``): a cyclic schedule's restart (SGDR), which the update follows by
+        design. The rise must show in the reported ``raw_lr`` too."""
+        top = self.lr.peak()
+        if lr is None or not top or not self.last_lr or self.lr.seen < MIN_SEEN:
+            return False
+        if raw_lr is not None and not (self.last_raw and raw_lr >= RESTART_RISE * self.last_raw):
+            return False
+        return (
+            lr >= RESTART_RISE * self._schedule() * self.last_lr and RESTART_FLOOR * top <= lr <= top * GROWTH
+        )
+
+    def _schedule(self) -> float:
+        """The schedule's own step-to-step ratio lately (at least 1: a decay is no rise)."""
+        ratios = [r for _, r in self.lr_steps]
+        return max(1.0, median(ratios)) if ratios else 1.0
 
     def push(
         self, step: int, lr: float | None, update_ratio: float | None, raw_lr: float | None = None

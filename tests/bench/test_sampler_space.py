@@ -42,7 +42,11 @@ def test_every_dimension_is_covered_over_many_seeds() -> None:
             seen["moment"].add(cell.fault.moment)
     assert seen["family"] == set(space.FAMILIES) and len(space.FAMILIES) >= 6
     assert seen["optimizer"] == {"adamw", "sgd", "lion"}
-    assert seen["schedule"] == {"warmup_cosine", "wsd", "constant", "inv_sqrt"}
+    assert seen["schedule"] == {*space.SCHEDULES, *space.SCHEDULE_VARIANTS}
+    from bench.sampler.optim import schedule
+
+    for name in seen["schedule"]:  # the job knows every schedule drawn
+        assert [schedule(str(name), 150, 15)(s) for s in (0, 80, 149)]
     assert seen["accumulation"] == {1, 2, 3, 4}
     assert seen["precision"] == {"fp32", "bf16", "fp16"}
     assert seen["ranks"] == {2, 3, 4}
@@ -317,3 +321,14 @@ def test_rejudge_judges_what_an_interrupted_invocation_finished(tmp_path: Path) 
     assert [r.id for r in clean_res] == [clean[0].id] and clean_res[0].ok
     assert [r.id for r in fault_res] == [on_first[0].id]  # no reference for the other: not judged
     assert not fault_res[0].ok and fault_res[0].loss_ratio == pytest.approx(1.1)
+
+
+def test_planned_lr_jumps_fall_where_their_schedule_puts_them() -> None:
+    from bench.sampler.optim import schedule
+
+    decay = [schedule("step_decay", 200, 15)(s) for s in range(200)]
+    assert decay[99] == 1.0 and decay[100] == pytest.approx(0.1) and decay[150] == pytest.approx(0.01)
+    sgdr = [schedule("cosine_restarts", 200, 15)(s) for s in range(200)]
+    restarts = [s for s in range(16, 200) if sgdr[s] > 5 * sgdr[s - 1]]
+    assert restarts == [15 + 62, 15 + 124]  # a third of the steps after warm-up each, back at the peak
+    assert all(sgdr[s] == 1.0 for s in restarts)
