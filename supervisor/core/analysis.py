@@ -138,6 +138,7 @@ class StreamingAnalyzer:
         #: The run's LR and update-ratio maxima (``extremes``), and this step's verdict.
         self.extremes = RunExtremes()
         self._extreme: Extreme | None = None
+        self._restart = False  # this step's LR is a warm restart (``RunExtremes.restart``)
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
@@ -157,12 +158,16 @@ class StreamingAnalyzer:
         if self.detector.is_gap(step):
             updates += self._on_gap(self.detector.score(summary, mult))
         sig = self.detector.score(summary, mult)
-        if self.extremes.restart(sig.lr_norm, summary.lr):
+        self._restart = self.extremes.restart(sig.lr_norm, summary.lr)
+        if self._restart:
             # The schedule sent the LR back up to where the run has trained (a warm restart): the
             # update follows it by design, so its level re-forms from here, as after an LR override.
             # The loss keeps its band: a restart that breaks the loss is an incident.
             self.detector.reanchor(step - 1, ("update",))
             sig = self.detector.score(summary, mult)
+            if self.lr_fault is not None and sig.lr_norm is not None:  # the LR the fault is judged against
+                onset, size, _before = self.lr_fault
+                self.lr_fault = (onset, size, sig.lr_norm)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
         self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr)
@@ -286,7 +291,9 @@ class StreamingAnalyzer:
             return False
         onset, size, before = self.lr_fault
         limit = max(LR_BACK_MIN, size**LR_BACK_SHARE)
-        jumped = sig.lr_ratio is not None and sig.lr_ratio >= limit
+        # A warm restart jumps too, back to a level the run trained at: the schedule, not the fault
+        # (and from it on, the LR the fault is judged against).
+        jumped = sig.lr_ratio is not None and sig.lr_ratio >= limit and not self._restart
         return jumped or (sig.step >= onset and before > 0 and sig.lr_norm >= limit * before)
 
     def _count_overflow(self, sig: Signals) -> None:

@@ -292,9 +292,10 @@ def note_step_facts(f: Facts, sig: Signals, settings: DetectorSettings) -> None:
         lowest = min(f.loss_scale_drop[1] if f.loss_scale_drop else s.loss_scale, s.loss_scale)
         f.loss_scale_drop = (before, lowest)
     # A warm-up rises 1.5x and more in a step by design (2x at its second step): an upward jump or
-    # rise counts only at a step faster than the schedule's own ramp before onset.
+    # rise counts only at a step faster than the schedule's own ramp before onset. An LR that fell
+    # (a step decay's milestone) takes size out of every update: no cause of a loss that rose.
     ratio = sig.lr_ratio or 0.0  # 0: no LR, or none the step before
-    jumped = ratio != 0.0 and ((ratio >= 1.5 and ratio > (f.lr_ramp or 1.0) * RAMP_TOL) or ratio <= 1 / 1.5)
+    jumped = ratio >= 1.5 and ratio > (f.lr_ramp or 1.0) * RAMP_TOL
     if jumped and (f.lr_jump is None or abs(math.log(ratio)) > abs(math.log(f.lr_jump[1]))):
         f.lr_jump = (s.step, ratio)
     faster = ratio > max(1.0, f.lr_ramp or 1.0)

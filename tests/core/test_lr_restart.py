@@ -5,11 +5,12 @@ breaks the loss is still an incident."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 
-from supervisor.core.analysis import analyze_records
+from supervisor.core.analysis import StreamingAnalyzer, analyze_records, group_steps
 from supervisor.core.model import Cause
 from supervisor.traces.synthetic import at, set_loss, synthetic_records
 
@@ -64,3 +65,51 @@ def test_a_restart_that_breaks_the_loss_is_an_incident() -> None:
             r.grad_norm = (r.grad_norm or 1.0) * (1.0 + step - restart)
     found = analyze_records(recs).incidents
     assert [d.onset_step for d in found if d.onset_step >= restart], [d.to_json() for d in found]
+
+
+def test_a_warm_restart_inside_the_window_of_an_lr_fix_is_not_the_fault_back() -> None:
+    """An LR x20 caught and rolled back, the fix a re-warm; the schedule's own restart then falls
+    inside the observation window. The restart goes back to the run's peak, not x20 above the LR
+    before the fault: the fault is not back."""
+    onset, target, warm = 250, 230, 20
+    recs = synthetic_records(STEPS, 4, seed=5)
+    _schedule(recs, lambda s: _sgdr(s, 120))
+    steps = list(group_steps(recs))
+    a = StreamingAnalyzer()
+    for step, batch in steps:
+        if step > onset + 6:
+            break
+        if step >= onset:
+            batch = [copy.copy(r) for r in batch]  # the re-run below trains without the fault
+            for r in batch:
+                r.lr, r.update_norm = r.lr * 20, r.update_norm * 20
+                set_loss(r, r.loss * 1.8)
+        a.observe_step(step, batch)
+    assert a.incidents and a.incidents[0].onset_step == onset, [i.onset_step for i in a.incidents]
+    a.notify_rollback(target, reason="fix of incident 1")
+    a.note_overrides(target, warmup_steps=warm, reason="fix of incident 1")
+    opened = []
+    for step, batch in steps:  # the re-run: the fault gone, the re-warm's factor in the logged LR
+        if step <= target:
+            continue
+        mult = min(1.0, (step - target) / warm)
+        for r in batch:
+            r.lr, r.update_norm = r.lr * mult, r.update_norm * mult
+        opened += [u.diagnosis.onset_step for u in a.observe_step(step, batch) if u.kind == "opened"]
+    assert a.observing(WARMUP + 2 * 120 + 1)  # the premise: the restart falls inside the window
+    assert opened == [], opened
+
+
+def test_an_lr_stepped_down_by_its_schedule_is_no_cause_of_a_spike_on_one_rank() -> None:
+    """A garbage batch on one rank at the step a step-decay schedule cuts the LR x0.1: the data."""
+    milestone = 300
+    recs = synthetic_records(STEPS, 4, seed=6)
+    _schedule(recs, lambda s: min(1.0, s / WARMUP) * (0.1 if s >= milestone else 1.0))
+    for r in at(recs, milestone, rank=2):
+        set_loss(r, r.loss * 3.0)
+    found = analyze_records(recs).incidents
+    assert [d.onset_step for d in found] == [milestone], [d.to_json() for d in found]
+    assert found[0].top_cause is Cause.DATA, found[0].to_json()
+    assert not any(e.startswith("learning rate") for c in found[0].causes for e in c.evidence), found[
+        0
+    ].to_json()
