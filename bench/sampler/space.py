@@ -230,12 +230,14 @@ def draw_fault(seed: int, base: Base) -> Fault:
         # The logged loss goes wrong for good 15-40 steps before the LR fault, which comes early
         # enough to be cured (20 steps before the end at least): the first must not hide the second.
         last = max_steps - 20
-        if step > last:  # after a checkpoint still means one or two steps after one
+        if step > last:  # after a checkpoint still means one or two steps after one, from the second
             step = (
                 (last - step % every) // every * every + step % every
                 if moment == "after_checkpoint"
                 else last
             )
+            if step <= 2 * every:  # only the first checkpoint before it: no such moment fits
+                moment, step = "mid_run", last
         logged_from = max(2, step - rng.randint(15, 40))
         mode = rng.choice(("misreduced", "padding"))
     elif kind == "oversized_update":
