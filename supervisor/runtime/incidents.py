@@ -250,7 +250,8 @@ class IncidentFlow:
         elif kind in ("refined", "closed", "ready"):
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
-            self.state.note_onset(d.onset_step)  # a refinement may date the fault further back
+            if _against_checkpoints(d):  # a refinement may date the fault further back, or make it real
+                self.state.note_onset(d.onset_step)
         active = self._plan
         if active is not None and incident_id == active.incident_id:
             self._maybe_replan(active, d, now)
@@ -286,7 +287,9 @@ class IncidentFlow:
             incident_id = int((yield effects.OpenIncident(d, key, step)))
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
-        self.state.note_incident(step, d.onset_step)
+        self.state.last_incident_step = step
+        if _against_checkpoints(d):
+            self.state.note_onset(d.onset_step)
         return incident_id
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
@@ -845,3 +848,11 @@ class IncidentFlow:
             "progress": f"{min(active.index + 1, len(actions))}/{len(actions)}",
             "waiting": list(self.state.waiting),
         }
+
+
+def _against_checkpoints(d: Diagnosis) -> bool:
+    """An incident that keeps the checkpoints within ``healthy_after_steps`` of its onset from being
+    marked healthy: any but a metric artifact, whose numbers are wrong while the training is sound
+    (a logging error that lasts would keep every later checkpoint from the rollback a real fault
+    needs). A refinement that makes it a real fault notes its onset then."""
+    return d.top_cause is not Cause.METRIC_ARTIFACT
