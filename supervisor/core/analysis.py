@@ -346,6 +346,11 @@ class StreamingAnalyzer:
 
     def _continue(self, inc: IncidentTrack, sig: Signals) -> list[IncidentUpdate]:
         st = self.settings
+        if inc.facts.trigger == "metric" and self._training_fault(sig):
+            # The logging was at fault and the training is now: a fault of its own, which the
+            # metric incident (dismissed, alert only) must not carry away with it.
+            inc.end_step = inc.trajectory[-1].step if inc.trajectory else inc.onset_step
+            return self._close(inc) + self._maybe_open(sig)
         inc.observe(sig, self._in_band(inc, sig), st)
         updates: list[IncidentUpdate] = []
         if not inc.ready and sig.step - inc.detected_step >= st.confirm_steps * self.detector_interval():
@@ -363,6 +368,13 @@ class StreamingAnalyzer:
         if self._emitted.get(inc.key) != _fingerprint(inc.diagnosis(self.settings)):
             updates.append(self._update("refined", inc))
         return updates
+
+    def _training_fault(self, sig: Signals) -> bool:
+        """This step would open an incident of its own on the training's evidence (any trigger but the
+        logged loss's, or an LR far above every earlier one)."""
+        trig = self._vetted(decide(sig, self.recent, self.settings), sig)
+        ext = self._extreme
+        return (trig is not None and trig.rule != "metric") or (ext is not None and ext.metric == "lr")
 
     def _close(self, inc: IncidentTrack) -> list[IncidentUpdate]:
         inc.closed = True

@@ -117,7 +117,8 @@ class Controller:
         self.workers = workers or WorkerSupervision(job, self.settings)
         self.tending = CheckpointTending(self.checkpoints, self.world_size, self.settings.healthy_after_steps,
                                          job.checkpoint.keep)  # fmt: skip
-        self.flow = IncidentFlow(job, self.policy, self.incidents, self.state, self.checkpoints)
+        self.flow = IncidentFlow(job, self.policy, self.incidents, self.state, self.checkpoints,
+                                 healthy_after=self.settings.healthy_after_steps)  # fmt: skip
         self.observability = Observability(job, self.incidents, self.checkpoints)  # metrics, incident series
         self.time_lost = TimeLedger(self.state.time_lost)  # re-trained steps, effective training time
         self.generation_started_at = 0.0

@@ -198,9 +198,11 @@ class IncidentFlow:
     change the job return effects, which the controller alone carries out, in order."""
 
     def __init__(
-        self, job: JobSpec, policy: Policy, store: Any, state: RuntimeState, checkpoints: Any
-    ) -> None:
+        self, job: JobSpec, policy: Policy, store: Any, state: RuntimeState, checkpoints: Any,
+        healthy_after: int = 0,
+    ) -> None:  # fmt: skip
         self.job = job
+        self.healthy_after = healthy_after  # RuntimeSettings.healthy_after_steps
         self.policy = policy
         self.store = store  # IncidentStore
         self.state = state
@@ -646,6 +648,7 @@ class IncidentFlow:
             earlier_onsets=self._earlier_onsets(incident_id, d),
             can_replay=self.can_replay,
             checkpoint_every=self.job.checkpoint.every_steps,
+            healthy_after=self.healthy_after,
             max_steps=self.job.max_steps,
         )
 

@@ -62,3 +62,24 @@ def test_a_small_steady_gap_is_not_a_logging_bug() -> None:
     recs = synthetic_records(400, 4, seed=24)
     _misreduce(recs, 1, 1.08)  # an auxiliary loss or a per-sample mean: a few percent, for good
     assert analyze_records(recs).incidents == []
+
+
+def test_an_lr_fault_soon_after_a_lasting_misreduction_is_its_own_incident() -> None:
+    """Sampler cell 613638:677246: the logged loss wrong for good from one step, an LR x20 a few
+    steps later while the metric incident was still open. The LR fault joined it and went with it
+    when it was dismissed: nothing was rolled back. Evidence of the training itself going wrong
+    while only the logging was at fault is a new incident."""
+    for gap in (2, 8, 15):
+        recs = synthetic_records(400, 4, seed=24)
+        _misreduce(recs, 150, 4.0)
+        for r in recs:
+            if r.step >= 150 + gap:
+                r.lr, r.update_norm = (r.lr or 0.0) * 20, (r.update_norm or 0.0) * 20
+                r.grad_norm = (r.grad_norm or 1.0) * 3
+                true = r.loss_sum / r.tokens * (1.0 + 0.1 * min(10, r.step - 150 - gap))
+                set_loss(r, true)
+                r.loss = true * 4.0
+        found = analyze_records(recs).incidents
+        assert [d.onset_step for d in found][:2] == [150, 150 + gap], (gap, [d.to_json() for d in found])
+        assert found[0].top_cause is Cause.METRIC_ARTIFACT
+        assert found[1].top_cause is Cause.OPTIMIZER, found[1].to_json()

@@ -9,6 +9,7 @@ checkpoint before the onset, the plan still escalates.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from supervisor.core.policy import Policy, load_policy, plan
@@ -47,6 +48,22 @@ def test_an_onset_beyond_the_first_interval_with_no_checkpoint_still_escalates(
     assert "beyond the run's first checkpoint interval (checkpoint.every_steps=20)" in (
         p.escalate_reason or ""
     )
+
+
+def test_an_onset_while_the_first_checkpoint_cannot_yet_be_healthy_rolls_back_to_the_start(
+    default_policy: Policy,
+) -> None:
+    """Sampler cells on a checkpoint every 50 steps: a fault at 55 finds the checkpoint at 50 only
+    verified, and it never turns healthy (the onset lies within its healthy window). No checkpoint
+    could have earned the mark before the onset, so the run is as young as in the first interval:
+    starting over loses at most the interval and the window."""
+    at = state(step=60, checkpoints=((50, "verified"),), checkpoint_every=50, healthy_after=20)
+    p = plan(lr_bug(55), at, default_policy)
+    rb = p.action("rollback")
+    assert rb is not None and rb.params["to_start"] is True, p.escalate_reason
+    later = plan(lr_bug(71), replace(at, step=75), default_policy)  # past 50 + 20: 50 could be healthy
+    assert later.escalates
+    assert "and the 20 steps it needs to be marked healthy" in (later.escalate_reason or "")
 
 
 def test_a_checkpoint_before_the_onset_is_preferred_to_the_start(default_policy: Policy) -> None:

@@ -50,7 +50,9 @@ class JobState:
     ``lr_scale`` (the supervisor's override in force), ``grad_clip`` (0: no clipping),
     ``grad_norm`` (median before the onset). ``rank_incidents``: (onset, rank) of earlier
     rank-local incidents; ``checkpoint_every``: the first interval within which the run's start is
-    a rollback target; ``max_steps``: what a re-warm to the onset is weighed against.
+    a rollback target, lengthened by ``healthy_after`` (the steps after a checkpoint before it can be
+    marked healthy) for a rollback that needs a healthy one; ``max_steps``: what a re-warm to the
+    onset is weighed against.
     """
 
     step: int
@@ -67,6 +69,7 @@ class JobState:
     incident_attempt: int = 0
     rank_incidents: Sequence[tuple[int, int]] = ()
     checkpoint_every: int | None = None
+    healthy_after: int = 0
     max_steps: int | None = None
     can_replay: bool | None = None
     earlier_onsets: Sequence[int] = ()

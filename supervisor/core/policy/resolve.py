@@ -71,17 +71,21 @@ def resolve(
 
 def start_target(p: RollbackParams, d: Diagnosis, state: JobState) -> str | None:
     """Why the run's start cannot stand in for a missing checkpoint, or None when it can: the policy
-    allows it (``from_start``) and the onset lies within the first checkpoint interval, so starting
-    over loses at most that much, and nothing trained before the onset needs keeping."""
+    allows it (``from_start``) and the onset comes before the run's first checkpoint could have
+    earned the rollback's mark -- within the first checkpoint interval, and for a ``healthy`` one
+    the ``healthy_after`` steps after it too, which an onset inside keeps from being marked -- so
+    starting over loses at most that much, and nothing trained before the onset needs keeping."""
     if not p.from_start:
         return "rollback from_start=false"
     every = state.checkpoint_every
     if every is None:
         return "the checkpoint interval is not known"
-    if d.onset_step > every:
+    window = state.healthy_after if p.min_mark == HealthMark.HEALTHY.value else 0
+    if d.onset_step > every + window:
+        within = f" and the {window} steps it needs to be marked healthy" if window else ""
         return (
             f"the onset {d.onset_step} lies beyond the run's first checkpoint interval "
-            f"(checkpoint.every_steps={every}): the run's start is no target"
+            f"(checkpoint.every_steps={every}){within}: the run's start is no target"
         )
     return None
 
@@ -169,7 +173,7 @@ def _rollback(p: RollbackParams, d: Diagnosis, state: JobState, start: bool) -> 
             return params, (
                 f"target the run's start (no checkpoint before onset {d.onset_step}): {missing}, and the "
                 f"onset lies within the first checkpoint interval (checkpoint.every_steps="
-                f"{state.checkpoint_every}); the worker group restarts from the job's initial state, its "
+                f"{state.checkpoint_every}, healthy after {state.healthy_after}); the worker group restarts from the job's initial state, its "
                 "data from the beginning with the plan's exclusions kept, no checkpoint resumed"
             )
         limit = params["max_target_step"] = before
