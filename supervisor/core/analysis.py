@@ -232,8 +232,9 @@ class StreamingAnalyzer:
                 excess = max(excess, s.worst_dev)
             self.excursions.append((sig.step, s.worst_rank if rank_out else None, excess))
 
-    def _maybe_open(self, sig: Signals) -> list[IncidentUpdate]:
-        trig = self._vetted(decide(sig, self.recent, self.settings), sig)
+    def _maybe_open(self, sig: Signals, found: Trigger | None = None) -> list[IncidentUpdate]:
+        """Open the incident this step's evidence makes (``found``: the trigger, already decided)."""
+        trig = found or self._vetted(decide(sig, self.recent, self.settings), sig)
         ext = self._extreme
         if trig is None or not trig.immediate:
             if self._lr_back(sig):
@@ -346,11 +347,12 @@ class StreamingAnalyzer:
 
     def _continue(self, inc: IncidentTrack, sig: Signals) -> list[IncidentUpdate]:
         st = self.settings
-        if inc.facts.trigger == "metric" and self._training_fault(sig):
+        fault = self._training_fault(sig) if inc.facts.trigger == "metric" else None
+        if fault is not None:
             # The logging was at fault and the training is now: a fault of its own, which the
             # metric incident (dismissed, alert only) must not carry away with it.
             inc.end_step = inc.trajectory[-1].step if inc.trajectory else inc.onset_step
-            return self._close(inc) + self._maybe_open(sig)
+            return self._close(inc) + self._maybe_open(sig, fault)
         inc.observe(sig, self._in_band(inc, sig), st)
         updates: list[IncidentUpdate] = []
         if not inc.ready and sig.step - inc.detected_step >= st.confirm_steps * self.detector_interval():
@@ -369,12 +371,14 @@ class StreamingAnalyzer:
             updates.append(self._update("refined", inc))
         return updates
 
-    def _training_fault(self, sig: Signals) -> bool:
-        """This step would open an incident of its own on the training's evidence (any trigger but the
-        logged loss's, or an LR far above every earlier one)."""
+    def _training_fault(self, sig: Signals) -> Trigger | None:
+        """The trigger this step opens an incident with on the training's own evidence (any but the
+        logged loss's, or an LR far above every earlier one), or None."""
         trig = self._vetted(decide(sig, self.recent, self.settings), sig)
+        if trig is not None and trig.rule != "metric":
+            return trig
         ext = self._extreme
-        return (trig is not None and trig.rule != "metric") or (ext is not None and ext.metric == "lr")
+        return Trigger("lr", True) if ext is not None and ext.metric == "lr" else None
 
     def _close(self, inc: IncidentTrack) -> list[IncidentUpdate]:
         inc.closed = True
