@@ -139,16 +139,24 @@ class Check:
     detail: str
 
 
-def evaluate(base: Baseline, window: list[StepStats], criteria: dict[str, Any]) -> list[Check]:
+def evaluate(
+    base: Baseline, window: list[StepStats], criteria: dict[str, Any], *, from_start: bool = False
+) -> list[Check]:
     """Each pass criterion of an ``observe`` action, on the window against the baseline: loss
     *below* median + N x 1.4826 MAD (lower is fine: training goes on improving); grad norm and
     update ratio medians under N x baseline (``_update``: per unit of LR under a higher LR);
-    ``capacity`` over N x baseline unless ``throughput`` is false. A metric nobody reports passes."""
+    ``capacity`` over N x baseline unless ``throughput`` is false. A metric nobody reports passes.
+    ``from_start``: the window re-trains the model from its initialization (a rollback to the run's
+    start), whose grad norm moves with training, not its health: not bounded, as after a warm-up
+    baseline."""
     w_loss = statistics.median(h.loss for h in window)
     limit = base.loss_median + criteria.get("loss_within_mads", 3.0) * 1.4826 * base.loss_mad
     loss = Check("loss", w_loss <= limit, w_loss, limit, f"window median {w_loss:.4g} vs limit {limit:.4g}")
     grad = _median([h.grad_norm for h in window])
-    if warm := _warm_up_baseline(base, window):
+    if from_start:
+        grad_check = Check("grad_norm", True, grad, None, "not judged (the window re-trains the model from "
+                           "its initialization, whose grad norm moves with training, not its health)")  # fmt: skip
+    elif warm := _warm_up_baseline(base, window):
         grad_check = Check("grad_norm", True, grad, None, f"not judged ({warm})")
     else:
         widen, why = _fewer_ranks(base, window)

@@ -90,9 +90,12 @@ class ObserveAction:
         base = rt.baseline()
         checks = list(events)
         if base is not None and window:  # every criterion, on the steps seen so far when failing early
-            checks = (
-                evaluate(Baseline.from_json(base), window, criteria(rt, params.get("pass") or {})) + checks
+            # A window from step 1 re-trains the run from its start (a rollback to it).
+            start = memo["from_step"] <= 1
+            judged = evaluate(
+                Baseline.from_json(base), window, criteria(rt, params.get("pass") or {}), from_start=start
             )
+            checks = judged + checks
         elif window:  # a fault in the run's first steps: what can be judged without a baseline
             checks = evaluate_young(window, memo.get("onset_step", 1) - 1) + checks
         failed = [c.name for c in checks if not c.passed]
