@@ -7,10 +7,11 @@ with the LR halved) and the job escalated."""
 
 from __future__ import annotations
 
-from supervisor.runtime.observe import Baseline, StepStats, evaluate
+from supervisor.runtime.observe import Baseline, Check, StepStats, evaluate
 
+PER_LR = 0.01 / 3e-3
 BASE = Baseline(steps=50, loss_median=3.2, loss_mad=0.05, grad_norm=1.0, update_ratio=0.01,
-                tokens_per_s=1000.0, lr=3e-3, update_per_lr=0.01 / 3e-3, ranks=3.0)  # fmt: skip
+                tokens_per_s=1000.0, lr=3e-3, update_per_lr=PER_LR, ranks=3.0)  # fmt: skip
 
 
 def _window(first: int) -> list[StepStats]:
@@ -19,20 +20,20 @@ def _window(first: int) -> list[StepStats]:
     out = []
     for i, step in enumerate(range(first, first + 100)):
         lr = 3e-3 * min(1.0, (i + 1) / 60)
-        out.append(StepStats(step=step, loss=3.1, grad_norm=2.2, update_ratio=lr * BASE.update_per_lr,  # type: ignore[operator]
-                             tokens_per_s=1000.0, lr=lr, ranks=3))  # fmt: skip
+        out.append(StepStats(step=step, loss=3.1, grad_norm=2.2, update_ratio=lr * PER_LR, tokens_per_s=1000.0,
+                             lr=lr, ranks=3))  # fmt: skip
     return out
 
 
-def _grad(checks: list) -> object:  # type: ignore[type-arg]
+def _grad(checks: list[Check]) -> Check:
     return next(c for c in checks if c.name == "grad_norm")
 
 
 def test_a_window_from_the_run_start_does_not_bound_the_grad_norm() -> None:
     check = _grad(evaluate(BASE, _window(2), {}, from_start=True))
-    assert check.passed and "not judged" in check.detail  # type: ignore[attr-defined]
+    assert check.passed and "not judged" in check.detail
     assert all(c.passed for c in evaluate(BASE, _window(2), {"throughput": False}, from_start=True))
 
 
 def test_a_window_after_a_checkpoint_still_bounds_it() -> None:
-    assert not _grad(evaluate(BASE, _window(51), {})).passed  # type: ignore[attr-defined]
+    assert not _grad(evaluate(BASE, _window(51), {})).passed
