@@ -289,9 +289,7 @@ class IncidentFlow:
             incident_id = int((yield effects.OpenIncident(d, key, step)))
         if d.severity.rank >= Severity.MEDIUM.rank:  # low blips do not fail an observation ...
             self._opened_at.append((step, incident_id))
-        self.state.last_incident_step = step
-        if _against_checkpoints(d):
-            self.state.note_onset(d.onset_step)
+        self.state.note_incident(step, d.onset_step if _against_checkpoints(d) else None)
         return incident_id
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:

@@ -156,11 +156,13 @@ class RuntimeState(BaseModel):
             return None
         return self.exit_code if self.exit_code is not None else self.phase.exit_code
 
-    def note_incident(self, step: int, onset: int) -> None:
+    def note_incident(self, step: int, onset: int | None) -> None:
         """An incident was detected (or came back) at ``step`` of the current timeline; its fault
-        began at ``onset`` (what keeps a checkpoint near it from being marked healthy)."""
+        began at ``onset`` (what keeps a checkpoint near it from being marked healthy; None: one
+        that keeps none, a metric artifact)."""
         self.last_incident_step = step
-        self.note_onset(onset)
+        if onset is not None:
+            self.note_onset(onset)
 
     def note_onset(self, onset: int) -> None:
         """An incident of the current timeline began at ``onset`` (also one dated back by a refinement)."""
