@@ -6,7 +6,7 @@ The real ``Controller`` (detector, policy, incident store, state file) is fed th
 records (``drills/emulator.py``: the same record per rank, numbered per link) as the emulator
 sends them, one packed batch per step (``sdk/wire.py``), and after every step its loop runs once
 and writes its state, as it does once per 0.5-s step through the actor. Timed per step, in CPU
-time of this one thread: ``unpack`` (the wire decode), ``queue`` (``ingest_groups``: receipts and
+time of this one thread: ``unpack`` (the wire decode), ``queue`` (``ingest_frame``: receipts and
 the inbox), ``loop`` (``Controller.iterate``: bookkeeping, analysis, metrics, the state write).
 What it leaves out is Ray: the call's transport and the actor's threads (``python -m bench.scale``
 measures those with it). The last line:
@@ -93,7 +93,9 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from supervisor.runtime import controller as controller_mod
     from supervisor.runtime.actor import GC_YOUNG
     from supervisor.runtime.controller import Controller
-    from supervisor.sdk.wire import pack, unpack
+    from supervisor.sdk import wire
+
+    unpack_frame = getattr(wire, "unpack_frame", lambda batch: None)  # as the actor decodes (REV may lack it)
 
     job = {
         "name": f"path-{args.ranks}", "entrypoint": "supervisor.drills.emulator:EmulatorHost",
@@ -125,11 +127,12 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             calls.append(
                 (x.rank, x.id, (batch[0][0], batch[-1][0]), [s for s, _ in batch], [r for _, r in batch])
             )
-        wire = pack(calls)
+        batch = wire.pack(calls)
         t0 = cpu()
-        groups = unpack(wire)
+        packed = unpack_frame(batch)
+        groups = wire.unpack(batch) if packed is None else []
         t1 = cpu()
-        ctl.ingest_groups(groups)
+        ctl.ingest_groups(groups) if packed is None else ctl.ingest_frame(packed)
         t2 = cpu()
         ctl.iterate()
         t3 = cpu()

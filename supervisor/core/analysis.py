@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Literal
@@ -20,6 +20,7 @@ from typing import Any, Literal
 from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
 from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, IncidentTrack, lr_still_raised
 from supervisor.core.extremes import Extreme, RunExtremes
+from supervisor.core.frame import StepFrame
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.learning import SourceLearning, Stall
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
@@ -142,17 +143,18 @@ class StreamingAnalyzer:
         self._emitted: dict[int, tuple[Any, ...]] = {}
 
     # -- the loop ------------------------------------------------------------------------
-    def observe_step(self, step: int, records: list[Record]) -> list[IncidentUpdate]:
+    def observe_step(self, step: int, records: Sequence[Record]) -> list[IncidentUpdate]:
         """Feed all ranks' records of one step; returns what changed."""
         if not records:
             return []
         updates: list[IncidentUpdate] = []
         if self.last_step is not None and step <= self.last_step:
             updates += self._rewind(step - 1)  # a replay nobody announced: same as a rollback
-        summary = summarize(step, records)
+        frame = StepFrame.of(records)
+        summary = summarize(step, frame)
         if summary.events & RESUME_EVENTS or incomplete_resume(summary.events):
             self._on_resume(summary.events, step)
-        world = max((r.world_size for r in records if r.world_size), default=0)  # 0: none named one
+        world = max((w for w in frame.col("world_size") if w), default=0)  # 0: none named one
         self._on_world_size(world, step)
         mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
@@ -174,7 +176,7 @@ class StreamingAnalyzer:
         self.extremes.push(step, sig.lr_norm, upd, summary.lr)
         self.last_step = step
         ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize
-        missing = ranks < self.rank_count and world != 0 and len({r.rank for r in records}) < world
+        missing = ranks < self.rank_count and world != 0 and len(set(frame.col("rank"))) < world
         if not missing:
             self.rank_count = ranks
         if not summary.nonfinite and missing:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from supervisor.core.records import Record, add_sources
+from supervisor.core.frame import StepFrame
+from supervisor.core.records import Record
 from supervisor.core.stats import median, sorted_median
 
 
@@ -21,7 +23,7 @@ class StepSummary:
     """What one step looks like across all ranks."""
 
     step: int
-    records: list[Record]
+    records: Sequence[Record]  # a ``StepFrame``: a record is built when one is read
     loss: float  # reported: plain mean of the ranks' `loss` (what a dashboard shows)
     loss_true: float | None  # sum(loss_sum) / sum(tokens), the token-weighted truth
     tokens: float | None
@@ -57,40 +59,49 @@ class StepSummary:
         return next((r for r in self.records if r.rank == rank), None)
 
 
-def summarize(step: int, records: list[Record]) -> StepSummary:
-    """Reduce the ranks' records of ``step`` (their order does not matter)."""
-    n = len(records)
-    losses = [r.loss for r in records]
+def summarize(step: int, records: Sequence[Record]) -> StepSummary:
+    """Reduce the ranks' records of ``step`` (their order does not matter): a ``StepFrame``, read
+    column by column, or a list of records (read as one)."""
+    f = StepFrame.of(records)
+    n = len(f)
+    losses = f.col("loss")
     loss_sum_total = sum(losses)
-    sums = [r.loss_sum for r in records]
-    toks = [r.tokens for r in records]
+    sums = f.col("loss_sum")
+    toks = f.col("tokens")
     have_truth = n > 0 and None not in sums and all(toks)
     if have_truth:
-        own = [ls / t for ls, t in zip(sums, toks, strict=True)]  # type: ignore[operator]
-        tok_total = float(sum(toks))  # type: ignore[arg-type]
-        loss_true: float | None = sum(sums) / tok_total  # type: ignore[arg-type]
+        own = [ls / t for ls, t in zip(sums, toks, strict=True)]
+        tok_total = float(sum(toks))
+        loss_true: float | None = sum(sums) / tok_total
     else:
         own, tok_total, loss_true = losses, 0.0, None
-    nonfinite_ranks, nonfinite_at = _nonfinite(records, loss_sum_total)
+    ranks = f.col("rank")
+    nonfinite_ranks, nonfinite_at = _nonfinite(f, loss_sum_total)
     bad = set(nonfinite_ranks)
-    rank_log = {
-        r.rank: math.log(v) for r, v in zip(records, own, strict=True) if v > 0.0 and r.rank not in bad
-    }
+    rank_log = {rk: math.log(v) for rk, v in zip(ranks, own, strict=True) if v > 0.0 and rk not in bad}
     # A step the AMP scaler skipped has no gradient measurement (the scaled gradients overflowed)
     # and no update (zero by the skip): neither is evidence of the weights' state.
-    grads = [g for r in records if (g := r.grad_norm) is not None and g > 0.0 and not scaler_skipped(r)]
+    overflow = f.col("overflow")
+    any_overflow = any(overflow)
+    gnorms = f.col("grad_norm")
+    if any_overflow:
+        skipped = [scaler_skipped(r) for r in f]
+        grads = [g for g, sk in zip(gnorms, skipped, strict=True) if g is not None and g > 0.0 and not sk]
+    else:
+        grads = [g for g in gnorms if g is not None and g > 0.0]
     upds = [
-        r.update_norm / (r.param_norm + 1e-12)
-        for r in records
-        if r.update_norm is not None and r.param_norm and not r.overflow
+        u / (p + 1e-12)
+        for u, p, o in zip(f.col("update_norm"), f.col("param_norm"), overflow, strict=True)
+        if u is not None and p and not o
     ]
     worst_rank, worst_dev, spread, ranks_med = _cross_rank(rank_log)
-    lrs = [r.lr for r in records if r.lr is not None]
-    scales = [r.loss_scale for r in records if r.loss_scale is not None]
-    checks = Counter(r.param_checksum for r in records if r.param_checksum is not None)
+    lrs = [x for x in f.col("lr") if x is not None]
+    scales = [x for x in f.col("loss_scale") if x is not None]
+    checksums = f.col("param_checksum")
+    checks = Counter(c for c in checksums if c is not None)
     return StepSummary(
         step=step,
-        records=records,
+        records=f,
         loss=loss_sum_total / n if n else math.nan,
         loss_true=loss_true,
         tokens=tok_total if have_truth else None,
@@ -98,7 +109,7 @@ def summarize(step: int, records: list[Record]) -> StepSummary:
         update_ratio=median(upds) if upds else None,
         lr=lrs[-1] if lrs else None,
         loss_scale=min(scales) if scales else None,
-        overflow=any(r.overflow for r in records),
+        overflow=any_overflow,
         nonfinite_ranks=nonfinite_ranks,
         nonfinite_at=nonfinite_at,
         rank_log_loss=rank_log,
@@ -106,12 +117,14 @@ def summarize(step: int, records: list[Record]) -> StepSummary:
         worst_dev=worst_dev,
         rank_spread=spread,
         ranks_median_loss=ranks_med,
-        misreported=_misreported(records, own) if have_truth else [],
-        collapsed_ranks=_collapsed(records) if have_truth else [],
-        batch_mean_gap=_batch_mean_gap(records, own),
-        sources=_sources(records),
-        checksum_minority=_checksum_minority(records, checks) if len(checks) > 1 else [],
-        events={e for r in records if r.events for e in r.events},
+        misreported=_misreported(ranks, losses, own) if have_truth else [],
+        collapsed_ranks=_collapsed(ranks, toks) if have_truth else [],
+        batch_mean_gap=_batch_mean_gap(ranks, f.col("batch_mean_loss"), own)
+        if f.has("batch_mean_loss")
+        else None,
+        sources={k: (v[0], v[1] / v[0]) for k, v in f.source_totals().items() if v[0] > 0},
+        checksum_minority=_checksum_minority(ranks, checksums, checks) if len(checks) > 1 else [],
+        events=f.all_events(),
     )
 
 
@@ -131,17 +144,17 @@ def _localised(r: Record) -> bool:
     return bool(r.nonfinite) and r.nonfinite_at not in (None, "grad_norm", "unknown")
 
 
-def _nonfinite(records: list[Record], loss_total: float) -> tuple[list[int], str | None]:
+def _nonfinite(f: StepFrame, loss_total: float) -> tuple[list[int], str | None]:
     """Ranks with NaN/Inf in loss or grad norm, or flagged by the probe; and where it was seen first.
     Ranks whose own loss (or localised module) went non-finite come first: a grad norm is
     all-reduced, so one rank's NaN makes every rank's grad norm NaN, while its loss stays its own."""
-    grads_total = sum(r.grad_norm for r in records if r.grad_norm is not None)
-    flagged = any(r.nonfinite for r in records)
+    grads_total = sum(g for g in f.col("grad_norm") if g is not None)
+    flagged = any(f.col("nonfinite"))
     if math.isfinite(loss_total) and math.isfinite(grads_total) and not flagged:
         return [], None  # the common case: one check of two sums instead of one per rank
     own: list[Record] = []
     shared: list[Record] = []
-    for r in records:
+    for r in f:
         if _loss_nonfinite(r) or _localised(r):
             own.append(r)
         elif scaler_skipped(r):
@@ -161,12 +174,12 @@ def nonfinite_origin(s: StepSummary) -> list[int]:
     return [rank for rank, r in recs if r is not None and (_loss_nonfinite(r) or _localised(r))]
 
 
-def _misreported(records: list[Record], own: list[float]) -> list[tuple[int, float, float]]:
+def _misreported(ranks: list[int], losses: list[float], own: list[float]) -> list[tuple[int, float, float]]:
     """Ranks whose reported ``loss`` is not their ``loss_sum / tokens`` (a reduction bug)."""
     return [
-        (r.rank, r.loss, o)
-        for r, o in zip(records, own, strict=True)
-        if abs(r.loss - o) > 1e-3 * max(abs(o), 1e-6) and math.isfinite(r.loss) and math.isfinite(o)
+        (rk, x, o)
+        for rk, x, o in zip(ranks, losses, own, strict=True)
+        if abs(x - o) > 1e-3 * max(abs(o), 1e-6) and math.isfinite(x) and math.isfinite(o)
     ]
 
 
@@ -182,35 +195,26 @@ def _cross_rank(rank_log: dict[int, float]) -> tuple[int | None, float, float | 
     return worst, rank_log[worst] - others, spread, math.exp(others)
 
 
-def _collapsed(records: list[Record]) -> list[tuple[int, float, float]]:
+def _collapsed(ranks: list[int], tokens: list[int | None]) -> list[tuple[int, float, float]]:
     """Ranks whose effective tokens fell below a quarter of the ranks' median (padding, empty samples)."""
-    if len(records) < 2:
+    if len(ranks) < 2:
         return []
-    toks = [float(r.tokens or 0) for r in records]
+    toks = [float(t or 0) for t in tokens]
     med = median(toks)
-    return [(r.rank, t, med) for r, t in zip(records, toks, strict=True) if t < 0.25 * med]
+    return [(rk, t, med) for rk, t in zip(ranks, toks, strict=True) if t < 0.25 * med]
 
 
-def _batch_mean_gap(records: list[Record], own: list[float]) -> tuple[int, float, float] | None:
+def _batch_mean_gap(ranks: list[int], batch_means: list[float | None], own: list[float]) -> tuple[int, float, float] | None:  # fmt: skip
     """The rank whose batch-mean loss exceeds its token-weighted loss the most (short, hard samples)."""
     best: tuple[int, float, float] | None = None
-    for r, o in zip(records, own, strict=True):
-        bm = r.batch_mean_loss
+    for rk, bm, o in zip(ranks, batch_means, own, strict=True):
         if bm is None or not (o > 0.0) or not math.isfinite(o):
             continue
         if best is None or bm / o > best[1] / best[2]:
-            best = (r.rank, bm, o)
+            best = (rk, bm, o)
     return best
 
 
-def _sources(records: list[Record]) -> dict[str, tuple[float, float]]:
-    acc: dict[str, list[float]] = {}
-    for r in records:
-        if r.sources:
-            add_sources(acc, r.sources)
-    return {k: (v[0], v[1] / v[0]) for k, v in acc.items() if v[0] > 0}
-
-
-def _checksum_minority(records: list[Record], checks: Counter[str]) -> list[int]:
+def _checksum_minority(ranks: list[int], checksums: list[str | None], checks: Counter[str]) -> list[int]:
     majority, _ = checks.most_common(1)[0]
-    return sorted(r.rank for r in records if r.param_checksum is not None and r.param_checksum != majority)
+    return sorted(rk for rk, c in zip(ranks, checksums, strict=True) if c is not None and c != majority)

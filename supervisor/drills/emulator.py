@@ -45,6 +45,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
+from supervisor.core.frame import StepFrame
 from supervisor.errors import RuntimeBackendError
 from supervisor.logging import get_logger
 from supervisor.ranks.names import NAMESPACE, supervisor_name
@@ -635,7 +636,7 @@ class ScaleSupervisor(SupervisorActor):
         """
         analyse = self.ctl._analyse
 
-        def timed(step: int, records: list[Any]) -> None:
+        def timed(step: int, records: StepFrame) -> None:
             analyse(step, records)
             if len(self.analysed_at) < 100_000:
                 self.analysed_at.setdefault(step, time.time())

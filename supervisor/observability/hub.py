@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from supervisor.config.observability import ObservabilitySettings
@@ -64,7 +64,7 @@ class Observability:
 
             self.tensorboard = TensorBoardSink(self.settings.tensorboard.logdir)
 
-    def on_step(self, step: int, records: list[Any], aggregate: Any = None) -> None:
+    def on_step(self, step: int, records: Sequence[Any], aggregate: Any = None) -> None:
         agg = aggregate.to_json() if hasattr(aggregate, "to_json") else aggregate
         if self._last_step is not None and step <= self._last_step:
             self._guard("rewind", self._rewind, step - 1)

@@ -45,9 +45,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from supervisor.core.frame import StepFrame
+
 PREFIX = "spike_supervisor_"
 DELAY_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100)
 HEALTH_MARKS = ("unverified", "verified", "healthy", "diagnostic", "quarantined")
+
+
+FOLD_STEPS = 64
+"""Steps' columns kept unfolded at most (a job nobody scrapes folds them every this many steps)."""
 
 
 def _num(v: Any) -> float | None:
@@ -68,6 +74,11 @@ class _Snapshot:
     grad_norm: float | None = None
     tokens_per_s: float | None = None
     ranks: dict[int, _Rank] = field(default_factory=dict)
+    unfolded: list[tuple[list[Any], list[Any], list[Any], list[tuple[int, int]]]] = field(
+        default_factory=list
+    )
+    """Per step not yet in ``ranks``: its rank, step and time columns and (rank, dropped records)
+    where a rank said, oldest first."""
     incidents: Counter[tuple[str, str]] = field(default_factory=Counter)
     actions: Counter[tuple[str, str]] = field(default_factory=Counter)
     delays: list[int] = field(default_factory=list)
@@ -89,29 +100,25 @@ class SupervisorMetrics:
 
     # -- inputs (the supervisor's loop thread) ---------------------------------------------------
     def on_step(self, step: int, records: Iterable[Any], aggregate: dict[str, Any] | None = None) -> None:
-        """One complete step: every rank's record, and the supervisor's aggregate of them."""
+        """One complete step: every rank's record, and the supervisor's aggregate of them. A step's
+        frame is kept as its columns and folded into the per-rank rows when they are read (a
+        scrape), so the step costs no work per rank."""
         with self._lock:
             s = self._s
             s.step = step
-            ranks = s.ranks
-            step_of: Any
-            for rec in records:  # every rank every step: attribute reads, one object per rank kept
-                if isinstance(rec, dict):
-                    rank, step_of, t, attrs = (
-                        int(rec.get("rank") or 0),
-                        rec.get("step"),
-                        rec.get("time"),
-                        rec.get("attrs"),
-                    )
-                else:
-                    rank, step_of, t, attrs = rec.rank, rec.step, rec.time, rec.attrs
-                dropped = attrs.get("dropped_records") if attrs else None
-                row = ranks.get(rank)
-                if row is None:
-                    row = ranks[rank] = _Rank(step=0, time=None)
-                row.step, row.time = int(step_of), _num(t)
-                if isinstance(dropped, int):
-                    row.dropped = int(dropped)
+            if type(records) is StepFrame:
+                ranks = records.col("rank")
+                drops = [
+                    (r, d)
+                    for r, a in zip(ranks, records.col("attrs"), strict=True)
+                    if a and isinstance(d := a.get("dropped_records"), int)
+                ] if records.has("attrs") else []  # fmt: skip
+                s.unfolded.append((ranks, records.col("step"), records.col("time"), drops))
+                if len(s.unfolded) >= FOLD_STEPS:
+                    _fold(s)
+            else:
+                _fold(s)
+                _fold_rows(s.ranks, _rows_of(records))
             agg = aggregate or {}
             s.loss, s.grad_norm = _num(agg.get("loss")), _num(agg.get("grad_norm"))
             s.tokens_per_s = _num(agg.get("tokens_per_s"))
@@ -169,6 +176,7 @@ class SupervisorMetrics:
         job = self.job
         with self._lock:
             s = self._s
+            _fold(s)
             ranks = {k: replace(v) for k, v in s.ranks.items()}  # on_step updates the rows in place
             snap = (s.step, s.loss, s.grad_norm, s.tokens_per_s)
             incidents, actions, delays = Counter(s.incidents), Counter(s.actions), list(s.delays)
@@ -218,6 +226,47 @@ def _incident_families(
     )
     h.add_metric([job], buckets, sum_value=float(sum(delays)))
     yield h
+
+
+def _fold(s: _Snapshot) -> None:
+    """Fold the steps' columns into the per-rank rows: each rank's newest step and time, and the
+    newest count of records it dropped."""
+    entries, rows = s.unfolded, s.ranks
+    seen: set[int] = set()
+    for ranks, steps, times, _ in reversed(entries):  # newest first: a rank's newest record counts
+        if seen.issuperset(ranks):
+            continue
+        for r, st, t in zip(ranks, steps, times, strict=True):
+            if r not in seen:
+                seen.add(r)
+                row = rows.get(r)
+                if row is None:
+                    row = rows[r] = _Rank(step=0, time=None)
+                row.step, row.time = int(st), _num(t)
+    for *_, drops in entries:
+        for r, d in drops:
+            rows[r].dropped = int(d)
+    entries.clear()
+
+
+def _rows_of(records: Iterable[Any]) -> Iterator[tuple[int, Any, Any, Any]]:
+    """(rank, step, time, attrs) of each record (a ``Record`` or a dict as sent)."""
+    for rec in records:
+        if isinstance(rec, dict):
+            yield int(rec.get("rank") or 0), rec.get("step"), rec.get("time"), rec.get("attrs")
+        else:
+            yield rec.rank, rec.step, rec.time, rec.attrs
+
+
+def _fold_rows(rows: dict[int, _Rank], records: Iterable[tuple[int, Any, Any, Any]]) -> None:
+    for rank, step_of, t, attrs in records:  # every rank every step: one object per rank kept
+        dropped = attrs.get("dropped_records") if attrs else None
+        row = rows.get(rank)
+        if row is None:
+            row = rows[rank] = _Rank(step=0, time=None)
+        row.step, row.time = int(step_of), _num(t)
+        if isinstance(dropped, int):
+            row.dropped = int(dropped)
 
 
 def _step_families(

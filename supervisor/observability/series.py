@@ -19,8 +19,10 @@ A supervisor that restarts carries on with the newest ``replay`` number already 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
+from supervisor.core.frame import StepFrame
 from supervisor.incidents.states import IncidentState
 from supervisor.logging import get_logger
 
@@ -39,10 +41,13 @@ BACKFILL_STEPS = 4
 RING_ALL_RANKS_STEPS = 16
 
 
-def _rows(records: list[Any], keep_rank: int | None) -> list[Any]:
+def _rows(records: Sequence[Any], keep_rank: int | None) -> Sequence[Any]:
     # Choose by rank before converting: a job of 1,024 ranks must not convert 1,024 records a step
     # (131,072 for the ring) to keep 65 of them (tests/scale/test_rank_costs.py). The store converts
     # and scrubs what it is given (``IncidentStore.attach_series``), once.
+    if type(records) is StepFrame:  # by its rank column: no record built
+        ranks = records.col("rank")
+        return records.take([i for i, rk in enumerate(ranks) if rk < MAX_RANKS or rk == keep_rank])
     return [r for r in records if (rk := _rank(r)) < MAX_RANKS or rk == keep_rank]
 
 
@@ -54,7 +59,7 @@ def _rank(record: Any) -> int:
         return 0
 
 
-Ring = tuple[int, list[Any], dict[str, Any] | None]
+Ring = tuple[int, Sequence[Any], dict[str, Any] | None]
 """(step, every rank's record, the step's aggregate) of one recent step."""
 
 
@@ -77,7 +82,7 @@ class IncidentSeries:
         for incident_id in self.replay:
             self.replay[incident_id] += 1
 
-    def on_step(self, step: int, records: list[Any], aggregate: dict[str, Any] | None) -> None:
+    def on_step(self, step: int, records: Sequence[Any], aggregate: dict[str, Any] | None) -> None:
         ring = self.ring
         ring.append((step, records, aggregate))
         if len(ring) > RING_ALL_RANKS_STEPS and len(ring[-RING_ALL_RANKS_STEPS - 1][1]) > MAX_RANKS:

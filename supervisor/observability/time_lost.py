@@ -10,8 +10,10 @@ restart abandons leave the total: the running total is kept for the newest ``MAR
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from supervisor.core.frame import StepFrame
 from supervisor.incidents.states import EventKind
 from supervisor.incidents.timeline import seconds_words
 
@@ -35,10 +37,14 @@ class TimeLedger:
         state.setdefault("incidents", {})  # incident id -> steps_retrained, retrain_s, rollbacks
 
     # -- fed by the controller ------------------------------------------------------------------
-    def on_step(self, step: int, records: list[Any]) -> float:
+    def on_step(self, step: int, records: Sequence[Any]) -> float:
         """Returns the time counted for an analysed step of the current timeline."""
-        times = [r.step_time for r in records if isinstance(getattr(r, "step_time", None), int | float)]
-        stamps = [r.time for r in records if isinstance(getattr(r, "time", None), int | float)]
+        if type(records) is StepFrame:
+            times = [t for t in records.col("step_time") if isinstance(t, int | float)]
+            stamps = [t for t in records.col("time") if isinstance(t, int | float)]
+        else:
+            times = [r.step_time for r in records if isinstance(getattr(r, "step_time", None), int | float)]
+            stamps = [r.time for r in records if isinstance(getattr(r, "time", None), int | float)]
         last = self.s["last"]
         if times:
             spent = max(0.0, float(max(times)))

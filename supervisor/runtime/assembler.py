@@ -7,7 +7,10 @@ reported nothing newer holds a step, for at most ``deadline_s``. Steps at or bel
 were analysed already and are dropped: that makes a resent batch harmless.
 
 A record's tag (link id, seq: ``receipts.py``) goes to ``on_release`` once the record no longer
-waits here (analysed or dropped).
+waits here (analysed or dropped). A decoded batch (``add_frame``: a ``StepFrame`` of several links'
+records) is held as one *unit* instead: ``on_release_unit`` once every step it fed was released.
+Its records stay in their columns: a step whose ranks all came in one batch, in rank order, is
+handed on as that batch's frame, with no object per rank built.
 
 After a rollback or a group restart to step ``c``, records still in flight from the abandoned
 timeline must not mix with the new one: after :meth:`rewind` each rank is ignored until it
@@ -18,14 +21,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
+from supervisor.core.frame import StepFrame
 from supervisor.core.records import Record
 from supervisor.logging import get_logger
 
 log = get_logger("supervisor.runtime.assembler")
 
 Tag = tuple[str, int]
+
+
+class _Bucket:
+    """One step's records so far: the parts they came in (a frame, or one record) and, per rank,
+    where its record is (part index, row in the frame; -1: the part is the record)."""
+
+    __slots__ = ("parts", "where")
+
+    def __init__(self) -> None:
+        self.parts: list[StepFrame | Record] = []
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def frame(self) -> StepFrame:
+        """The step's records, one per rank, in rank order."""
+        parts, where = self.parts, self.where
+        first = parts[0]
+        if len(parts) == 1 and type(first) is StepFrame:
+            ranks = first.col("rank")
+            if len(where) == len(first) and all(a < b for a, b in pairwise(ranks)):
+                return first  # one batch, every rank once, in order: the batch's own columns
+            return first.take([where[r][1] for r in sorted(where)])
+        picks = [where[r] for r in sorted(where)]
+        return StepFrame.of([parts[k][i] if i >= 0 else parts[k] for k, i in picks])  # type: ignore[index,misc]
 
 
 class StepAssembler:
@@ -35,17 +63,21 @@ class StepAssembler:
         deadline_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_release: Callable[[Tag], None] = lambda tag: None,
+        on_release_unit: Callable[[int], None] = lambda unit: None,
     ) -> None:
         self.world_size = world_size
         self.deadline_s = deadline_s
         self.clock = clock
         self.on_release = on_release
+        self.on_release_unit = on_release_unit
         self.watermark: int = -1
         self.skipped = 0
         self.missing = 0
         """Rank records never received for a step that was analysed without them."""
-        self._pending: dict[int, dict[int, Record]] = {}
+        self._pending: dict[int, _Bucket] = {}
         self._tags: dict[int, dict[int, Tag]] = {}
+        self._units: dict[int, list[int]] = {}  # step -> units holding records of it
+        self._unit_steps: dict[int, int] = {}  # unit -> steps of it not released yet
         self._first_seen: dict[int, float] = {}
         self._resync_at: int | None = None
         self._synced: set[int] = set()
@@ -56,37 +88,103 @@ class StepAssembler:
     def add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None = None) -> None:
         """One record (a dict as sent, or a ``Record`` decoded from a packed batch); unusable ones are
         counted and skipped."""
-        if not self._add(rank, raw, tag) and tag is not None:
+        if self._add(rank, raw, tag) is None and tag is not None:
             self.on_release(tag)
 
-    def _add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None) -> bool:
-        """True when the record now waits for its step."""
+    def add_frame(self, frame: StepFrame, keep: list[bool] | None = None, unit: int | None = None) -> None:
+        """A decoded batch's records (``keep``: which of them to take; None: all), held as ``unit``
+        until every step it fed is released. A batch of one step, each rank once, is added in
+        columns; any other is added record by record, with the same outcome."""
+        fed: set[int] = set()
+        chunks = self._by_step(frame) if keep is None and self._resync_at is None else None
+        if chunks is not None:
+            now = self.clock()
+            for step, chunk in chunks:
+                ranks = chunk.col("rank")
+                self.last_seen.update(dict.fromkeys(ranks, now))
+                self.last_step.update(dict.fromkeys(ranks, step))
+                if step <= self.watermark:
+                    continue
+                bucket = self._bucket(step, now)
+                if not bucket.where.keys().isdisjoint(ranks):  # a rank's record again: the new one counts
+                    tags = self._tags.get(step)
+                    for r in ranks:
+                        old = tags.pop(r, None) if tags else None
+                        if old is not None:
+                            self.on_release(old)
+                k = len(bucket.parts)
+                bucket.parts.append(chunk)
+                bucket.where.update(zip(ranks, [(k, i) for i in range(len(ranks))], strict=True))
+                fed.add(step)
+        else:
+            for i, rec in enumerate(frame):
+                if keep is None or keep[i]:
+                    got = self._add(rec.rank, rec, None)
+                    if got is not None:
+                        fed.add(got)
+        if unit is None:
+            return
+        if not fed:
+            self.on_release_unit(unit)
+            return
+        self._unit_steps[unit] = len(fed)
+        for step in fed:
+            self._units.setdefault(step, []).append(unit)
+
+    @staticmethod
+    def _by_step(frame: StepFrame) -> list[tuple[int, StepFrame]] | None:
+        """The batch split by step, oldest first, when no rank has two records of one step in it
+        (None: it is added record by record). A rank's records come in step order, so the last
+        step a rank reported is the newest of its chunks."""
+        steps = frame.col("step")
+        if not steps:
+            return []
+        if min(steps) == max(steps):
+            chunks = [(steps[0], frame)]
+        else:
+            rows: dict[int, list[int]] = {}
+            for i, step in enumerate(steps):
+                rows.setdefault(step, []).append(i)
+            chunks = [(step, frame.take(ix)) for step, ix in sorted(rows.items())]
+        for _, chunk in chunks:
+            ranks = chunk.col("rank")
+            if len(set(ranks)) != len(ranks):
+                return None
+        return chunks
+
+    def _bucket(self, step: int, now: float) -> _Bucket:
+        bucket = self._pending.get(step)
+        if bucket is None:  # the step's first record: its deadline starts
+            bucket = self._pending[step] = _Bucket()
+            self._first_seen[step] = now
+        return bucket
+
+    def _add(self, rank: int, raw: dict[str, Any] | Record, tag: Tag | None) -> int | None:
+        """The step the record now waits for (None: it waits for none)."""
         rec = raw if isinstance(raw, Record) else self._parse(rank, raw)
         if rec is None:
-            return False
+            return None
         rank, step, now = rec.rank, rec.step, self.clock()
         self.last_seen[rank] = now
         if self._resync_at is not None and rank not in self._synced:
             if step > self._resync_at + 1:
-                return False
+                return None
             self._synced.add(rank)
         self.last_step[rank] = step
         if step <= self.watermark:
-            return False
+            return None
         tags = self._tags.get(step)
         old = tags.pop(rank, None) if tags else None
         if old is not None:
             self.on_release(old)
-        pending = self._pending.get(step)
-        if pending is None:  # the step's first record: its deadline starts
-            pending = self._pending[step] = {}
-            self._first_seen[step] = now
-        pending[rank] = rec
+        bucket = self._bucket(step, now)
+        bucket.where[rank] = (len(bucket.parts), -1)
+        bucket.parts.append(rec)
         if tag is not None:
             if tags is None:
                 tags = self._tags[step] = {}
             tags[rank] = tag
-        return True
+        return step
 
     def _parse(self, rank: int, raw: dict[str, Any]) -> Record | None:
         if raw.get("control"):  # an SDK control message (acks while frozen): a heartbeat, not a step
@@ -101,14 +199,18 @@ class StepAssembler:
             rec.rank = rank
         return rec
 
-    def ready(self, *, final: bool = False) -> list[tuple[int, list[Record]]]:
-        """Steps ready for the detector, oldest first. ``final``: no record will come any more
-        (the workers are gone), so every step waiting is released with the ranks it has."""
-        out: list[tuple[int, list[Record]]] = []
+    def ready(self, *, final: bool = False) -> list[tuple[int, StepFrame]]:
+        """Steps ready for the detector, oldest first, each as a frame of its ranks' records in rank
+        order. ``final``: no record will come any more (the workers are gone), so every step
+        waiting is released with the ranks it has."""
+        out: list[tuple[int, StepFrame]] = []
         now = self.clock()
         for step in sorted(self._pending):
-            ranks = self._pending[step]
-            absent = [r for r in range(self.world_size) if r not in ranks]
+            bucket = self._pending[step]
+            ranks = bucket.where
+            absent = [] if len(ranks) == self.world_size and 0 <= min(ranks) <= max(ranks) < self.world_size else [
+                r for r in range(self.world_size) if r not in ranks
+            ]  # fmt: skip
             if absent:
                 moved_on = all(self.last_step.get(r, -1) > step for r in absent)
                 timed_out = now - self._first_seen[step] >= self.deadline_s
@@ -120,7 +222,7 @@ class StepAssembler:
                 log.warning(
                     "rank_record_missing", step=step, ranks=absent, why=why, missing_total=self.missing
                 )
-            out.append((step, [ranks[r] for r in sorted(ranks)]))
+            out.append((step, bucket.frame()))
             self._release(step)
             self.watermark = step
         return out
@@ -130,6 +232,13 @@ class StepAssembler:
         del self._first_seen[step]
         for tag in self._tags.pop(step, {}).values():
             self.on_release(tag)
+        for unit in self._units.pop(step, ()):
+            left = self._unit_steps[unit] - 1
+            if left:
+                self._unit_steps[unit] = left
+            else:
+                del self._unit_steps[unit]
+                self.on_release_unit(unit)
 
     def reached(self) -> int | None:
         """The furthest step any rank reported on this timeline (None: none yet): how far the whole

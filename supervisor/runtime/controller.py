@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
@@ -28,6 +28,7 @@ from supervisor.checkpoint.lifecycle import open_checkpoint_store, pick_rollback
 from supervisor.checkpoint.manifest import Manifest
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
+from supervisor.core.frame import StepFrame
 from supervisor.core.model import Cause, CauseScore, Diagnosis, HealthMark, Phenotype, Severity
 from supervisor.core.policy import action_names, load_policy
 from supervisor.core.records import Record
@@ -60,7 +61,7 @@ from supervisor.runtime.state import (
 )
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.sdk.directives import END_REACHED, Directive, Finish, Stop
-from supervisor.sdk.wire import Group
+from supervisor.sdk.wire import Group, Packed
 from supervisor.traces.rank_traces import open_traces
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
@@ -100,7 +101,8 @@ class Controller:
         self.directives = DirectiveLog(self.state.directives, self.state.acks, self.state.failures)
         self.receipts = Receipts(self.state.receipts)
         self.assembler = StepAssembler(self.world_size, self.settings.step_deadline_s,
-                                       on_release=self.receipts.release)  # fmt: skip
+                                       on_release=self.receipts.release,
+                                       on_release_unit=self.receipts.release_unit)  # fmt: skip
         self.assembler.watermark = self.state.watermark
         self.current_step = max(self.state.watermark, 0)
         self.history = StepHistory(
@@ -108,7 +110,7 @@ class Controller:
         )
         self.state.hold_history(self.history)
         self.batches: dict[int, int] = {int(k): v for k, v in self.state.batches.items()}
-        self.inbox: queue.SimpleQueue[list[Queued]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[list[Queued] | Packed] = queue.SimpleQueue()
         """One item per ingest call: its links' accepted batches, in the order they came."""
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
@@ -310,6 +312,9 @@ class Controller:
             except queue.Empty:
                 break
             took = True
+            if isinstance(item, Packed):
+                self._ingest_packed(item)
+                continue
             for rank, batch, seqs, link in item:
                 tags = [(link, seq) for seq in seqs] if link is not None and seqs is not None else []
                 fresh = []
@@ -327,6 +332,53 @@ class Controller:
         self._analyse_ready(final=self.workers_gone())
         return took
 
+    def _ingest_packed(self, p: Packed) -> None:
+        """A decoded batch (``sdk/wire.py``, ``ingest_frame``) as one frame: the receipts checked per
+        link in bulk, the bookkeeping reading only the columns it needs, the records held as one
+        unit until every step they feed is analysed."""
+        frame, heads = p.frame, p.heads
+        links = [h[1] for h in heads]
+        counts = [h[3] for h in heads]
+        numbered = p.seqs is not None and None not in links
+        keep = self.receipts.fresh_batch(links, counts, p.seqs) if numbered else None  # type: ignore[arg-type]
+        if keep is not None and not any(keep):
+            return  # every record a resend this supervisor already has
+        self._note_frame(frame, keep)
+        unit = None
+        if numbered:
+            marks: dict[str, int] = {}
+            at = 0
+            for link, count in zip(links, counts, strict=True):
+                if count and link not in marks:
+                    marks[link] = p.seqs[at]  # type: ignore[index]
+                at += count
+            unit = self.receipts.hold_unit(marks)  # unconsumed until every step it feeds is analysed
+        self.assembler.add_frame(frame, keep, unit)
+
+    def _note_frame(self, frame: StepFrame, keep: list[bool] | None) -> None:
+        """``_note`` for a frame's records, reading its columns: a record is built only where it
+        carries events."""
+        if frame.any_events() or keep is not None:
+            for i, rec in enumerate(frame):
+                if keep is None or keep[i]:
+                    self._note(rec.rank, rec)
+            return
+        if self.state.held_at:
+            for rank in frame.col("rank"):
+                self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
+        if not frame.has("attrs"):
+            return
+        steps, attrs = frame.col("step"), frame.col("attrs")
+        if min(steps) != max(steps):
+            for step, a in zip(steps, attrs, strict=True):
+                if a:
+                    self._note_attrs(step, a)
+            return
+        # One step: the last record's values count, as when noted one by one.
+        batch = next((b for a in reversed(attrs) if a and isinstance(b := a.get("batch"), int)), None)
+        clip = next((c for a in reversed(attrs) if a and _clip(c := a.get("grad_clip"))), None)
+        self._note_attrs(steps[0], {"batch": batch, "grad_clip": clip})
+
     def _analyse_ready(self, *, final: bool) -> None:
         """Analyse every step whose records are all in, in order, each followed by the checkpoint
         marks it settles (``tend``): a supervisor that fell behind a fast run takes the healthy window
@@ -337,7 +389,7 @@ class Controller:
             self._analyse(step, records)
             self.tend()
 
-    def _analyse(self, step: int, records: list[Any]) -> None:
+    def _analyse(self, step: int, records: StepFrame) -> None:
         self.history.append(aggregate(step, records))
         self.current_step = step
         self.time_lost.on_step(step, records)
@@ -361,12 +413,7 @@ class Controller:
             self.directives.note_events(rank, step, events)
         if not control and self.state.held_at:
             self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
-        batch = attrs.get("batch")
-        if isinstance(batch, int):
-            self.batches[step] = batch
-        clip = attrs.get("grad_clip")
-        if isinstance(clip, int | float) and not isinstance(clip, bool) and clip >= 0:
-            self.state.reported_grad_clip = float(clip)  # the job's own clip (JobState.grad_clip)
+        self._note_attrs(step, attrs)
         for ev in events:
             if ev.startswith(f"{END_REACHED}:"):
                 self.state.held_at[rank] = step
@@ -375,6 +422,14 @@ class Controller:
                 saved = int(tail) if tail.isdigit() else step
                 if saved not in self.state.checkpoints_seen:
                     self.state.checkpoints_seen.append(saved)
+
+    def _note_attrs(self, step: int, attrs: dict[str, Any]) -> None:
+        batch = attrs.get("batch")
+        if isinstance(batch, int):
+            self.batches[step] = batch
+        clip = attrs.get("grad_clip")
+        if _clip(clip):
+            self.state.reported_grad_clip = float(clip)  # the job's own clip (JobState.grad_clip)
 
     def _silent_ranks(self) -> list[int]:
         """Ranks silent for ``telemetry.hang_timeout_s``, whatever the phase: a rank that trains sends
@@ -908,6 +963,41 @@ class Controller:
             self.inbox.put(taken)
         return replies
 
+    def ingest_frame(self, p: Packed) -> list[dict[str, Any]]:
+        """``ingest_groups`` for a batch decoded as one frame (``sdk/wire.unpack_frame``): each link's
+        answer as there; a link asked to resend has its records left out of the frame."""
+        links = [h[1] for h in p.heads]
+        seqs = p.seqs
+        durable, incarnation = self.receipts.durable, self.incarnation
+        replies = [
+            {"acked": durable.get(link, 0) if link else 0, "incarnation": incarnation} for link in links
+        ]
+        if seqs is not None and not self._next_of_each(p, links):
+            refused: set[int] = set()
+            at = 0
+            for g, (_rank, link, held, count) in enumerate(p.heads):
+                if link is not None:
+                    resend = self.receipts.offer(link, seqs[at : at + count], held)
+                    if resend is not None:
+                        replies[g]["resend_from"] = resend
+                        refused.add(g)
+                at += count
+            if refused:
+                p = _without(p, refused)
+        if len(p.frame):
+            self.inbox.put(p)
+        return replies
+
+    def _next_of_each(self, p: Packed, links: list[str | None]) -> bool:
+        """The batch holds one record of each of its links, each the next its link numbers: offered
+        in bulk (True). False: offer link by link."""
+        seqs = p.seqs
+        if seqs is None or len(seqs) != len(links) or None in links or len(set(links)) != len(links):
+            return False
+        if any(h[3] != 1 for h in p.heads):
+            return False
+        return self.receipts.offer_next(links, seqs)  # type: ignore[arg-type]
+
     def request_stop(self, reason: str) -> None:
         self.stop_requested = reason
 
@@ -950,3 +1040,25 @@ def _machinery_diagnosis(step: int, rank: int | None, reason: str) -> Diagnosis:
         severity=Severity.HIGH,
         detected_step=step,
     )
+
+
+def _clip(v: Any) -> TypeGuard[int | float]:
+    """A grad-clip value a rank reports (``attrs.grad_clip``): a number >= 0."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+
+
+def _without(p: Packed, groups: set[int]) -> Packed:
+    """The batch less the records of ``groups`` (links asked to resend)."""
+    heads: list[tuple[int, str | None, tuple[int, int] | None, int]] = []
+    rows: list[int] = []
+    seqs: list[int] = []
+    at = 0
+    for g, head in enumerate(p.heads):
+        count = head[3]
+        if g not in groups:
+            heads.append(head)
+            rows.extend(range(at, at + count))
+            if p.seqs is not None:
+                seqs.extend(p.seqs[at : at + count])
+        at += count
+    return Packed(heads, seqs if p.seqs is not None else None, p.frame.take(rows))

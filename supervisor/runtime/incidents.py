@@ -228,7 +228,7 @@ class IncidentFlow:
         out, self._out = self._out, []
         return out
 
-    def observe(self, step: int, records: list[Record], now: Now) -> Flow:
+    def observe(self, step: int, records: Sequence[Record], now: Now) -> Flow:
         """The step's detector updates. An incident opened or reopened is yielded as it happens and
         carried out before the flow goes on (what follows reads it; ``OpenIncident`` gets its id
         sent back); every other effect comes after the last update, in order."""

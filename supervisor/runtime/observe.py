@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from supervisor.core.frame import StepFrame
 from supervisor.core.records import Record
 from supervisor.core.summary import scaler_skipped
 
@@ -34,24 +36,34 @@ class StepStats:
 _STEP_FIELDS = tuple(f.name for f in fields(StepStats))
 
 
-def aggregate(step: int, records: list[Record]) -> StepStats:
+def aggregate(step: int, records: Sequence[Record]) -> StepStats:
     """Token-weighted global loss (when ranks report loss_sum and tokens), mean of the rest."""
-    weighted = [(r.loss_sum, r.tokens) for r in records if r.loss_sum is not None and r.tokens]
-    if len(weighted) == len(records):
-        loss = sum(s for s, _ in weighted) / max(1, sum(t for _, t in weighted if t))
-    else:
-        loss = sum(r.loss for r in records) / len(records)
+    f = StepFrame.of(records)
+    sums, toks = f.col("loss_sum"), f.col("tokens")
+    weighted = None not in sums and all(toks)  # every rank says its tokens and loss sum
+    loss = sum(sums) / max(1, sum(toks)) if weighted else sum(f.col("loss")) / len(f)
+    upd, par = f.col("update_norm"), f.col("param_norm")
+    ratios = [None if u is None or p is None else u / (p + 1e-12) for u, p in zip(upd, par, strict=True)]
+    overflow = any(f.col("overflow"))
     return StepStats(
         step=step,
         loss=float(loss),
-        grad_norm=_mean([r.grad_norm for r in records]),
-        update_ratio=_mean([r.update_ratio for r in records]),
-        tokens_per_s=_sum([r.tokens_per_s for r in records]),
-        lr=_mean([r.lr for r in records]),
-        nonfinite=any(r.is_nonfinite and not scaler_skipped(r) for r in records),
-        ranks=len(records),
-        skipped=any(scaler_skipped(r) for r in records),
+        grad_norm=_mean(f.col("grad_norm")),
+        update_ratio=_mean(ratios),
+        tokens_per_s=_sum(f.col("tokens_per_s")),
+        lr=_mean(f.col("lr")),
+        # The AMP scaler's skip is read per record, and only on a step where a rank overflowed.
+        nonfinite=any(r.is_nonfinite and not scaler_skipped(r) for r in f) if overflow else _nonfinite(f),
+        ranks=len(f),
+        skipped=overflow and any(scaler_skipped(r) for r in f),
     )
+
+
+def _nonfinite(f: StepFrame) -> bool:
+    """Some record's probe flagged NaN/Inf, or its loss or grad norm is not finite."""
+    finite = math.isfinite
+    return (any(f.col("nonfinite")) or not all(map(finite, f.col("loss")))
+            or not all(finite(g) for g in f.col("grad_norm") if g is not None))  # fmt: skip
 
 
 def _mean(xs: list[float | None]) -> float | None:

@@ -30,6 +30,8 @@ class Receipts:
         self.lost = 0
         """Records a worker dropped before sending (gaps in its numbering): counted, logged."""
         self._open: dict[str, set[int]] = {}
+        self._units: dict[int, dict[str, int]] = {}  # a decoded batch held whole: link -> its lowest seq
+        self._next_unit = 0
         self._offered: dict[str, int] = dict(self.durable)  # highest seq let into the inbox, per link
         self._lock = threading.Lock()
 
@@ -49,6 +51,17 @@ class Receipts:
                 self._offered[link] = max(top, seqs[-1])
             return None
 
+    def offer_next(self, links: Sequence[str], seqs: Sequence[int]) -> bool:
+        """``offer`` for a batch of one record per link (distinct links), taken whole when each record
+        is the next its link numbers (True); False, having changed nothing, for any other batch
+        (``offer`` each link then)."""
+        with self._lock:
+            offered = self._offered
+            if all(q == offered.get(link, 0) + 1 for link, q in zip(links, seqs, strict=True)):
+                offered.update(zip(links, seqs, strict=True))
+                return True
+            return False
+
     def fresh(self, link: str, seq: int) -> bool:
         """True for a record not seen before (its number is above the link's highest)."""
         last = self.received.get(link, 0)
@@ -61,6 +74,40 @@ class Receipts:
                         why="the worker's buffer dropped them (RuntimeSettings.buffer_records)")  # fmt: skip
         self.received[link] = seq
         return True
+
+    def fresh_batch(self, links: Sequence[str | None], counts: list[int], seqs: Sequence[int]) -> list[bool] | None:  # fmt: skip
+        """``fresh`` for a decoded batch's records (per link its id and how many records, then every
+        record's number): None when every record is fresh (the common case, checked without a call
+        per record), else which ones are."""
+        received = self.received
+        if (
+            counts.count(1) == len(counts) == len(seqs)
+            and None not in links
+            and len(set(links)) == len(links)
+        ):
+            known = [received.get(link, 0) for link in links]  # type: ignore[arg-type]
+            if all(q == k + 1 for q, k in zip(seqs, known, strict=True)):  # one record per link, in order
+                received.update(zip(links, seqs, strict=True))  # type: ignore[arg-type]
+                return None
+        keep: list[bool] = []
+        at = 0
+        for link, count in zip(links, counts, strict=True):
+            if link is None:
+                keep.extend([True] * count)
+            else:
+                keep.extend(self.fresh(link, q) for q in seqs[at : at + count])
+            at += count
+        return keep
+
+    def hold_unit(self, marks: dict[str, int]) -> int:
+        """Hold a batch's records whole (``marks``: per link its lowest seq in the batch) until
+        :meth:`release_unit`; the id to release it with."""
+        self._next_unit += 1
+        self._units[self._next_unit] = marks
+        return self._next_unit
+
+    def release_unit(self, unit: int) -> None:
+        self._units.pop(unit, None)
 
     def hold(self, tag: Tag) -> None:
         """The record waits (its step is not analysed yet): the link's mark stays below it."""
@@ -76,6 +123,10 @@ class Receipts:
         for link, last in self.received.items():
             held = self._open.get(link)
             out[link] = min(held) - 1 if held else last
+        for marks in self._units.values():
+            for link, lowest in marks.items():
+                if lowest <= out.get(link, lowest):
+                    out[link] = lowest - 1
         return out
 
     def made_durable(self, marks: Mapping[str, int]) -> None:

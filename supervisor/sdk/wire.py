@@ -34,14 +34,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, repeat
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
+from supervisor.core.frame import SEP, Flat, StepFrame, source_views, split_joined
 from supervisor.core.records import MAX_STEP, Record, SourceView
 
 WIRE_VERSION = 1
-SEP = "\x1f"
-"""Joins sample IDs and events in their column (the ASCII unit separator)."""
 MAX_BATCH = 1_000_000
 """Records one packed batch may hold; a larger claim is refused before anything is built."""
 
@@ -185,6 +185,49 @@ def _pack_strings(recs: list[dict[str, Any]], name: str) -> tuple[Any, str]:
 def unpack(batch: Any, *, as_dicts: bool = False) -> list[Group]:
     """The links' parts of a packed batch, records as ``Record`` (or as dicts: ``as_dicts``, or a
     column that is not clean). Raises :class:`WireError` for anything that is no such batch."""
+    heads, seqs, rows, m = _frame_of(batch)
+    columnar = _decode(batch, m, as_dicts)
+    records = _merge(columnar, rows, sum(h[3] for h in heads))
+    out: list[Group] = []
+    at = 0
+    for rank, link, held, count in heads:
+        out.append(
+            (rank, link, held, None if seqs is None else seqs[at : at + count], records[at : at + count])
+        )
+        at += count
+    return out
+
+
+@dataclass(slots=True)
+class Packed:
+    """A packed batch decoded as one frame: per link (rank, link id, held range, how many records),
+    every record's number within its link (None: unnumbered), and the records in batch order."""
+
+    heads: list[tuple[int, str | None, tuple[int, int] | None, int]]
+    seqs: list[int] | None
+    frame: StepFrame
+
+
+def unpack_frame(batch: Any) -> Packed | None:
+    """A packed batch whose every record travelled in the clean columns, as one ``StepFrame`` with no
+    object per record; None for any other valid batch (``unpack`` reads those). Raises
+    :class:`WireError` as ``unpack`` does."""
+    heads, seqs, rows, m = _frame_of(batch)
+    parts = _parts(batch, m)
+    if rows or parts is None:
+        return None
+    clean, flat, samples, events, attrs = parts
+    strings = {name: part for name, part in (("samples", samples), ("events", events)) if part is not None}
+    if attrs is not None:
+        clean["attrs"] = [a if type(a) is dict else {} for a in attrs]
+    for name in _BOOL:
+        if name in clean:
+            clean[name] = [bool(v) for v in clean[name]]
+    return Packed(heads, seqs, StepFrame(m, clean, flat_sources=flat, strings=strings))
+
+
+def _frame_of(batch: Any) -> tuple[list[Any], list[int] | None, list[tuple[int, Any]], int]:
+    """(heads, seqs, rows, m) of a packed batch, its framing checked."""
     if type(batch) is not dict or batch.get("wire") != WIRE_VERSION:
         got = batch.get("wire") if type(batch) is dict else type(batch).__name__
         raise WireError(f"not a packed record batch of wire version {WIRE_VERSION} (got {got!r})")
@@ -195,16 +238,7 @@ def unpack(batch: Any, *, as_dicts: bool = False) -> list[Group]:
     m = batch.get("m")
     if type(m) is not int or m != n - len(rows):
         raise WireError(f"m: {m!r} columnar records, but the groups hold {n} and rows {len(rows)}")
-    columnar = _decode(batch, m, as_dicts)
-    records = _merge(columnar, rows, n)
-    out: list[Group] = []
-    at = 0
-    for rank, link, held, count in heads:
-        out.append(
-            (rank, link, held, None if seqs is None else seqs[at : at + count], records[at : at + count])
-        )
-        at += count
-    return out
+    return heads, seqs, rows, m
 
 
 def _groups(part: Any) -> list[tuple[int, str | None, tuple[int, int] | None, int]]:
@@ -287,31 +321,65 @@ def _merge(columnar: list[Any], rows: list[tuple[int, Any]], n: int) -> list[Any
     return out
 
 
+Parts = tuple[dict[str, list[Any]], Flat | None, tuple[list[int], str] | None, tuple[list[int], str] | None, list[Any] | None]  # fmt: skip
+"""(clean scalar columns, sources, samples, events, attrs) of a batch's columnar records."""
+
+
 def _decode(batch: dict[str, Any], m: int, as_dicts: bool) -> list[Any]:
+    parts = _parts(batch, m)
+    if parts is None or as_dicts:
+        return _dicts(m, *_plain_parts(batch, m))
+    if not m:
+        return []
+    clean, flat, samples, events, attrs = parts
+    return _records(m, clean, source_views(flat) if flat is not None else None,
+                    split_joined(*samples) if samples is not None else None,
+                    split_joined(*events) if events is not None else None, attrs)  # fmt: skip
+
+
+def _parts(batch: dict[str, Any], m: int) -> Parts | None:
+    """The columnar records' parts, every one checked; None when a scalar column is not clean (a
+    plain list: the records are rebuilt as dicts and validated one by one)."""
     cols = batch.get("cols")
     if type(cols) is not dict or not cols.keys() <= set(_SCALARS):
         raise WireError(f"cols: a dict of record fields expected, got {str(cols)[:80]}")
     if m and not {"step", "loss"} <= cols.keys():
         raise WireError("cols: every columnar record needs step and loss")
     clean: dict[str, list[Any]] = {}
-    plain: dict[str, list[Any]] = {}
+    plain = False
     for name, col in cols.items():
         values = _typed(col, _TYPECODE[name], m, f"cols.{name}") if name in _TYPECODE else _strs(col, m, name)
-        (clean if values is not None else plain)[name] = values if values is not None else col
-    sources = _sources(batch.get("sources"), m)
+        if values is None:
+            plain = True
+        else:
+            clean[name] = values
+    flat = _flat_sources(batch.get("sources"), m)
     samples = _joined(batch.get("samples"), m, "samples")
     events = _joined(batch.get("events"), m, "events")
     attrs = batch.get("attrs")
     if attrs is not None and not (type(attrs) is list and len(attrs) == m):
         raise WireError(f"attrs: a list of {m} expected")
-    if not m:
-        return []
-    if as_dicts or plain:
-        return _dicts(m, {**clean, **plain}, sources, samples, events, attrs)
-    steps = clean["step"]
-    if not -MAX_STEP <= min(steps) <= max(steps) <= MAX_STEP:
-        raise WireError(f"cols.step: a step beyond {MAX_STEP}")
-    return _records(m, clean, sources, samples, events, attrs)
+    if plain:
+        return None
+    if m:
+        steps = clean["step"]
+        if not -MAX_STEP <= min(steps) <= max(steps) <= MAX_STEP:
+            raise WireError(f"cols.step: a step beyond {MAX_STEP}")
+    return clean, flat, samples, events, attrs
+
+
+def _plain_parts(batch: dict[str, Any], m: int) -> tuple[dict[str, list[Any]], Any, Any, Any, Any]:
+    """The parts as ``_dicts`` takes them (a column that is not clean as it came)."""
+    cols: dict[str, list[Any]] = {}
+    for name, col in batch["cols"].items():
+        values = _typed(col, _TYPECODE[name], m, f"cols.{name}") if name in _TYPECODE else _strs(col, m, name)
+        cols[name] = values if values is not None else col
+    flat = _flat_sources(batch.get("sources"), m)
+    samples = _joined(batch.get("samples"), m, "samples")
+    events = _joined(batch.get("events"), m, "events")
+    return (cols, source_views(flat) if flat is not None else None,
+            split_joined(*samples) if samples is not None else None,
+            split_joined(*events) if events is not None else None, batch.get("attrs"))  # fmt: skip
 
 
 def _strs(col: Any, m: int, name: str) -> list[Any] | None:
@@ -323,7 +391,7 @@ def _strs(col: Any, m: int, name: str) -> list[Any] | None:
     return None
 
 
-def _sources(part: Any, m: int) -> list[Any] | None:
+def _flat_sources(part: Any, m: int) -> Flat | None:
     if part is None:
         return None
     if not (type(part) in (tuple, list) and len(part) == 5 and type(part[0]) is list
@@ -339,35 +407,20 @@ def _sources(part: Any, m: int) -> list[Any] | None:
     loss_sum = _typed(part[4], "d", total, "sources.loss_sum")
     if tokens is None or loss_sum is None:
         raise WireError("sources: tokens and loss_sum must be float arrays")
-    ends = list(accumulate(per))
-    # One view per record over the shared columns: no dict per record and source (``SourceView``).
-    views: list[Any] = [SourceView(names, idx, tokens, loss_sum, e - k, e) if k else None for k, e in zip(per, ends, strict=True)]  # fmt: skip
-    if not _distinct_names(per, idx):  # a name twice in one record: the last one counts, as in a dict
-        views = [v if v is None or len(set(v)) == len(v) else _as_dict(v) for v in views]
-    return views
+    return names, per, idx, tokens, loss_sum
 
 
-def _distinct_names(per: list[int], idx: list[int]) -> bool:
-    """True when no record names a source twice; cheap when every record lists the same names."""
-    k = per[0] if per else 0
-    return all(c == k for c in per) and idx == idx[:k] * len(per) and len(set(idx[:k])) == k
-
-
-def _as_dict(sources: Any) -> dict[str, dict[str, float]]:
-    return sources.as_dict() if type(sources) is SourceView else sources
-
-
-def _joined(part: Any, m: int, what: str) -> list[list[str]] | None:
+def _joined(part: Any, m: int, what: str) -> tuple[list[int], str] | None:
+    """(per-record counts, joined text), checked to add up."""
     if part is None:
         return None
     if not (type(part) in (tuple, list) and len(part) == 2 and type(part[1]) is str):
         raise WireError(f"{what}: (counts, joined text) expected")
     per = _ints(part[0], m, f"{what}.counts")
-    flat = part[1].split(SEP) if part[1] else []
-    if min(per, default=0) < 0 or sum(per) != len(flat):
-        raise WireError(f"{what}: the counts add up to {sum(per)}, the text holds {len(flat)}")
-    ends = list(accumulate(per))
-    return [flat[e - k : e] for k, e in zip(per, ends, strict=True)]
+    found = part[1].count(SEP) + 1 if part[1] else 0
+    if min(per, default=0) < 0 or sum(per) != found:
+        raise WireError(f"{what}: the counts add up to {sum(per)}, the text holds {found}")
+    return per, part[1]
 
 
 def _records(m: int, cols: dict[str, list[Any]], sources: Any, samples: Any, events: Any, attrs: Any) -> list[Record]:  # fmt: skip
@@ -401,5 +454,5 @@ def _dicts(m: int, cols: dict[str, list[Any]], sources: Any, samples: Any, event
         if part is not None:
             for d, v in zip(out, part, strict=True):
                 if v is not None and (v or name == "samples"):
-                    d[name] = _as_dict(v) if name == "sources" else v
+                    d[name] = v.as_dict() if type(v) is SourceView else v
     return [tidy(d) for d in out]

@@ -1,0 +1,246 @@
+"""One step's records as columns: what the per-step readers take, with no object per rank.
+
+At a thousand ranks the supervisor's cost per step is its cost per record. A ``StepFrame`` holds a
+step's records as one list per field (``col``), so the readers of every step (``summary.summarize``,
+``runtime.observe.aggregate``, the metrics, the time ledger) run a comprehension per field instead
+of building and reading an object per rank. A frame decoded from a packed batch (``sdk/wire.py``)
+keeps the wire's columns as they came; the sources, sample IDs and events stay in their flat wire
+form until a reader asks for them per record. ``Record`` objects are built only when something
+reads a record whole (a diagnosis names a rank, an incident's series is exported), and then once.
+
+A frame is a ``Sequence[Record]``: code that walks records walks a frame unchanged, and
+``StepFrame.of(records)`` turns any list of records into one (its columns built when read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, repeat
+from typing import Any, overload
+
+from supervisor.core.records import Record, SourceView, add_sources
+
+FIELDS = ("step", "loss", "rank", "world_size", "time", "loss_sum", "tokens", "batch_mean_loss", "lr",
+          "grad_norm", "param_norm", "update_norm", "loss_scale", "overflow", "nonfinite", "nonfinite_at",
+          "sources", "samples", "seq_len_max", "seq_len_mean", "step_time", "tokens_per_s", "param_checksum",
+          "events", "attrs")  # fmt: skip
+"""``Record``'s fields in its constructor's order."""
+_DEFAULTS: dict[str, Any] = {"rank": 0, "world_size": 1}
+_BOOLS = frozenset(("overflow", "nonfinite"))
+
+SEP = "\x1f"
+"""Joins sample IDs and events in their flat column (the wire's separator, ``sdk/wire.py``)."""
+
+Flat = tuple[list[str], list[int], list[int], list[float], list[float]]
+"""A step's sources as the wire sends them: (names, per-record count, name index, tokens, loss_sum)."""
+
+
+class StepFrame(Sequence[Record]):
+    """A step's records, field by field. ``cols`` maps a field to its values, one per record (a
+    field no record has may be left out: it reads as ``None`` everywhere, or its ``Record``
+    default). ``flat_sources`` and ``strings`` hold the sources and the sample IDs / events in their
+    flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
+    per record only when asked."""
+
+    __slots__ = ("_n", "_cols", "_records", "_flat", "_strings")
+
+    def __init__(
+        self,
+        n: int,
+        cols: dict[str, list[Any]] | None = None,
+        *,
+        flat_sources: Flat | None = None,
+        strings: dict[str, tuple[list[int], str]] | None = None,
+    ) -> None:
+        self._n = n
+        self._cols = cols if cols is not None else {}
+        self._records: list[Record] | None = None
+        self._flat = flat_sources
+        self._strings = strings or {}
+
+    @classmethod
+    def of(cls, records: Sequence[Record]) -> StepFrame:
+        """The frame of a list of records (a frame is returned as it is); columns built when read."""
+        if type(records) is StepFrame:
+            return records
+        frame = cls(len(records))
+        frame._records = list(records)
+        return frame
+
+    # -- columns --------------------------------------------------------------------------------
+    def col(self, name: str) -> list[Any]:
+        """Every record's ``name``, in record order (``None``, or the record's default, where absent)."""
+        got = self._cols.get(name)
+        if got is not None:
+            return got
+        if self._records is not None:
+            got = [getattr(r, name) for r in self._records]
+        elif name == "sources" and self._flat is not None:
+            got = source_views(self._flat)
+        elif name in self._strings:
+            got = split_joined(*self._strings[name])
+            if name == "samples":
+                got = [v or None for v in got]
+        elif name == "events":
+            got = [[] for _ in range(self._n)]
+        elif name == "attrs":
+            got = [{} for _ in range(self._n)]
+        else:
+            got = [_DEFAULTS.get(name)] * self._n
+        self._cols[name] = got
+        return got
+
+    def has(self, name: str) -> bool:
+        """Some record may carry ``name`` (False: none does, and reading it builds nothing)."""
+        return (name in self._cols or name in self._strings or self._records is not None
+                or (name == "sources" and self._flat is not None))  # fmt: skip
+
+    def all_events(self) -> set[str]:
+        """Every event any record of the step carries."""
+        packed = self._strings.get("events")
+        if packed is not None and "events" not in self._cols:
+            return set(packed[1].split(SEP)) if packed[1] else set()
+        if not self.has("events"):
+            return set()
+        return {e for evs in self.col("events") if evs for e in evs}
+
+    def any_events(self) -> bool:
+        packed = self._strings.get("events")
+        if packed is not None and "events" not in self._cols:
+            return bool(packed[1])
+        return self.has("events") and any(self.col("events"))
+
+    def source_totals(self) -> dict[str, list[float]]:
+        """{source: [tokens, loss_sum]} summed over the step's records, names in first-seen order."""
+        acc: dict[str, list[float]] = {}
+        flat = self._flat
+        if flat is not None and "sources" not in self._cols and _distinct_names(flat[1], flat[2]):
+            names, per, index, tokens, loss_sum = flat
+            k = per[0] if per else 0
+            if k and len(tokens) == k * len(per):  # every record lists the same names: strided sums
+                for j in range(k):
+                    acc[names[index[j]]] = [sum(tokens[j::k]), sum(loss_sum[j::k])]
+                return acc
+            for i, t, s in zip(index, tokens, loss_sum, strict=True):
+                a = acc.get(names[i])
+                if a is None:
+                    a = acc[names[i]] = [0.0, 0.0]
+                a[0] += t or 0.0
+                a[1] += s or 0.0
+            return acc
+        if self.has("sources"):
+            for src in self.col("sources"):
+                if src:
+                    add_sources(acc, src)
+        return acc
+
+    def take(self, index: Sequence[int]) -> StepFrame:
+        """A frame of the records at ``index`` (in that order); the flat parts stay flat."""
+        if self._records is not None:
+            return StepFrame.of([self._records[i] for i in index])
+        m = len(index)
+        if m and index[0] == 0 and index[-1] == m - 1 and list(index) == list(range(m)):
+            return self._head(m)
+        cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
+        flat = _take_flat(self._flat, index) if self._flat is not None and "sources" not in cols else None
+        strings: dict[str, tuple[list[int], str]] = {}
+        for name, (per, text) in self._strings.items():
+            if name in cols:
+                continue
+            if not text:
+                strings[name] = ([0] * len(index), "")
+                continue
+            lists = split_joined(per, text)
+            picked = [lists[i] for i in index]
+            strings[name] = ([len(v) for v in picked], SEP.join(x for v in picked for x in v))
+        return StepFrame(len(index), cols, flat_sources=flat, strings=strings)
+
+    def _head(self, m: int) -> StepFrame:
+        """The first ``m`` records (slices, and the flat parts cut at their ``m``-th record)."""
+        cols = {name: col[:m] for name, col in self._cols.items()}
+        flat = None
+        if self._flat is not None and "sources" not in cols:
+            names, per, idx, tokens, loss_sum = self._flat
+            k = sum(per[:m])
+            flat = (names, per[:m], idx[:k], tokens[:k], loss_sum[:k])
+        strings: dict[str, tuple[list[int], str]] = {}
+        for name, (per, text) in self._strings.items():
+            if name not in cols:
+                k = sum(per[:m])
+                strings[name] = (per[:m], SEP.join(text.split(SEP, k)[:k]) if k else "")
+        return StepFrame(m, cols, flat_sources=flat, strings=strings)
+
+    # -- the records ----------------------------------------------------------------------------
+    def records(self) -> list[Record]:
+        """The ``Record`` of every row, built once."""
+        if self._records is None:
+            parts: list[Any] = []
+            for name in FIELDS:
+                if not self.has(name):
+                    parts.append(_absent(name, self._n))
+                elif name in _BOOLS:  # the wire sends flags as 0/1
+                    parts.append([None if v is None else bool(v) for v in self.col(name)])
+                else:
+                    parts.append(self.col(name))
+            self._records = list(map(Record, *parts))
+        return self._records
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> Record: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Record]: ...
+    def __getitem__(self, i: int | slice) -> Record | list[Record]:
+        return self.records()[i]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __repr__(self) -> str:
+        return f"StepFrame({self._n} records)"
+
+
+def _absent(name: str, n: int) -> Any:
+    if name == "events":
+        return ([] for _ in range(n))
+    if name == "attrs":
+        return ({} for _ in range(n))
+    return repeat(_DEFAULTS.get(name), n)
+
+
+def split_joined(per: Sequence[int], joined: str) -> list[list[str]]:
+    """Per-record lists from a flat column joined by ``SEP`` and the per-record counts."""
+    flat = joined.split(SEP) if joined else []
+    ends = list(accumulate(per))
+    return [flat[e - k : e] for k, e in zip(per, ends, strict=True)]
+
+
+def source_views(flat: Flat) -> list[Any]:
+    """Per-record source mappings over a flat column (``SourceView``; a dict where a record names a
+    source twice, whose last value counts, as in the dict it was sent as)."""
+    names, per, index, tokens, loss_sum = flat
+    ends = list(accumulate(per))
+    views: list[Any] = [SourceView(names, index, tokens, loss_sum, e - k, e) if k else None for k, e in zip(per, ends, strict=True)]  # fmt: skip
+    if not _distinct_names(per, index):
+        views = [v if v is None or len(set(v)) == len(v) else v.as_dict() for v in views]
+    return views
+
+
+def _distinct_names(per: Sequence[int], index: Sequence[int]) -> bool:
+    """True when no record names a source twice; cheap when every record lists the same names."""
+    k = per[0] if per else 0
+    return all(c == k for c in per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
+
+
+def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:
+    names, per, idx, tokens, loss_sum = flat
+    ends = list(accumulate(per))
+    new_per = [per[i] for i in index]
+    spans = [(ends[i] - per[i], ends[i]) for i in index]
+    return (names, new_per, [x for a, b in spans for x in idx[a:b]], [x for a, b in spans for x in tokens[a:b]],
+            [x for a, b in spans for x in loss_sum[a:b]])  # fmt: skip
