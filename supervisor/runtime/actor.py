@@ -21,7 +21,7 @@ from supervisor.logging import get_logger
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.machinery import Workers
 from supervisor.runtime.state import JobPhase
-from supervisor.sdk.wire import WireError, unpack, unpack_frame
+from supervisor.sdk.wire import WireError
 
 GC_YOUNG = 50_000
 """Allocations between two young-generation collections in the supervisor's process."""
@@ -83,14 +83,12 @@ class SupervisorActor:
         with self._calls_lock:  # calls run on Ray's threads
             self.record_calls += 1
         try:
-            packed = None if self._dicts else unpack_frame(batch)  # one frame, no object per record
-            groups = unpack(batch, as_dicts=self._dicts) if packed is None else []
+            return self.ctl.ingest_wire(batch, as_dicts=self._dicts)
         except WireError as exc:
             self.refused += 1
             if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
                 self.log.warning("record_batch_refused", error=str(exc), refused_total=self.refused)
             return {"refused": str(exc), "acked": 0}
-        return self.ctl.ingest_groups(groups) if packed is None else self.ctl.ingest_frame(packed)
 
     def directives(self, rank: int, after_seq: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """A long poll of up to ``wait_s`` (at most 5 s) when there are none after ``after_seq`` yet."""

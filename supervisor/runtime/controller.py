@@ -61,7 +61,7 @@ from supervisor.runtime.state import (
 )
 from supervisor.runtime.tending import CheckpointTending
 from supervisor.sdk.directives import END_REACHED, Directive, Finish, Stop
-from supervisor.sdk.wire import Group, Packed
+from supervisor.sdk.wire import Group, Packed, unpack, unpack_frame
 from supervisor.traces.rank_traces import open_traces
 
 #: A restart during an open incident without a rollback in its plan resumes at least this many
@@ -962,6 +962,15 @@ class Controller:
         if taken:
             self.inbox.put(taken)
         return replies
+
+    def ingest_wire(self, batch: Any, *, as_dicts: bool = False) -> list[dict[str, Any]]:
+        """A packed batch as the actor receives it (``sdk/wire.py``): decoded as one frame when every
+        record travelled in the clean columns (``ingest_frame``), else into records (dicts:
+        ``as_dicts``) link by link (``ingest_groups``). Raises ``WireError`` for no such batch."""
+        packed = None if as_dicts else unpack_frame(batch)
+        if packed is None:
+            return self.ingest_groups(unpack(batch, as_dicts=as_dicts))
+        return self.ingest_frame(packed)
 
     def ingest_frame(self, p: Packed) -> list[dict[str, Any]]:
         """``ingest_groups`` for a batch decoded as one frame (``sdk/wire.unpack_frame``): each link's

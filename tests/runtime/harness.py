@@ -31,15 +31,16 @@ from typing import Any
 from supervisor.errors import RuntimeBackendError
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.restarts import GroupEvent
+from supervisor.sdk.wire import pack
 
 Loss = Callable[[int, int], float]
 
 
 def send(ctl: Any, rank: int, batch: list[dict[str, Any]], seqs: list[int] | None = None,
          link: str | None = None, held: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
-    """One link's batch into the controller as the actor hands it over (``Controller.ingest_groups``),
+    """One link's batch into the controller as the actor takes it (packed, ``Controller.ingest_wire``),
     and that link's answer."""
-    reply: dict[str, Any] = ctl.ingest_groups([(rank, link, held, seqs, batch)])[0]
+    reply: dict[str, Any] = ctl.ingest_wire(pack([(rank, link, held, seqs, batch)]))[0]
     return reply
 
 

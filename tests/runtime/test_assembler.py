@@ -173,3 +173,66 @@ def test_silent_ranks_with_every_rank_heard_or_one_stale_missing_or_foreign() ->
     clock.t = 200.0
     b.touch()
     assert b.silent_ranks(5.0, range(3), 100.0) == [2]
+
+
+# -- batches decoded as one frame (add_frame) --------------------------------------------------------
+def frame(*recs: dict) -> Any:
+    from supervisor.core.frame import StepFrame
+
+    return StepFrame(
+        len(recs),
+        {
+            "step": [r["step"] for r in recs],
+            "rank": [r["rank"] for r in recs],
+            "loss": [r["loss"] for r in recs],
+        },
+    )
+
+
+def losses(f: Any) -> list[tuple[int, float]]:
+    return [(r.rank, r.loss) for r in f]
+
+
+def test_a_step_that_came_in_one_batch_in_rank_order_is_that_batch() -> None:
+    released: list[int] = []
+    a = StepAssembler(3, deadline_s=5.0, clock=Clock(), on_release_unit=released.append)
+    whole = frame(rec(1, 0), rec(1, 1), rec(1, 2))
+    a.add_frame(whole, unit=7)
+    assert released == []  # held until its step is analysed
+    [(step, got)] = a.ready()
+    assert step == 1 and got is whole and released == [7]
+    a.add_frame(frame(rec(2, 2, 3.0), rec(2, 0, 1.0), rec(2, 1, 2.0)), unit=8)
+    [(_, got)] = a.ready()
+    assert losses(got) == [(0, 1.0), (1, 2.0), (2, 3.0)]  # in rank order, as record by record
+
+
+def test_a_step_over_several_batches_and_a_rank_sent_again_read_as_record_by_record() -> None:
+    a = StepAssembler(3, deadline_s=5.0, clock=Clock())
+    a.add_frame(frame(rec(1, 0, 1.0), rec(1, 1, 1.0)))
+    a.add(2, rec(1, 2, 9.0), ("l2", 1))
+    a.add_frame(frame(rec(1, 1, 5.0)))  # rank 1 again: the newer record counts
+    [(_, got)] = a.ready()
+    assert losses(got) == [(0, 1.0), (1, 5.0), (2, 9.0)]
+
+
+def test_a_batch_of_several_steps_feeds_each_and_is_released_with_the_last() -> None:
+    released: list[int] = []
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock(), on_release_unit=released.append)
+    a.add_frame(frame(rec(1, 0), rec(2, 0), rec(3, 0), rec(1, 1), rec(2, 1)), unit=1)
+    assert [s for s, _ in a.ready()] == [1, 2] and released == []  # step 3 still waits for rank 1
+    a.add_frame(frame(rec(3, 1)), unit=2)
+    assert [(s, len(f)) for s, f in a.ready()] == [(3, 2)] and released == [1, 2]
+
+
+def test_a_frame_obeys_the_watermark_and_the_resync_after_a_rewind() -> None:
+    released: list[int] = []
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock(), on_release_unit=released.append)
+    a.add_frame(frame(rec(1, 0), rec(1, 1), rec(2, 0), rec(2, 1)), unit=1)
+    assert [s for s, _ in a.ready()] == [1, 2]
+    a.add_frame(frame(rec(2, 0), rec(2, 1)), unit=2)  # a resend below the watermark
+    assert a.ready() == [] and released == [1, 2]
+    a.rewind(1)
+    a.add_frame(frame(rec(3, 0), rec(2, 1)), unit=3)  # rank 0 still on the abandoned timeline
+    a.add_frame(frame(rec(2, 0)), unit=4)
+    [(step, got)] = a.ready()
+    assert step == 2 and losses(got) == [(0, 1.0), (1, 1.0)] and released == [1, 2, 3, 4]

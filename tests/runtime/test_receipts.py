@@ -73,3 +73,21 @@ def test_a_record_waiting_for_its_step_is_not_acknowledged_and_a_successor_gets_
     ranks.send(again, 1, [ranks.record(ranks.step, 1)])
     again.iterate()
     assert again.assembler.watermark == 11 and again.assembler.missing == 0
+
+
+def test_a_batch_held_whole_keeps_each_links_mark_below_its_lowest_record() -> None:
+    from supervisor.runtime.receipts import Receipts
+
+    r = Receipts()
+    assert r.fresh_batch(["a", "b"], [1, 1], [1, 1]) is None  # every record the next of its link
+    unit = r.hold_unit({"a": 1, "b": 1})
+    assert r.fresh_batch(["a", "b"], [1, 1], [2, 2]) is None
+    later = r.hold_unit({"a": 2, "b": 2})
+    assert r.consumed() == {"a": 0, "b": 0}
+    r.release_unit(unit)
+    assert r.consumed() == {"a": 1, "b": 1}
+    r.release_unit(later)
+    assert r.consumed() == {"a": 2, "b": 2}
+    # A resend and a gap: told record by record, as ``fresh`` tells them.
+    assert r.fresh_batch(["a", "b"], [1, 1], [2, 5]) == [False, True] and r.lost == 2
+    assert r.offer_next(["c"], [1]) and not r.offer_next(["c"], [1])  # the next once, then not again
