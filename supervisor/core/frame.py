@@ -231,10 +231,10 @@ def source_views(flat: Flat) -> list[Any]:
     return views
 
 
-def _distinct_names(per: Sequence[int], index: Sequence[int]) -> bool:
+def _distinct_names(per: list[int], index: Sequence[int]) -> bool:
     """True when no record names a source twice; cheap when every record lists the same names."""
     k = per[0] if per else 0
-    return all(c == k for c in per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
+    return per.count(k) == len(per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
 
 
 def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:

@@ -12,6 +12,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import gt, mul, sub, truediv
+from typing import cast
 
 from supervisor.core.frame import StepFrame
 from supervisor.core.records import Record
@@ -59,6 +62,9 @@ class StepSummary:
         return next((r for r in self.records if r.rank == rank), None)
 
 
+_ZERO = 0.0
+
+
 def summarize(step: int, records: Sequence[Record]) -> StepSummary:
     """Reduce the ranks' records of ``step`` (their order does not matter): a ``StepFrame``, read
     column by column, or a list of records (read as one)."""
@@ -78,7 +84,10 @@ def summarize(step: int, records: Sequence[Record]) -> StepSummary:
     ranks = f.col("rank")
     nonfinite_ranks, nonfinite_at = _nonfinite(f, loss_sum_total)
     bad = set(nonfinite_ranks)
-    rank_log = {rk: math.log(v) for rk, v in zip(ranks, own, strict=True) if v > 0.0 and rk not in bad}
+    if not bad and all(map(_ZERO.__lt__, own)):  # every rank's loss counts (NaN fails the test)
+        rank_log = dict(zip(ranks, map(math.log, own), strict=True))
+    else:
+        rank_log = {rk: math.log(v) for rk, v in zip(ranks, own, strict=True) if v > 0.0 and rk not in bad}
     # A step the AMP scaler skipped has no gradient measurement (the scaled gradients overflowed)
     # and no update (zero by the skip): neither is evidence of the weights' state.
     overflow = f.col("overflow")
@@ -176,6 +185,10 @@ def nonfinite_origin(s: StepSummary) -> list[int]:
 
 def _misreported(ranks: list[int], losses: list[float], own: list[float]) -> list[tuple[int, float, float]]:
     """Ranks whose reported ``loss`` is not their ``loss_sum / tokens`` (a reduction bug)."""
+    gaps = map(abs, map(sub, losses, own))
+    bounds = map(mul, map(max, map(abs, own), repeat(1e-6)), repeat(1e-3))
+    if not any(map(gt, gaps, bounds)):
+        return []  # the common case, in C: no rank's loss is off its own (NaN and Inf are never off)
     return [
         (rk, x, o)
         for rk, x, o in zip(ranks, losses, own, strict=True)
@@ -191,7 +204,7 @@ def _cross_rank(rank_log: dict[int, float]) -> tuple[int | None, float, float | 
     m = sorted_median(vals)
     others = sorted_median(vals[:-1])  # the worst rank is the largest value
     worst = max(rank_log, key=rank_log.__getitem__)
-    spread = median([abs(v - m) for v in vals])
+    spread = median(list(map(abs, map(sub, vals, repeat(m)))))
     return worst, rank_log[worst] - others, spread, math.exp(others)
 
 
@@ -199,13 +212,21 @@ def _collapsed(ranks: list[int], tokens: list[int | None]) -> list[tuple[int, fl
     """Ranks whose effective tokens fell below a quarter of the ranks' median (padding, empty samples)."""
     if len(ranks) < 2:
         return []
-    toks = [float(t or 0) for t in tokens]
+    toks = (
+        list(map(float, cast(list[int], tokens))) if None not in tokens else [float(t or 0) for t in tokens]
+    )
     med = median(toks)
+    if min(toks) >= 0.25 * med:
+        return []  # the common case: no rank below the bound
     return [(rk, t, med) for rk, t in zip(ranks, toks, strict=True) if t < 0.25 * med]
 
 
 def _batch_mean_gap(ranks: list[int], batch_means: list[float | None], own: list[float]) -> tuple[int, float, float] | None:  # fmt: skip
     """The rank whose batch-mean loss exceeds its token-weighted loss the most (short, hard samples)."""
+    if ranks and None not in batch_means and all(map(_ZERO.__lt__, own)) and all(map(math.isfinite, own)):
+        gaps = list(map(truediv, batch_means, own))  # every rank counts: the largest, the first of equals
+        i = max(range(len(gaps)), key=gaps.__getitem__)
+        return ranks[i], batch_means[i], own[i]  # type: ignore[return-value]
     best: tuple[int, float, float] | None = None
     for rk, bm, o in zip(ranks, batch_means, own, strict=True):
         if bm is None or not (o > 0.0) or not math.isfinite(o):

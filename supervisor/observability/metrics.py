@@ -111,7 +111,7 @@ class SupervisorMetrics:
                 drops = [
                     (r, d)
                     for r, a in zip(ranks, records.col("attrs"), strict=True)
-                    if a and isinstance(d := a.get("dropped_records"), int)
+                    if "dropped_records" in a and isinstance(d := a["dropped_records"], int)
                 ] if records.has("attrs") else []  # fmt: skip
                 s.unfolded.append((ranks, records.col("step"), records.col("time"), drops))
                 if len(s.unfolded) >= FOLD_STEPS:

@@ -40,8 +40,8 @@ class TimeLedger:
     def on_step(self, step: int, records: Sequence[Any]) -> float:
         """Returns the time counted for an analysed step of the current timeline."""
         if type(records) is StepFrame:
-            times = [t for t in records.col("step_time") if isinstance(t, int | float)]
-            stamps = [t for t in records.col("time") if isinstance(t, int | float)]
+            times = [t for t in records.col("step_time") if t is not None]  # numbers: Record's types
+            stamps = [t for t in records.col("time") if t is not None]
         else:
             times = [r.step_time for r in records if isinstance(getattr(r, "step_time", None), int | float)]
             stamps = [r.time for r in records if isinstance(getattr(r, "time", None), int | float)]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import pairwise
 from typing import Any
 
 from supervisor.core.frame import StepFrame
@@ -49,7 +48,7 @@ class _Bucket:
         first = parts[0]
         if len(parts) == 1 and type(first) is StepFrame:
             ranks = first.col("rank")
-            if len(where) == len(first) and all(a < b for a, b in pairwise(ranks)):
+            if len(where) == len(first) and ranks == sorted(ranks):  # distinct (add_frame): ascending
                 return first  # one batch, every rank once, in order: the batch's own columns
             return first.take([where[r][1] for r in sorted(where)])
         picks = [where[r] for r in sorted(where)]

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from itertools import accumulate
 from typing import Any, TypeGuard
 
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
@@ -336,9 +337,7 @@ class Controller:
         """A decoded batch (``sdk/wire.py``, ``ingest_frame``) as one frame: the receipts checked per
         link in bulk, the bookkeeping reading only the columns it needs, the records held as one
         unit until every step they feed is analysed."""
-        frame, heads = p.frame, p.heads
-        links = [h[1] for h in heads]
-        counts = [h[3] for h in heads]
+        frame, links, counts = p.frame, p.links, p.counts
         numbered = p.seqs is not None and None not in links
         keep = self.receipts.fresh_batch(links, counts, p.seqs) if numbered else None  # type: ignore[arg-type]
         if keep is not None and not any(keep):
@@ -376,7 +375,8 @@ class Controller:
             return
         # One step: the last record's values count, as when noted one by one.
         batch = next((b for a in reversed(attrs) if a and isinstance(b := a.get("batch"), int)), None)
-        clip = next((c for a in reversed(attrs) if a and _clip(c := a.get("grad_clip"))), None)
+        clips = [a["grad_clip"] for a in attrs if "grad_clip" in a]
+        clip = next((c for c in reversed(clips) if _clip(c)), None)
         self._note_attrs(steps[0], {"batch": batch, "grad_clip": clip})
 
     def _analyse_ready(self, *, final: bool) -> None:
@@ -975,18 +975,17 @@ class Controller:
     def ingest_frame(self, p: Packed) -> list[dict[str, Any]]:
         """``ingest_groups`` for a batch decoded as one frame (``sdk/wire.unpack_frame``): each link's
         answer as there; a link asked to resend has its records left out of the frame."""
-        links = [h[1] for h in p.heads]
-        seqs = p.seqs
+        links, seqs = p.links, p.seqs
         durable, incarnation = self.receipts.durable, self.incarnation
         replies = [
             {"acked": durable.get(link, 0) if link else 0, "incarnation": incarnation} for link in links
         ]
-        if seqs is not None and not self._next_of_each(p, links):
+        if seqs is not None and not self._next_of_each(p):
             refused: set[int] = set()
             at = 0
-            for g, (_rank, link, held, count) in enumerate(p.heads):
+            for g, (link, count) in enumerate(zip(links, p.counts, strict=True)):
                 if link is not None:
-                    resend = self.receipts.offer(link, seqs[at : at + count], held)
+                    resend = self.receipts.offer(link, seqs[at : at + count], p.held_of(g))
                     if resend is not None:
                         replies[g]["resend_from"] = resend
                         refused.add(g)
@@ -997,13 +996,13 @@ class Controller:
             self.inbox.put(p)
         return replies
 
-    def _next_of_each(self, p: Packed, links: list[str | None]) -> bool:
+    def _next_of_each(self, p: Packed) -> bool:
         """The batch holds one record of each of its links, each the next its link numbers: offered
         in bulk (True). False: offer link by link."""
-        seqs = p.seqs
-        if seqs is None or len(seqs) != len(links) or None in links or len(set(links)) != len(links):
+        links, seqs = p.links, p.seqs
+        if seqs is None or len(seqs) != len(links) or p.counts.count(1) != len(links):
             return False
-        if any(h[3] != 1 for h in p.heads):
+        if None in links or len(set(links)) != len(links):
             return False
         return self.receipts.offer_next(links, seqs)  # type: ignore[arg-type]
 
@@ -1058,16 +1057,10 @@ def _clip(v: Any) -> TypeGuard[int | float]:
 
 def _without(p: Packed, groups: set[int]) -> Packed:
     """The batch less the records of ``groups`` (links asked to resend)."""
-    heads: list[tuple[int, str | None, tuple[int, int] | None, int]] = []
-    rows: list[int] = []
-    seqs: list[int] = []
-    at = 0
-    for g, head in enumerate(p.heads):
-        count = head[3]
-        if g not in groups:
-            heads.append(head)
-            rows.extend(range(at, at + count))
-            if p.seqs is not None:
-                seqs.extend(p.seqs[at : at + count])
-        at += count
-    return Packed(heads, seqs if p.seqs is not None else None, p.frame.take(rows))
+    keep = [g for g in range(len(p.links)) if g not in groups]
+    starts = [0, *accumulate(p.counts)]
+    rows = [i for g in keep for i in range(starts[g], starts[g + 1])]
+    seqs = None if p.seqs is None else [p.seqs[i] for i in rows]
+    return Packed([p.ranks[g] for g in keep], [p.links[g] for g in keep],
+                  [x for g in keep for x in p.held[2 * g : 2 * g + 2]], [p.counts[g] for g in keep], seqs,
+                  p.frame.take(rows))  # fmt: skip

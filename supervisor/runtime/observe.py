@@ -63,7 +63,7 @@ def _nonfinite(f: StepFrame) -> bool:
     """Some record's probe flagged NaN/Inf, or its loss or grad norm is not finite."""
     finite = math.isfinite
     return (any(f.col("nonfinite")) or not all(map(finite, f.col("loss")))
-            or not all(finite(g) for g in f.col("grad_norm") if g is not None))  # fmt: skip
+            or not all(map(finite, [g for g in f.col("grad_norm") if g is not None])))  # fmt: skip
 
 
 def _mean(xs: list[float | None]) -> float | None:

@@ -57,7 +57,7 @@ class Receipts:
         (``offer`` each link then)."""
         with self._lock:
             offered = self._offered
-            if all(q == offered.get(link, 0) + 1 for link, q in zip(links, seqs, strict=True)):
+            if [offered.get(link, 0) + 1 for link in links] == list(seqs):
                 offered.update(zip(links, seqs, strict=True))
                 return True
             return False
@@ -85,19 +85,27 @@ class Receipts:
             and None not in links
             and len(set(links)) == len(links)
         ):
-            known = [received.get(link, 0) for link in links]  # type: ignore[arg-type]
-            if all(q == k + 1 for q, k in zip(seqs, known, strict=True)):  # one record per link, in order
+            known = [received.get(link, 0) + 1 for link in links]  # type: ignore[arg-type]
+            if known == list(seqs):  # one record per link, each the next of its link
                 received.update(zip(links, seqs, strict=True))  # type: ignore[arg-type]
                 return None
         keep: list[bool] = []
         at = 0
         for link, count in zip(links, counts, strict=True):
+            last = received.get(link, 0) if link is not None else 0
             if link is None:
+                keep.extend([True] * count)
+            elif (
+                count
+                and seqs[at] == last + 1
+                and seqs[at : at + count] == list(range(last + 1, last + count + 1))
+            ):
+                received[link] = last + count  # the link's next records, in order
                 keep.extend([True] * count)
             else:
                 keep.extend(self.fresh(link, q) for q in seqs[at : at + count])
             at += count
-        return keep
+        return None if all(keep) else keep
 
     def hold_unit(self, marks: dict[str, int]) -> int:
         """Hold a batch's records whole (``marks``: per link its lowest seq in the batch) until
@@ -119,10 +127,10 @@ class Receipts:
             held.discard(tag[1])
 
     def consumed(self) -> dict[str, int]:
-        out = {}
-        for link, last in self.received.items():
-            held = self._open.get(link)
-            out[link] = min(held) - 1 if held else last
+        out = dict(self.received)
+        for link, held in self._open.items():
+            if held and link in out:
+                out[link] = min(held) - 1
         for marks in self._units.values():
             for link, lowest in marks.items():
                 if lowest <= out.get(link, lowest):

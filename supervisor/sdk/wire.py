@@ -200,19 +200,27 @@ def unpack(batch: Any, *, as_dicts: bool = False) -> list[Group]:
 
 @dataclass(slots=True)
 class Packed:
-    """A packed batch decoded as one frame: per link (rank, link id, held range, how many records),
-    every record's number within its link (None: unnumbered), and the records in batch order."""
+    """A packed batch decoded as one frame: per link its rank, id, the (oldest, newest) seq it still
+    holds (flat pairs, -1: not said) and how many records it has here; every record's number within
+    its link (None: unnumbered); and the records in batch order."""
 
-    heads: list[tuple[int, str | None, tuple[int, int] | None, int]]
+    ranks: list[int]
+    links: list[str | None]
+    held: list[int]
+    counts: list[int]
     seqs: list[int] | None
     frame: StepFrame
+
+    def held_of(self, g: int) -> tuple[int, int] | None:
+        lo, hi = self.held[2 * g], self.held[2 * g + 1]
+        return None if lo < 0 else (lo, hi)
 
 
 def unpack_frame(batch: Any) -> Packed | None:
     """A packed batch whose every record travelled in the clean columns, as one ``StepFrame`` with no
     object per record; None for any other valid batch (``unpack`` reads those). Raises
     :class:`WireError` as ``unpack`` does."""
-    heads, seqs, rows, m = _frame_of(batch)
+    ranks, links, held, counts, seqs, rows, m = _framing(batch)
     parts = _parts(batch, m)
     if rows or parts is None:
         return None
@@ -222,26 +230,36 @@ def unpack_frame(batch: Any) -> Packed | None:
         clean["attrs"] = [a if type(a) is dict else {} for a in attrs]
     for name in _BOOL:
         if name in clean:
-            clean[name] = [bool(v) for v in clean[name]]
-    return Packed(heads, seqs, StepFrame(m, clean, flat_sources=flat, strings=strings))
+            clean[name] = list(map(bool, clean[name]))
+    frame = StepFrame(m, clean, flat_sources=flat, strings=strings)
+    return Packed(ranks, links, held, counts, seqs, frame)
 
 
 def _frame_of(batch: Any) -> tuple[list[Any], list[int] | None, list[tuple[int, Any]], int]:
     """(heads, seqs, rows, m) of a packed batch, its framing checked."""
+    ranks, links, held, counts, seqs, rows, m = _framing(batch)
+    pairs = zip(held[0::2], held[1::2], strict=True)
+    heads = [(r, link, None if lo < 0 else (lo, hi), c)
+             for r, link, (lo, hi), c in zip(ranks, links, pairs, counts, strict=True)]  # fmt: skip
+    return heads, seqs, rows, m
+
+
+def _framing(batch: Any) -> tuple[list[int], list[Any], list[int], list[int], list[int] | None, list[tuple[int, Any]], int]:  # fmt: skip
     if type(batch) is not dict or batch.get("wire") != WIRE_VERSION:
         got = batch.get("wire") if type(batch) is dict else type(batch).__name__
         raise WireError(f"not a packed record batch of wire version {WIRE_VERSION} (got {got!r})")
-    heads = _groups(batch.get("groups"))
-    n = sum(h[3] for h in heads)
+    ranks, links, held, counts = _groups(batch.get("groups"))
+    n = sum(counts)
     seqs = _ints(batch.get("seq"), n, "seq") if batch.get("seq") is not None else None
     rows = _rows(batch.get("rows"), n)
     m = batch.get("m")
     if type(m) is not int or m != n - len(rows):
         raise WireError(f"m: {m!r} columnar records, but the groups hold {n} and rows {len(rows)}")
-    return heads, seqs, rows, m
+    return ranks, links, held, counts, seqs, rows, m
 
 
-def _groups(part: Any) -> list[tuple[int, str | None, tuple[int, int] | None, int]]:
+def _groups(part: Any) -> tuple[list[int], list[Any], list[int], list[int]]:
+    """(ranks, link ids, held pairs flat, counts) of the batch's links, checked."""
     if not (type(part) in (tuple, list) and len(part) == 4 and type(part[1]) is list):
         raise WireError("groups: (ranks, link ids, held, counts) expected")
     g = len(part[1])
@@ -256,9 +274,7 @@ def _groups(part: Any) -> list[tuple[int, str | None, tuple[int, int] | None, in
         raise WireError("groups: a rank, count or held seq below 0")
     if sum(counts) > MAX_BATCH:
         raise WireError(f"groups: more than {MAX_BATCH} records in one batch")
-    pairs = zip(held[0::2], held[1::2], strict=True)
-    return [(r, link, None if lo < 0 else (lo, hi), c)
-            for r, link, (lo, hi), c in zip(ranks, part[1], pairs, counts, strict=True)]  # fmt: skip
+    return ranks, part[1], held, counts
 
 
 def _ints(col: Any, n: int, what: str) -> list[int]:
