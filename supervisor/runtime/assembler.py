@@ -95,7 +95,8 @@ class StepAssembler:
         until every step it fed is released. A batch of one step, each rank once, is added in
         columns; any other is added record by record, with the same outcome."""
         fed: set[int] = set()
-        chunks = self._by_step(frame) if keep is None and self._resync_at is None else None
+        synced = self._resync_at is None or self._synced.issuperset(frame.col("rank"))
+        chunks = self._by_step(frame) if keep is None and synced else None
         if chunks is not None:
             now = self.clock()
             for step, chunk in chunks:

@@ -8,7 +8,7 @@ move; the incident flow (``incidents.py``, given the job's moment as ``incidents
 runner (``plans.py``) and the action executors (reading the job through ``actions.base.Runtime``,
 passed per call) return effects, which ``apply`` alone carries out ("One writer per state").
 
-Ray actor threads call ``ingest_groups`` / ``directives.after`` / ``status`` / ``request_stop``;
+Ray actor threads call ``ingest_wire`` / ``directives.after`` / ``status`` / ``request_stop``;
 everything else runs on the loop thread.
 """
 

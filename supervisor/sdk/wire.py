@@ -4,8 +4,9 @@ A rank's link (``ranks/channel.py``) and the rank emulator (``drills/emulator.py
 records as one *packed batch*: per field one column over all records (numbers as ``array``
 buffers, which Ray copies as bytes instead of unpickling one object per value), sources, sample
 IDs and events as flat columns with per-record counts, and the records of several links in one
-batch (``groups``). The supervisor actor decodes it in bulk straight into the ``Record`` objects
-the analysis reads, without a dict per record. What the trace files hold (docs/sdk.md, the
+batch (``groups``). The supervisor actor decodes it in bulk: into one ``StepFrame`` (``unpack_frame``:
+the columns as they came, no object per record) when every record travelled in the clean columns,
+else straight into ``Record`` objects (``unpack``), without a dict per record. What the trace files hold (docs/sdk.md, the
 telemetry record) is unchanged: the wire is not the trace.
 
 A record that does not fit the columns (a control message, a field outside the record's table, a

@@ -236,3 +236,16 @@ def test_a_frame_obeys_the_watermark_and_the_resync_after_a_rewind() -> None:
     a.add_frame(frame(rec(2, 0)), unit=4)
     [(step, got)] = a.ready()
     assert step == 2 and losses(got) == [(0, 1.0), (1, 1.0)] and released == [1, 2, 3, 4]
+
+
+def test_once_every_rank_is_back_on_the_timeline_a_batch_is_taken_in_columns_again() -> None:
+    a = StepAssembler(2, deadline_s=5.0, clock=Clock())
+    a.add_frame(frame(rec(1, 0), rec(1, 1)))
+    a.ready()
+    a.rewind(0)
+    a.add_frame(frame(rec(1, 0), rec(1, 1)))  # both ranks resync at their first step
+    assert [s for s, _ in a.ready()] == [1]
+    whole = frame(rec(2, 0), rec(2, 1))
+    a.add_frame(whole)
+    [(step, got)] = a.ready()
+    assert step == 2 and got is whole  # no record built: the batch's own columns
