@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from supervisor.core.records import Record, SourceView, add_sources
-from supervisor.sdk.wire import WireError, pack, unpack
+from supervisor.sdk.wire import WireError, pack, unpack, unpack_frame
 
 
 def _rec(step: int, rank: int, **extra: Any) -> dict[str, Any]:
@@ -158,8 +158,9 @@ def test_empty_groups_and_unnumbered_links() -> None:
 def test_a_malformed_batch_is_refused_naming_the_part(mutate: Any, names: str) -> None:
     batch = pack(_groups())
     replaced = mutate(batch)
-    with pytest.raises(WireError, match=names.replace("[", r"\[").replace("]", r"\]")):
-        unpack(replaced if replaced is not None else batch)
+    for decode in (unpack, unpack_frame):
+        with pytest.raises(WireError, match=names.replace("[", r"\[").replace("]", r"\]")):
+            decode(replaced if replaced is not None else batch)
 
 
 def _mutations(batch: dict[str, Any], rng: random.Random) -> dict[str, Any]:
@@ -222,3 +223,39 @@ def test_random_damage_is_a_wire_error_or_a_batch_never_another_error() -> None:
                     assert type(r.get("events", [])) is list and type(r.get("attrs", {})) is dict
                     assert type(r.get("rank", 0)) is int
     assert refused > 1000
+
+
+def test_random_damage_to_a_clean_batch_is_a_wire_error_or_a_frame_the_loop_can_read() -> None:
+    rng = random.Random(27)
+    batch = pack(_groups())
+    refused = framed = 0
+    for _ in range(3000):
+        damaged = _mutations(batch, rng)
+        try:
+            packed = unpack_frame(damaged)
+        except WireError:
+            refused += 1
+            continue
+        if packed is None:  # not all in the clean columns: the record path reads it, as it must
+            unpack(damaged)
+            continue
+        framed += 1
+        n, frame = len(packed.frame), packed.frame
+        assert len(packed.links) == len(packed.ranks) == len(packed.counts) == len(packed.held) // 2
+        assert sum(packed.counts) == n and (packed.seqs is None or len(packed.seqs) == n)
+        assert all(type(x) is int for x in frame.col("rank") + frame.col("step"))
+        assert all(type(a) is dict for a in frame.col("attrs")) and all(
+            type(e) is list for e in frame.col("events")
+        )
+        assert len(list(frame)) == n and all(type(r) is Record for r in frame)
+        assert isinstance(frame.source_totals(), dict) and isinstance(frame.all_events(), set)
+    assert refused > 1000 and framed > 500
+
+
+def test_a_batch_outside_the_clean_columns_is_no_frame() -> None:
+    with_row = pack(_groups() + [(9, "ctl", None, [1], [{"step": 1, "control": True, "events": ["x"]}])])
+    mixed = _groups()
+    mixed[0][4][0]["tokens"] = "many"  # a column of mixed types: the records are checked one by one
+    assert unpack_frame(with_row) is None and unpack_frame(pack(mixed)) is None
+    packed = unpack_frame(pack(_groups()))
+    assert packed is not None and packed.held_of(0) == (1, 2) and packed.links[3] == "link3"
