@@ -337,19 +337,18 @@ class Controller:
         """A decoded batch (``sdk/wire.py``, ``ingest_frame``) as one frame: the receipts checked per
         link in bulk, the bookkeeping reading only the columns it needs, the records held as one
         unit until every step they feed is analysed."""
-        frame, links, counts = p.frame, p.links, p.counts
-        numbered = p.seqs is not None and None not in links
-        keep = self.receipts.fresh_batch(links, counts, p.seqs) if numbered else None  # type: ignore[arg-type]
+        frame, links, counts, seqs = p.frame, p.links, p.counts, p.seqs
+        keep = None if seqs is None else self.receipts.fresh_batch(links, counts, seqs)
         if keep is not None and not any(keep):
             return  # every record a resend this supervisor already has
         self._note_frame(frame, keep)
         unit = None
-        if numbered:
+        if seqs is not None:  # a link without an id (None) numbers nothing
             marks: dict[str, int] = {}
             at = 0
             for link, count in zip(links, counts, strict=True):
-                if count and link not in marks:
-                    marks[link] = p.seqs[at]  # type: ignore[index]
+                if count and link is not None and link not in marks:
+                    marks[link] = seqs[at]
                 at += count
             unit = self.receipts.hold_unit(marks)  # unconsumed until every step it feeds is analysed
         self.assembler.add_frame(frame, keep, unit)

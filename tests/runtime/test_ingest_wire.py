@@ -83,3 +83,18 @@ def test_hostile_input_is_refused_or_harmless_and_the_loop_goes_on(tmp_path: Pat
     for _ in range(5):
         _step(actor, ranks, seqs)
     assert actor.ctl.assembler.watermark >= at + 4
+
+
+def test_a_batch_mixing_a_link_without_an_id_still_numbers_the_others(tmp_path: Path) -> None:
+    """A link without an id numbers nothing; the links beside it in the same batch are still checked
+    for resends and acknowledged once their step is analysed."""
+    ranks = FakeRanks(2, 400)
+    actor = _actor(tmp_path, ranks)
+    batch = pack([(0, None, None, [1], [ranks.record(1, 0)]), (1, "l1", (1, 1), [1], [ranks.record(1, 1)])])
+    actor.ingest_packed(batch)
+    actor.ctl.iterate()
+    assert actor.ctl.assembler.watermark == 1
+    assert actor.ctl.receipts.consumed().get("l1") == 1  # analysed: l1's record 1 may be forgotten
+    actor.ingest_packed(batch)  # sent again: l1's record is known, the other is past the watermark
+    actor.ctl.iterate()
+    assert actor.ctl.receipts.received["l1"] == 1 and actor.ctl.receipts.lost == 0
