@@ -114,7 +114,7 @@ class StepFrame(Sequence[Record]):
         """{source: [tokens, loss_sum]} summed over the step's records, names in first-seen order."""
         acc: dict[str, list[float]] = {}
         flat = self._flat
-        if flat is not None and "sources" not in self._cols and _distinct_names(flat[1], flat[2]):
+        if flat is not None and "sources" not in self._cols and _uniform_names(flat[1], flat[2]):
             names, per, index, tokens, loss_sum = flat
             k = per[0] if per else 0
             if k and len(tokens) == k * len(per):  # every record lists the same names: strided sums
@@ -226,13 +226,14 @@ def source_views(flat: Flat) -> list[Any]:
     names, per, index, tokens, loss_sum = flat
     ends = list(accumulate(per))
     views: list[Any] = [SourceView(names, index, tokens, loss_sum, e - k, e) if k else None for k, e in zip(per, ends, strict=True)]  # fmt: skip
-    if not _distinct_names(per, index):
+    if not _uniform_names(per, index):
         views = [v if v is None or len(set(v)) == len(v) else v.as_dict() for v in views]
     return views
 
 
-def _distinct_names(per: list[int], index: Sequence[int]) -> bool:
-    """True when no record names a source twice; cheap when every record lists the same names."""
+def _uniform_names(per: list[int], index: Sequence[int]) -> bool:
+    """True when every record lists the same distinct names in the same order (so none names a source
+    twice, and a name's values are every k-th); False decides nothing (each record is then read)."""
     k = per[0] if per else 0
     return per.count(k) == len(per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
 

@@ -92,8 +92,9 @@ class StepAssembler:
 
     def add_frame(self, frame: StepFrame, keep: list[bool] | None = None, unit: int | None = None) -> None:
         """A decoded batch's records (``keep``: which of them to take; None: all), held as ``unit``
-        until every step it fed is released. A batch of one step, each rank once, is added in
-        columns; any other is added record by record, with the same outcome."""
+        until every step it fed is released. A batch that names each rank at most once per step is
+        added in columns, step by step; any other (or one with ranks still to resync after a
+        rewind) record by record, with the same outcome."""
         fed: set[int] = set()
         synced = self._resync_at is None or self._synced.issuperset(frame.col("rank"))
         chunks = self._by_step(frame) if keep is None and synced else None
