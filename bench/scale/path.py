@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             calls.append(
                 (x.rank, x.id, (batch[0][0], batch[-1][0]), [s for s, _ in batch], [r for _, r in batch])
             )
-        batch = wire.pack(calls)
+        batch = host.pack(calls) if hasattr(host, "pack") else wire.pack(calls)  # as the host sends it
         t0 = cpu()
         packed = unpack_frame(batch)
         groups = wire.unpack(batch) if packed is None else []

@@ -52,12 +52,14 @@ from supervisor.ranks.names import NAMESPACE, supervisor_name
 from supervisor.runtime.actor import SupervisorActor
 from supervisor.runtime.machinery import Workers
 from supervisor.runtime.restarts import GroupEvent
-from supervisor.sdk.wire import pack
+from supervisor.sdk.wire import pack, pack_columns
 
 log = get_logger("supervisor.drills.emulator")
 
 _APPLIED = "directive_applied"
 _SOURCES = ("code", "docstrings", "tests")
+_SOURCE_TOKENS = (684, 682, 682)
+_TOKENS = 2048
 BEAT_S = 2.0  # the SDK's HOLD_BEAT_S: a frozen or held rank says it is there this often
 LONG_POLL_S = 5.0
 
@@ -103,6 +105,14 @@ class _Lag:
         self.bins[b] = self.bins.get(b, 0) + count
         self.n += count
 
+    def add_since(self, now: float, made: list[float]) -> None:
+        """One latency per record, ``now`` minus when it was made (records of one step share it)."""
+        tally: dict[float, int] = {}
+        for t in made:
+            tally[t] = tally.get(t, 0) + 1
+        for t, count in tally.items():
+            self.add(now - t, count)
+
     def quantile(self, q: float) -> float | None:
         if not self.n:
             return None
@@ -114,6 +124,28 @@ class _Lag:
         return None
 
 
+class _Made:
+    """One step's records of a host's ranks, as what they are made of: rank ``r``'s record is
+    ``EmulatorHost.record(made, r)``, and a batch of whole steps of every link is packed from these
+    in columns (``EmulatorHost.pack``) -- the bytes ``wire.pack`` makes of the records, without a
+    dict per record: a host plays a thousand ranks on one core, which each make their own."""
+
+    __slots__ = ("step", "time", "base_loss", "lr_scale", "fault", "events", "fingerprint")
+
+    def __init__(self, step: int, time: float, lr_scale: float, fault: bool, events: list[str]) -> None:
+        self.step, self.time, self.lr_scale, self.fault, self.events = step, time, lr_scale, fault, events
+        self.base_loss = 2.0 + 1.0 * 0.5 ** (step / 4000)
+        self.fingerprint = "c0ffee" if step % 50 == 0 else None
+
+
+Entry = tuple[int, "dict[str, Any] | _Made"]
+"""(seq, record): a control message as its dict, a step's record as the step it belongs to."""
+
+
+def _made_at(rec: dict[str, Any] | _Made) -> float:
+    return rec.time if isinstance(rec, _Made) else rec["time"]
+
+
 class _Link:
     """One emulated rank's link: numbered records kept until durably accepted (``channel.py``)."""
 
@@ -123,8 +155,8 @@ class _Link:
         self.rank = rank
         self.id = f"{prefix}r{rank}"
         self.seq = 0
-        self.backlog: deque[tuple[int, dict[str, Any]]] = deque()
-        self.unacked: deque[tuple[int, dict[str, Any]]] = deque()
+        self.backlog: deque[Entry] = deque()
+        self.unacked: deque[Entry] = deque()
         self.acked = 0
         self.dropped = 0
 
@@ -371,36 +403,73 @@ class EmulatorHost:
 
     # -- records ----------------------------------------------------------------------------------
     def _produce(self, fault: bool) -> None:
-        step, world, now = self.step, self.world, time.time()
+        now = time.time()
         if self.first_record is None:
             self.first_record = now
         events, self.pending_events = self.pending_events, []
-        base_loss = 2.0 + 1.0 * 0.5 ** (step / 4000)
-        lr = 3e-4 * self.lr_scale
-        noise, samples = self._noise, self._samples
-        fingerprint = "c0ffee" if step % 50 == 0 else None
-        out = []
-        for link in self.links:
-            r = link.rank
-            n = noise[(step * 31 + r * 17) % 4099]
-            bad = fault and (self.cfg.fault_rank is None or self.cfg.fault_rank == r)
-            loss = math.nan if bad else base_loss * (1.0 + 0.01 * n)
-            tok = 2048
-            rec: dict[str, Any] = {
-                "step": step, "rank": r, "world_size": world, "time": now, "loss": loss,
-                "loss_sum": loss * tok, "tokens": tok, "batch_mean_loss": loss * 1.001, "lr": lr,
-                "grad_norm": math.nan if bad else 1.0 + 0.02 * n, "param_norm": 100.0 + step * 1e-4,
-                "update_norm": 0.03 * self.lr_scale * (1.0 + 0.01 * n), "overflow": False, "nonfinite": bad,
-                "sources": {s: {"tokens": 682 + (i == 0) * 2, "loss_sum": loss * (682 + (i == 0) * 2)}
-                            for i, s in enumerate(_SOURCES)},
-                "samples": samples[(step * world + r) % 4096], "seq_len_max": 256, "seq_len_mean": 201.5,
-                "step_time": self.cfg.step_time_s or 0.01, "tokens_per_s": 2048 / (self.cfg.step_time_s or 0.01),
-                "attrs": {"batch": step}, "events": events,
-            }  # fmt: skip
-            if fingerprint:
-                rec["param_checksum"] = fingerprint
-            out.append((link, rec))
-        self._enqueue(out)
+        made = _Made(self.step, now, self.lr_scale, fault, events)
+        self._enqueue([(link, made) for link in self.links])
+
+    def _varying(self, made: _Made, r: int) -> tuple[float, float, float, bool]:
+        """What differs between two ranks' records of a step: loss, grad norm, update norm, non-finite."""
+        n = self._noise[(made.step * 31 + r * 17) % 4099]
+        bad = made.fault and (self.cfg.fault_rank is None or self.cfg.fault_rank == r)
+        loss = math.nan if bad else made.base_loss * (1.0 + 0.01 * n)
+        return loss, math.nan if bad else 1.0 + 0.02 * n, 0.03 * made.lr_scale * (1.0 + 0.01 * n), bad
+
+    def record(self, made: _Made, r: int) -> dict[str, Any]:
+        """Rank ``r``'s record of the step ``made`` stands for, as a rank's SDK sends it."""
+        loss, grad_norm, update_norm, bad = self._varying(made, r)
+        step_time = self.cfg.step_time_s or 0.01
+        rec: dict[str, Any] = {
+            "step": made.step, "rank": r, "world_size": self.world, "time": made.time, "loss": loss,
+            "loss_sum": loss * _TOKENS, "tokens": _TOKENS, "batch_mean_loss": loss * 1.001,
+            "lr": 3e-4 * made.lr_scale, "grad_norm": grad_norm, "param_norm": 100.0 + made.step * 1e-4,
+            "update_norm": update_norm, "overflow": False, "nonfinite": bad,
+            "sources": {s: {"tokens": t, "loss_sum": loss * t} for s, t in zip(_SOURCES, _SOURCE_TOKENS, strict=True)},
+            "samples": self._samples[(made.step * self.world + r) % 4096], "seq_len_max": 256,
+            "seq_len_mean": 201.5, "step_time": step_time, "tokens_per_s": _TOKENS / step_time,
+            "attrs": {"batch": made.step}, "events": made.events,
+        }  # fmt: skip
+        if made.fingerprint:
+            rec["param_checksum"] = made.fingerprint
+        return rec
+
+    def pack(self, calls: list[tuple[int, str, tuple[int, int], list[int], list[Any]]]) -> dict[str, Any]:
+        """The packed batch of these links' parts (``(rank, link id, held, seqs, entries)`` each), as
+        ``wire.pack`` makes it of their records: in columns when every link sends the same steps and
+        nothing else (a host's steady state), else of the records themselves."""
+        steps = calls[0][4] if calls else []
+        if steps and all(type(x) is _Made for x in steps) and all(c[4] == steps for c in calls):
+            return self._columns(calls, steps)
+        return pack([(rank, link, held, seqs, [x if type(x) is dict else self.record(x, rank) for x in recs])
+                     for rank, link, held, seqs, recs in calls])  # fmt: skip
+
+    def _columns(self, calls: list[tuple[int, str, tuple[int, int], list[int], list[Any]]], steps: list[_Made]) -> dict[str, Any]:  # fmt: skip
+        order = [(c[0], made) for c in calls for made in steps]  # link by link, as the groups go
+        m = len(order)
+        loss, grad_norm, update_norm, bad = (list(v) for v in zip(*(self._varying(made, r) for r, made in order), strict=True))  # fmt: skip
+        at = [made.step for _, made in order]
+        step_time = self.cfg.step_time_s or 0.01
+        cols: dict[str, list[Any]] = {
+            "step": at, "rank": [r for r, _ in order], "world_size": [self.world] * m,
+            "time": [made.time for _, made in order], "loss": loss, "loss_sum": [x * _TOKENS for x in loss],
+            "tokens": [_TOKENS] * m, "batch_mean_loss": [x * 1.001 for x in loss],
+            "lr": [3e-4 * made.lr_scale for _, made in order], "grad_norm": grad_norm,
+            "param_norm": [100.0 + s * 1e-4 for s in at], "update_norm": update_norm, "overflow": [False] * m,
+            "nonfinite": bad, "seq_len_max": [256] * m, "seq_len_mean": [201.5] * m,
+            "step_time": [step_time] * m, "tokens_per_s": [_TOKENS / step_time] * m,
+        }  # fmt: skip
+        if any(made.fingerprint for made in steps):
+            cols["param_checksum"] = [made.fingerprint for _, made in order]
+        samples, world = self._samples, self.world
+        return pack_columns(
+            [(c[0], c[1], c[2], c[3], len(c[4])) for c in calls], cols,
+            sources=(list(_SOURCES), [len(_SOURCES)] * m, list(range(len(_SOURCES))) * m, list(_SOURCE_TOKENS) * m,
+                     [x * t for x in loss for t in _SOURCE_TOKENS]),
+            samples=[samples[(made.step * world + r) % 4096] for r, made in order],
+            events=[made.events for _, made in order], attrs=[{"batch": s} for s in at],
+        )  # fmt: skip
 
     def _control(self, events: list[str]) -> None:
         now = time.time()
@@ -409,7 +478,7 @@ class EmulatorHost:
                  "events": list(events)}) for x in self.links
         ])  # fmt: skip
 
-    def _enqueue(self, items: list[tuple[_Link, dict[str, Any]]]) -> None:
+    def _enqueue(self, items: list[tuple[_Link, dict[str, Any] | _Made]]) -> None:
         bound = self.cfg.buffer_records
         with self._lock:
             for link, rec in items:
@@ -441,7 +510,7 @@ class EmulatorHost:
                 continue
             last_call = time.monotonic()
             try:
-                replies = ray.get(self._supervisor.ingest_packed.remote(pack(calls)), timeout=60)
+                replies = ray.get(self._supervisor.ingest_packed.remote(self.pack(calls)), timeout=60)
             except (RayActorError, GetTimeoutError) as exc:
                 with self._lock:
                     for x, batch in batches:
@@ -464,26 +533,25 @@ class EmulatorHost:
                 self.call_s += took
             self._stop.wait(max(0.0, self.cfg.flush_s - took))
 
-    def _on_replies(
-        self, batches: list[tuple[_Link, list[tuple[int, dict[str, Any]]]]], replies: list[Any]
-    ) -> None:
+    def _on_replies(self, batches: list[tuple[_Link, list[Entry]]], replies: list[Any]) -> None:
         now = time.time()
-        accept, ack = self.accept_lag, self.ack_lag
+        accepted: list[float] = []
+        durable: list[float] = []
         with self._lock:
             for (x, batch), reply in zip(batches, replies, strict=True):
                 resend = reply.get("resend_from")
                 if resend is None:
-                    for _, rec in batch:
-                        accept.add(now - rec["time"])
+                    accepted.extend(_made_at(rec) for _, rec in batch)
                     x.unacked.extend(batch)
                 x.acked = max(x.acked, int(reply.get("acked", 0)))
                 while x.unacked and x.unacked[0][0] <= x.acked:
-                    _, rec = x.unacked.popleft()
-                    ack.add(now - rec["time"])
+                    durable.append(_made_at(x.unacked.popleft()[1]))
                 if resend is not None:
                     again = [y for y in list(x.unacked) + batch if y[0] >= int(resend)]
                     x.unacked = deque(y for y in x.unacked if y[0] < int(resend))
                     x.backlog.extendleft(reversed(again))
+            self.accept_lag.add_since(now, accepted)
+            self.ack_lag.add_since(now, durable)
 
     # -- directives: the host of rank 0 long-polls, as rank 0 does --------------------------------
     def _poll_loop(self) -> None:

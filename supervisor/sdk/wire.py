@@ -68,23 +68,11 @@ class WireError(ValueError):
 # -- the sending side -------------------------------------------------------------------------------
 def pack(groups: Sequence[tuple[int, str | None, tuple[int, int] | None, Sequence[int] | None, Sequence[dict[str, Any]]]]) -> dict[str, Any]:  # fmt: skip
     """One packed batch of several links' records: ``(rank, link id, held, seqs, records)`` each."""
-    numbered = all(g[3] is not None for g in groups)
-    ranks_g: list[int] = []
-    links: list[str | None] = []
-    held_g: list[int] = []
-    counts: list[int] = []
-    seq: list[int] = []
     columnar: list[dict[str, Any]] = []
     ranks: list[Any] = []  # a record without its own rank is its link's (as the supervisor reads it)
     rows: list[tuple[int, dict[str, Any]]] = []
     at = 0
-    for rank, link, held, seqs, records in groups:
-        ranks_g.append(rank)
-        links.append(link)
-        held_g.extend((-1, -1) if held is None else held)
-        counts.append(len(records))
-        if numbered:
-            seq.extend(seqs)  # type: ignore[arg-type]
+    for rank, _link, _held, _seqs, records in groups:
         for rec in records:
             if _fits(rec):
                 columnar.append(rec)
@@ -93,19 +81,77 @@ def pack(groups: Sequence[tuple[int, str | None, tuple[int, int] | None, Sequenc
                 rows.append((at, rec))
             at += 1
     present = set().union(*(r.keys() for r in columnar)) if columnar else set()
-    cols = {f: _column(f, [r.get(f) for r in columnar]) for f in _SCALARS if f in present and f != "rank"}
+    cols = {f: [r.get(f) for r in columnar] for f in _SCALARS if f in present and f != "rank"}
     if columnar:
-        cols["rank"] = _column("rank", ranks)
+        cols["rank"] = ranks
+    return _assemble(
+        [(g[0], g[1], g[2], g[3], len(g[4])) for g in groups], cols,
+        sources=_source_lists(columnar) if "sources" in present else None,
+        samples=[rec.get("samples") or () for rec in columnar] if "samples" in present else None,
+        events=[rec.get("events") or () for rec in columnar] if "events" in present else None,
+        attrs=[r.get("attrs") for r in columnar] if "attrs" in present else None,
+        rows=rows,
+    )  # fmt: skip
+
+
+def pack_columns(
+    groups: Sequence[tuple[int, str | None, tuple[int, int] | None, Sequence[int] | None, int]],
+    cols: dict[str, list[Any]],
+    *,
+    sources: tuple[list[str], list[int], list[int], list[Any], list[Any]] | None = None,
+    samples: Sequence[Sequence[str]] | None = None,
+    events: Sequence[Sequence[str]] | None = None,
+    attrs: list[Any] | None = None,
+) -> dict[str, Any]:
+    """The packed batch ``pack`` makes of the same records, from their columns: for a sender that
+    makes records in bulk (the rank emulator), with no dict per record. ``groups``: ``(rank, link id,
+    held, seqs, count)`` per link; ``cols``: each scalar field's values over every record in group
+    order (``rank`` among them, ``None`` where a record lacks the field); ``sources``: (names,
+    per-record count, name index, tokens, loss_sum); ``samples`` / ``events``: per record its
+    strings. The caller vouches for what ``pack`` checks per record (``_fits``): every value one the
+    columns carry, strings without the separator."""
+    unknown = cols.keys() - set(_SCALARS)
+    if unknown:
+        raise ValueError(f"not scalar fields of the record: {sorted(unknown)}")
+    ordered = {f: cols[f] for f in _SCALARS if f in cols and f != "rank"}
+    if "rank" in cols:
+        ordered["rank"] = cols["rank"]
+    return _assemble(groups, ordered, sources=sources, samples=samples, events=events, attrs=attrs, rows=[])
+
+
+def _assemble(
+    groups: Sequence[tuple[int, str | None, tuple[int, int] | None, Sequence[int] | None, int]],
+    cols: dict[str, list[Any]],
+    *,
+    sources: tuple[list[str], list[int], list[int], list[Any], list[Any]] | None,
+    samples: Sequence[Sequence[str]] | None,
+    events: Sequence[Sequence[str]] | None,
+    attrs: list[Any] | None,
+    rows: list[tuple[int, dict[str, Any]]],
+) -> dict[str, Any]:
+    numbered = all(g[3] is not None for g in groups)
+    held: list[int] = []
+    seq: list[int] = []
+    for _rank, _link, h, seqs, _count in groups:
+        held.extend((-1, -1) if h is None else h)
+        if numbered:
+            seq.extend(seqs)  # type: ignore[arg-type]
+    m = len(cols["rank"]) if "rank" in cols else 0
     return {
         "wire": WIRE_VERSION,
-        "groups": (array("q", ranks_g), links, array("q", held_g), array("q", counts)),
+        "groups": (
+            array("q", [g[0] for g in groups]),
+            [g[1] for g in groups],
+            array("q", held),
+            array("q", [g[4] for g in groups]),
+        ),  # fmt: skip
         "seq": array("q", seq) if numbered else None,
-        "m": len(columnar),
-        "cols": cols,
-        "sources": _pack_sources(columnar) if "sources" in present else None,
-        "samples": _pack_strings(columnar, "samples") if "samples" in present else None,
-        "events": _pack_strings(columnar, "events") if "events" in present else None,
-        "attrs": [r.get("attrs") for r in columnar] if "attrs" in present else None,
+        "m": m,
+        "cols": {f: _column(f, v) for f, v in cols.items()},
+        "sources": None if sources is None else _source_columns(*sources),
+        "samples": None if samples is None else _pack_strings(samples),
+        "events": None if events is None else _pack_strings(events),
+        "attrs": attrs,
         "rows": rows,
     }
 
@@ -164,7 +210,7 @@ def _column(name: str, values: list[Any]) -> Any:
     return values
 
 
-def _pack_sources(recs: list[dict[str, Any]]) -> tuple[Any, ...]:
+def _source_lists(recs: list[dict[str, Any]]) -> tuple[list[str], list[int], list[int], list[Any], list[Any]]:
     names: dict[str, int] = {}
     per, idx, tokens, loss_sum = [], [], [], []
     for rec in recs:
@@ -174,11 +220,14 @@ def _pack_sources(recs: list[dict[str, Any]]) -> tuple[Any, ...]:
             idx.append(names.setdefault(name, len(names)))
             tokens.append(v["tokens"])
             loss_sum.append(v["loss_sum"])
+    return list(names), per, idx, tokens, loss_sum
+
+
+def _source_columns(names: list[str], per: list[int], idx: list[int], tokens: list[Any], loss_sum: list[Any]) -> tuple[Any, ...]:  # fmt: skip
     return list(names), array("q", per), array("q", idx), _column("loss", tokens), _column("loss", loss_sum)
 
 
-def _pack_strings(recs: list[dict[str, Any]], name: str) -> tuple[Any, str]:
-    values = [rec.get(name) or () for rec in recs]
+def _pack_strings(values: Sequence[Sequence[str]]) -> tuple[Any, str]:
     return array("q", map(len, values)), SEP.join(s for v in values for s in v)
 
 
