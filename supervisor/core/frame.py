@@ -15,7 +15,7 @@ A frame is a ``Sequence[Record]``: code that walks records walks a frame unchang
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from typing import Any, overload
 
 from supervisor.core.records import Record, SourceView, add_sources
@@ -42,7 +42,7 @@ class StepFrame(Sequence[Record]):
     flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
     per record only when asked."""
 
-    __slots__ = ("_n", "_cols", "_records", "_flat", "_strings")
+    __slots__ = ("_n", "_cols", "_records", "_flat", "_strings", "_picks")
 
     def __init__(
         self,
@@ -57,6 +57,8 @@ class StepFrame(Sequence[Record]):
         self._records: list[Record] | None = None
         self._flat = flat_sources
         self._strings = strings or {}
+        self._picks: dict[str, tuple[Sequence[int], str, Sequence[int]]] = {}
+        """Flat string columns not cut yet: (the batch's counts, its joined text, this frame's rows)."""
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> StepFrame:
@@ -77,8 +79,8 @@ class StepFrame(Sequence[Record]):
             got = [getattr(r, name) for r in self._records]
         elif name == "sources" and self._flat is not None:
             got = source_views(self._flat)
-        elif name in self._strings:
-            got = split_joined(*self._strings[name])
+        elif (packed := self._joined(name)) is not None:
+            got = split_joined(*packed)
             if name == "samples":
                 got = [v or None for v in got]
         elif name == "events":
@@ -92,12 +94,21 @@ class StepFrame(Sequence[Record]):
 
     def has(self, name: str) -> bool:
         """Some record may carry ``name`` (False: none does, and reading it builds nothing)."""
-        return (name in self._cols or name in self._strings or self._records is not None
+        return (name in self._cols or name in self._strings or name in self._picks or self._records is not None
                 or (name == "sources" and self._flat is not None))  # fmt: skip
+
+    def _joined(self, name: str) -> tuple[Sequence[int], str] | None:
+        """A flat string column: (per-record counts, values joined by ``SEP``), cut from its batch's
+        column the first time it is read."""
+        got = self._strings.get(name)
+        if got is None and name in self._picks:
+            per, text, index = self._picks.pop(name)
+            got = self._strings[name] = _cut_strings(per, text, index)
+        return got
 
     def all_events(self) -> set[str]:
         """Every event any record of the step carries."""
-        packed = self._strings.get("events")
+        packed = self._joined("events")
         if packed is not None and "events" not in self._cols:
             return set(packed[1].split(SEP)) if packed[1] else set()
         if not self.has("events"):
@@ -105,7 +116,7 @@ class StepFrame(Sequence[Record]):
         return {e for evs in self.col("events") if evs for e in evs}
 
     def any_events(self) -> bool:
-        packed = self._strings.get("events")
+        packed = self._joined("events")
         if packed is not None and "events" not in self._cols:
             return bool(packed[1])
         return self.has("events") and any(self.col("events"))
@@ -135,25 +146,37 @@ class StepFrame(Sequence[Record]):
         return acc
 
     def take(self, index: Sequence[int]) -> StepFrame:
-        """A frame of the records at ``index`` (in that order); the flat parts stay flat."""
+        """A frame of the records at ``index`` (in that order); the flat parts stay flat. A ``range``
+        (every k-th record: one step of a batch that carried several, link by link) is cut in slices."""
         if self._records is not None:
             return StepFrame.of([self._records[i] for i in index])
         m = len(index)
         if m and index[0] == 0 and index[-1] == m - 1 and list(index) == list(range(m)):
             return self._head(m)
-        cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
+        strided = isinstance(index, range) and index.step > 0
+        if strided:
+            cut = slice(index.start, index.stop, index.step)  # type: ignore[attr-defined]
+            cols = {name: col[cut] for name, col in self._cols.items()}
+        else:
+            cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
         flat = _take_flat(self._flat, index) if self._flat is not None and "sources" not in cols else None
         strings: dict[str, tuple[list[int], str]] = {}
+        picks: dict[str, tuple[Sequence[int], str, Sequence[int]]] = {}
         for name, (per, text) in self._strings.items():
             if name in cols:
                 continue
             if not text:
-                strings[name] = ([0] * len(index), "")
-                continue
-            lists = split_joined(per, text)
-            picked = [lists[i] for i in index]
-            strings[name] = ([len(v) for v in picked], SEP.join(x for v in picked for x in v))
-        return StepFrame(len(index), cols, flat_sources=flat, strings=strings)
+                strings[name] = ([0] * m, "")
+            elif strided:  # cut when read (sample IDs are read for an incident's suspects only)
+                picks[name] = (per, text, index)
+            else:
+                strings[name] = _cut_strings(per, text, index)
+        for name, (counts, joined, rows) in self._picks.items():
+            if name not in cols:
+                picks[name] = (counts, joined, rows[cut] if strided else [rows[i] for i in index])
+        out = StepFrame(m, cols, flat_sources=flat, strings=strings)
+        out._picks = picks
+        return out
 
     def _head(self, m: int) -> StepFrame:
         """The first ``m`` records (slices, and the flat parts cut at their ``m``-th record)."""
@@ -168,7 +191,11 @@ class StepFrame(Sequence[Record]):
             if name not in cols:
                 k = sum(per[:m])
                 strings[name] = (per[:m], SEP.join(text.split(SEP, k)[:k]) if k else "")
-        return StepFrame(m, cols, flat_sources=flat, strings=strings)
+        out = StepFrame(m, cols, flat_sources=flat, strings=strings)
+        out._picks = {
+            name: (per, text, rows[:m]) for name, (per, text, rows) in self._picks.items() if name not in cols
+        }
+        return out
 
     # -- the records ----------------------------------------------------------------------------
     def records(self) -> list[Record]:
@@ -240,8 +267,31 @@ def _uniform_names(per: list[int], index: Sequence[int]) -> bool:
 
 def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:
     names, per, idx, tokens, loss_sum = flat
+    k = per[0] if per else 0
+    if isinstance(index, range) and index.step > 0 and k and _uniform_names(per, idx):
+        return (names, [k] * len(index), list(idx[:k]) * len(index), _pick_uniform(tokens, k, index),
+                _pick_uniform(loss_sum, k, index))  # fmt: skip
     ends = list(accumulate(per))
     new_per = [per[i] for i in index]
     spans = [(ends[i] - per[i], ends[i]) for i in index]
     return (names, new_per, [x for a, b in spans for x in idx[a:b]], [x for a, b in spans for x in tokens[a:b]],
             [x for a, b in spans for x in loss_sum[a:b]])  # fmt: skip
+
+
+def _cut_strings(per: Sequence[int], text: str, index: Sequence[int]) -> tuple[list[int], str]:
+    """The records at ``index`` of a flat string column (counts, values joined by ``SEP``)."""
+    k = per[0] if per else 0
+    if isinstance(index, range) and index.step > 0 and per.count(k) == len(per):  # every record has k
+        return [k] * len(index), SEP.join(_pick_uniform(text.split(SEP), k, index))
+    lists = split_joined(per, text)
+    chosen = [lists[i] for i in index]
+    return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
+
+
+def _pick_uniform(flat: Sequence[Any], k: int, index: range) -> list[Any]:
+    """The values of the records at ``index`` (a range, step > 0) in a flat column where every
+    record has ``k`` of them, in slices."""
+    out: list[Any] = [None] * (len(index) * k)
+    for q in range(k):
+        out[q::k] = flat[index.start * k + q : index.stop * k : index.step * k]
+    return out

@@ -140,8 +140,13 @@ class StepAssembler:
         steps = frame.col("step")
         if not steps:
             return []
-        if min(steps) == max(steps):
+        lo, hi = min(steps), max(steps)
+        k, m = hi - lo + 1, len(steps)
+        if lo == hi:
             chunks = [(steps[0], frame)]
+        elif m % k == 0 and list(steps[:k]) == list(range(lo, hi + 1)) and steps == steps[:k] * (m // k):
+            # Every link sent the same run of steps (a fast run's batch): step j is every k-th record.
+            chunks = [(lo + j, frame.take(range(j, m, k))) for j in range(k)]
         else:
             rows: dict[int, list[int]] = {}
             for i, step in enumerate(steps):

@@ -367,16 +367,20 @@ class Controller:
         if not frame.has("attrs"):
             return
         steps, attrs = frame.col("step"), frame.col("attrs")
-        if min(steps) != max(steps):
+        # Per step the last record's batch index counts, and the last clip of all: as when noted one by one.
+        if min(steps) == max(steps):
+            batch = next((b for a in reversed(attrs) if a and isinstance(b := a.get("batch"), int)), None)
+            batches = {} if batch is None else {steps[0]: batch}
+        else:
+            batches = {}
             for step, a in zip(steps, attrs, strict=True):
-                if a:
-                    self._note_attrs(step, a)
-            return
-        # One step: the last record's values count, as when noted one by one.
-        batch = next((b for a in reversed(attrs) if a and isinstance(b := a.get("batch"), int)), None)
-        clips = [a["grad_clip"] for a in attrs if "grad_clip" in a]
+                if a and isinstance(b := a.get("batch"), int):
+                    batches[step] = b
+        self.batches.update(batches)
+        clips = [a["grad_clip"] for a in attrs if a and "grad_clip" in a]
         clip = next((c for c in reversed(clips) if _clip(c)), None)
-        self._note_attrs(steps[0], {"batch": batch, "grad_clip": clip})
+        if clip is not None:
+            self._note_attrs(steps[-1], {"grad_clip": clip})
 
     def _analyse_ready(self, *, final: bool) -> None:
         """Analyse every step whose records are all in, in order, each followed by the checkpoint

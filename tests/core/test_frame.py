@@ -117,3 +117,43 @@ def test_a_field_no_record_sent_reads_as_absent_and_builds_records_with_its_defa
     assert frame.all_events() == set() and not frame.any_events()
     assert [r.to_dict() for r in frame] == [{"step": 4, "loss": 1.0, "rank": 0, "world_size": 1},
                                             {"step": 4, "loss": 2.0, "rank": 0, "world_size": 1}]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_batch_of_several_steps_cuts_into_each_steps_records(seed: int) -> None:
+    """A fast run's batch: every link sends the same run of steps, link by link. Each step is then
+    every k-th record (``take(range)``, cut in slices, its strings cut when read); the steps, their
+    heads (the incident series keeps the first ranks) and any rows of them read as the records."""
+    from supervisor.runtime.assembler import StepAssembler
+
+    rng = random.Random(300 + seed)
+    ranks, steps = rng.choice([2, 5, 16]), rng.choice([2, 3, 4])
+    per_step = [{rec["rank"]: rec for rec in _random_step(rng, 20 + j, ranks)} for j in range(steps)]
+    sent = [rec for recs in per_step for rec in recs.values()]
+    common = set.intersection(*(set(rec) for rec in sent))  # a job sends the same fields every step
+    for rec in sent:
+        for k in set(rec) - common - {"param_checksum", "nonfinite_at", "events"}:
+            del rec[k]
+    if seed % 3 == 0:  # a step of the run with no events and every record's samples: the sliced path
+        for recs in per_step:
+            for rec in recs.values():
+                rec["events"] = []
+                rec["samples"] = [f"web:doc_{rec['rank']}_{k}" for k in range(3)]
+    groups = [(r, f"l{r}", (1, steps), list(range(1, steps + 1)), [per_step[j][r] for j in range(steps)])
+              for r in range(ranks)]  # fmt: skip
+    batch = pack(groups)
+    packed = unpack_frame(batch)
+    assert packed is not None
+    records = [rec for g in unpack(batch) for rec in g[4]]  # link by link
+    chunks = StepAssembler._by_step(packed.frame)
+    assert chunks is not None and [s for s, _ in chunks] == [20 + j for j in range(steps)]
+    for j, (step, cut) in enumerate(chunks):
+        want = records[j::steps]
+        assert len(cut) == ranks and cut.all_events() == {e for r in want for e in r.events}
+        _summaries_equal(summarize(step, cut), summarize(step, want))
+        head = rng.randint(0, ranks)
+        for rows in (list(range(head)), rng.sample(range(ranks), min(3, ranks))):
+            for got, i in zip(cut.take(rows), rows, strict=True):
+                _same(got, want[i])
+        for got, rec in zip(cut, want, strict=True):
+            _same(got, rec)
