@@ -167,13 +167,16 @@ class StepFrame(Sequence[Record]):
                 continue
             if not text:
                 strings[name] = ([0] * m, "")
-            elif strided:  # cut when read (sample IDs are read for an incident's suspects only)
+            elif strided:  # one step of a batch: cut when read (sample IDs are read for incidents only)
                 picks[name] = (per, text, index)
             else:
                 strings[name] = _cut_strings(per, text, index)
         for name, (counts, joined, rows) in self._picks.items():
             if name not in cols:
-                picks[name] = (counts, joined, rows[cut] if strided else [rows[i] for i in index])
+                if strided:
+                    picks[name] = (counts, joined, rows[cut])
+                else:
+                    strings[name] = _cut_strings(counts, joined, [rows[i] for i in index])
         out = StepFrame(m, cols, flat_sources=flat, strings=strings)
         out._picks = picks
         return out
@@ -191,11 +194,10 @@ class StepFrame(Sequence[Record]):
             if name not in cols:
                 k = sum(per[:m])
                 strings[name] = (per[:m], SEP.join(text.split(SEP, k)[:k]) if k else "")
-        out = StepFrame(m, cols, flat_sources=flat, strings=strings)
-        out._picks = {
-            name: (per, text, rows[:m]) for name, (per, text, rows) in self._picks.items() if name not in cols
-        }
-        return out
+        for name, (counts, joined, rows) in self._picks.items():
+            if name not in cols:  # cut now: a head is kept (the incident series' ring), its batch is not
+                strings[name] = _cut_strings(counts, joined, rows[:m])
+        return StepFrame(m, cols, flat_sources=flat, strings=strings)
 
     # -- the records ----------------------------------------------------------------------------
     def records(self) -> list[Record]:
@@ -279,12 +281,18 @@ def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:
 
 
 def _cut_strings(per: Sequence[int], text: str, index: Sequence[int]) -> tuple[list[int], str]:
-    """The records at ``index`` of a flat string column (counts, values joined by ``SEP``)."""
-    k = per[0] if per else 0
+    """The records at ``index`` of a flat string column (counts, values joined by ``SEP``), splitting
+    the column only as far as the last of them."""
+    if not len(index):
+        return [], ""
+    last = index[-1] if isinstance(index, range) and index.step > 0 else max(index)
+    upto = sum(per[: last + 1])
+    flat = text.split(SEP, upto)[:upto]  # the values of records 0..last (the rest stays joined)
+    k = per[0]
     if isinstance(index, range) and index.step > 0 and per.count(k) == len(per):  # every record has k
-        return [k] * len(index), SEP.join(_pick_uniform(text.split(SEP), k, index))
-    lists = split_joined(per, text)
-    chosen = [lists[i] for i in index]
+        return [k] * len(index), SEP.join(_pick_uniform(flat, k, index))
+    ends = list(accumulate(per[: last + 1]))
+    chosen = [flat[ends[i] - per[i] : ends[i]] for i in index]
     return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
 
 
@@ -292,6 +300,8 @@ def _pick_uniform(flat: Sequence[Any], k: int, index: range) -> list[Any]:
     """The values of the records at ``index`` (a range, step > 0) in a flat column where every
     record has ``k`` of them, in slices."""
     out: list[Any] = [None] * (len(index) * k)
-    for q in range(k):
-        out[q::k] = flat[index.start * k + q : index.stop * k : index.step * k]
+    if out:
+        stop = (index[-1] + 1) * k
+        for q in range(k):
+            out[q::k] = flat[index.start * k + q : stop : index.step * k]
     return out

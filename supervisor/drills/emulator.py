@@ -319,6 +319,8 @@ class EmulatorHost:
                 pace_from, paced_step = time.monotonic(), self.step
                 continue
             self._pace(pace_from, paced_step)
+            if self.step < self.cfg.free_steps:  # running free: the paced steps count from the last free one
+                pace_from, paced_step = time.monotonic(), self.step + 1
             self.step += 1
             if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self._checkpoint(self.step, diagnostic=False)

@@ -32,15 +32,21 @@ log = get_logger("supervisor.runtime.assembler")
 Tag = tuple[str, int]
 
 
+_ROW_BITS = 32
+_WHOLE = (1 << _ROW_BITS) - 1
+"""The row of a part that is one record itself."""
+
+
 class _Bucket:
     """One step's records so far: the parts they came in (a frame, or one record) and, per rank,
-    where its record is (part index, row in the frame; -1: the part is the record)."""
+    where its record is: ``part << 32 | row`` (row ``_WHOLE``: the part is the record) -- an int,
+    not a tuple, so that a thousand ranks a step add nothing for the collector to walk."""
 
     __slots__ = ("parts", "where")
 
     def __init__(self) -> None:
         self.parts: list[StepFrame | Record] = []
-        self.where: dict[int, tuple[int, int]] = {}
+        self.where: dict[int, int] = {}
 
     def frame(self) -> StepFrame:
         """The step's records, one per rank, in rank order."""
@@ -50,9 +56,9 @@ class _Bucket:
             ranks = first.col("rank")
             if len(where) == len(first) and ranks == sorted(ranks):  # distinct (add_frame): ascending
                 return first  # one batch, every rank once, in order: the batch's own columns
-            return first.take([where[r][1] for r in sorted(where)])
-        picks = [where[r] for r in sorted(where)]
-        return StepFrame.of([parts[k][i] if i >= 0 else parts[k] for k, i in picks])  # type: ignore[index,misc]
+            return first.take([where[r] & _WHOLE for r in sorted(where)])
+        picks = [divmod(where[r], 1 << _ROW_BITS) for r in sorted(where)]
+        return StepFrame.of([parts[k] if i == _WHOLE else parts[k][i] for k, i in picks])  # type: ignore[index,misc]
 
 
 class StepAssembler:
@@ -113,9 +119,9 @@ class StepAssembler:
                         old = tags.pop(r, None) if tags else None
                         if old is not None:
                             self.on_release(old)
-                k = len(bucket.parts)
+                k = len(bucket.parts) << _ROW_BITS
                 bucket.parts.append(chunk)
-                bucket.where.update(zip(ranks, [(k, i) for i in range(len(ranks))], strict=True))
+                bucket.where.update(zip(ranks, range(k, k + len(ranks)), strict=True))
                 fed.add(step)
         else:
             for i, rec in enumerate(frame):
@@ -184,7 +190,7 @@ class StepAssembler:
         if old is not None:
             self.on_release(old)
         bucket = self._bucket(step, now)
-        bucket.where[rank] = (len(bucket.parts), -1)
+        bucket.where[rank] = len(bucket.parts) << _ROW_BITS | _WHOLE
         bucket.parts.append(rec)
         if tag is not None:
             if tags is None:

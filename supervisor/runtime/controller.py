@@ -354,13 +354,20 @@ class Controller:
         self.assembler.add_frame(frame, keep, unit)
 
     def _note_frame(self, frame: StepFrame, keep: list[bool] | None) -> None:
-        """``_note`` for a frame's records, reading its columns: a record is built only where it
-        carries events."""
-        if frame.any_events() or keep is not None:
+        """``_note`` for a frame's records, reading its columns; the events of the records that carry
+        any are noted in record order (no record built). Records whose order the bookkeeping depends
+        on (resends among them, or a rank saying it reached the end) are noted one by one."""
+        events = frame.all_events()
+        if keep is not None or any(e.startswith(f"{END_REACHED}:") for e in events):
             for i, rec in enumerate(frame):
                 if keep is None or keep[i]:
                     self._note(rec.rank, rec)
             return
+        if events:
+            ranks, steps = frame.col("rank"), frame.col("step")
+            for i, evs in enumerate(frame.col("events")):
+                if evs:
+                    self._note_events(ranks[i], steps[i], evs)
         if self.state.held_at:
             for rank in frame.col("rank"):
                 self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
@@ -412,11 +419,14 @@ class Controller:
                 return
             step, rank = sent, int(rec.get("rank", rank))
             attrs, control = rec.get("attrs") or {}, bool(rec.get("control"))
-        if events:
-            self.directives.note_events(rank, step, events)
         if not control and self.state.held_at:
             self.state.held_at.pop(rank, None)  # a step record: this rank trains (again)
         self._note_attrs(step, attrs)
+        self._note_events(rank, step, events)
+
+    def _note_events(self, rank: int, step: int, events: list[str]) -> None:
+        if events:
+            self.directives.note_events(rank, step, events)
         for ev in events:
             if ev.startswith(f"{END_REACHED}:"):
                 self.state.held_at[rank] = step

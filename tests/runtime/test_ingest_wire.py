@@ -98,3 +98,43 @@ def test_a_batch_mixing_a_link_without_an_id_still_numbers_the_others(tmp_path: 
     actor.ingest_packed(batch)  # sent again: l1's record is known, the other is past the watermark
     actor.ctl.iterate()
     assert actor.ctl.receipts.received["l1"] == 1 and actor.ctl.receipts.lost == 0
+
+
+def test_a_batch_of_several_steps_is_noted_as_its_records_one_by_one(tmp_path: Path) -> None:
+    """A fast run's batch (every link's run of steps, some records carrying events) read in columns
+    leaves the bookkeeping as the same records noted one by one: checkpoints seen in order, batch
+    indices per step, directive acknowledgements, every step analysed."""
+    outcome = []
+    for as_dicts in (False, True):
+        ranks = FakeRanks(4, 400)
+        actor = _actor(tmp_path / str(as_dicts), ranks)
+        noted: list[tuple[int, int, list[str]]] = []
+        note_events = actor.ctl.directives.note_events
+
+        def spy(
+            rank: int, step: int, evs: list[str], note: Any = note_events, seen: list[Any] = noted
+        ) -> None:
+            seen.append((rank, step, list(evs)))
+            note(rank, step, evs)
+
+        actor.ctl.directives.note_events = spy  # type: ignore[method-assign]
+        for first in (1, 6):
+            groups = []
+            for r in range(4):
+                recs = []
+                for step in range(first, first + 5):
+                    rec = ranks.record(step, r, ["checkpoint_saved:4"] if step == 4 and r == 2 else None)
+                    if step == 7:
+                        rec["events"] = [f"checkpoint_saved:{step}", "resumed"] if r else []
+                    rec["attrs"] = {"batch": 100 + step, **({"grad_clip": 1.0} if r == 3 else {})}
+                    recs.append(rec)
+                groups.append((r, f"l{r}", (first, first + 4), list(range(first, first + 5)), recs))
+            actor.ctl.ingest_wire(pack(groups), as_dicts=as_dicts)
+            actor.ctl.iterate()
+        ctl = actor.ctl
+        assert ctl.assembler.watermark == 10 and ctl.receipts.lost == 0
+        outcome.append((noted, dict(ctl.batches), ctl.state.reported_grad_clip))
+    columns, records = outcome
+    assert columns == records
+    assert [(rank, step) for rank, step, _ in columns[0]] == [(2, 4), (1, 7), (2, 7), (3, 7)]
+    assert columns[1][7] == 107 and columns[2] == 1.0
