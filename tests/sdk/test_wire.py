@@ -259,3 +259,24 @@ def test_a_batch_outside_the_clean_columns_is_no_frame() -> None:
     assert unpack_frame(with_row) is None and unpack_frame(pack(mixed)) is None
     packed = unpack_frame(pack(_groups()))
     assert packed is not None and packed.held_of(0) == (1, 2) and packed.links[3] == "link3"
+
+
+def test_a_batch_packed_from_columns_is_the_batch_pack_makes_of_the_records() -> None:
+    from supervisor.sdk.wire import pack_columns
+
+    groups = _groups()
+    recs = [rec for g in groups for rec in g[4]]
+    scalars = ("step", "rank", "world_size", "time", "loss", "loss_sum", "tokens", "batch_mean_loss", "lr",
+               "grad_norm", "param_norm", "update_norm", "overflow", "nonfinite", "seq_len_max", "seq_len_mean",
+               "step_time", "tokens_per_s", "param_checksum")  # fmt: skip
+    cols = {f: [r.get(f) for r in recs] for f in reversed(scalars)}  # any order: packed in the table's
+    names = ["code", "web"]
+    sources = (names, [2] * len(recs), [0, 1] * len(recs),
+               [r["sources"][n]["tokens"] for r in recs for n in names],
+               [r["sources"][n]["loss_sum"] for r in recs for n in names])  # fmt: skip
+    built = pack_columns([(*g[:4], len(g[4])) for g in groups], cols, sources=sources,
+                         samples=[r["samples"] for r in recs], events=[r["events"] for r in recs],
+                         attrs=[r["attrs"] for r in recs])  # fmt: skip
+    assert pickle.dumps(built) == pickle.dumps(pack(groups))
+    with pytest.raises(ValueError, match="not scalar fields"):
+        pack_columns([(0, "l", None, [1], 1)], {"rank": [0], "sources": [{}]})
