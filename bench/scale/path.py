@@ -1,11 +1,12 @@
 """The supervisor's per-record path without Ray: where a step's CPU goes, phase by phase.
 
-    python -m bench.scale.path --ranks 1024 [--steps 120] [--against REV [--rounds 3]]
+    python -m bench.scale.path --ranks 1024 [--steps 120] [--batch-steps K] [--against REV [--rounds 3]]
 
 The real ``Controller`` (detector, policy, incident store, state file) is fed the rank emulator's
 records (``drills/emulator.py``: the same record per rank, numbered per link) as the emulator
-sends them, one packed batch per step (``sdk/wire.py``), and after every step its loop runs once
-and writes its state, as it does once per 0.5-s step through the actor. Timed per step, in CPU
+sends them, one packed batch per step (``sdk/wire.py``; ``--batch-steps K``: every link's run of K
+steps in one batch, as a fast run or a supervisor catching up gets them), and after every batch
+its loop runs once and writes its state, as it does once per 0.5-s step through the actor. Timed per step, in CPU
 time of this one thread: ``unpack`` (the wire decode), ``queue`` (``ingest_frame``: receipts and
 the inbox), ``loop`` (``Controller.iterate``: bookkeeping, analysis, metrics, the state write).
 What it leaves out is Ray: the call's transport and the actor's threads (``python -m bench.scale``
@@ -40,6 +41,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--warmup", type=int, default=30, help="steps not timed (the detector's baselines form)")
+    ap.add_argument(
+        "--batch-steps", type=int, default=1, help="steps per packed batch (every link's run of them)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--against", metavar="REV", help="this tree and git revision REV, alternating")
     ap.add_argument("--rounds", type=int, default=3, help="with --against: runs of each side")
@@ -115,11 +119,13 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     cpu = time.thread_time
     spent: dict[str, list[float]] = {k: [] for k in PHASES}
     started = None
-    for step in range(1, args.warmup + args.steps + 1):
-        if step == args.warmup + 1:
+    k = max(1, args.batch_steps)
+    for last in range(k, args.warmup + args.steps + 1, k):
+        if last > args.warmup and started is None:
             started = time.perf_counter()
-        host.step = step
-        host._produce(False)
+        for step in range(last - k + 1, last + 1):
+            host.step = step
+            host._produce(False)
         calls = []
         for x in host.links:
             batch = list(x.backlog)
@@ -136,15 +142,15 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         t2 = cpu()
         ctl.iterate()
         t3 = cpu()
-        if step > args.warmup:
-            for k, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                spent[k].append(v * 1000)
+        if last - k >= args.warmup:
+            for name, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                spent[name].append(v * 1000 / k)
     wall = time.perf_counter() - (started or 0.0)
-    assert ctl.assembler.watermark == args.warmup + args.steps, "every step analysed"
+    assert ctl.assembler.watermark == (args.warmup + args.steps) // k * k, "every step analysed"
     assert not ctl.state.incident_keys, "a clean run opened an incident"
     med = {k: statistics.median(v) for k, v in spent.items()}
     total = statistics.median([sum(x) for x in zip(*spent.values(), strict=True)])
-    return {"ranks": args.ranks, "steps": args.steps, "cpu_ms_per_step": total, **{f"{k}_ms": v for k, v in med.items()},
+    return {"ranks": args.ranks, "steps": args.steps, "batch_steps": k, "cpu_ms_per_step": total, **{f"{k}_ms": v for k, v in med.items()},
             "records_per_s_cpu": args.ranks * 1000 / total, "wall_s": wall}  # fmt: skip
 
 
@@ -156,7 +162,8 @@ def _line(f: dict[str, Any]) -> str:
 def _compare(args: argparse.Namespace) -> int:
     from bench.detect_throughput import export_tree
 
-    same = ["--ranks", str(args.ranks), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    same = ["--ranks", str(args.ranks), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch-steps", str(args.batch_steps)]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": HERE.parents[1], args.against: export_tree(args.against, Path(tmp))}
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
@@ -171,7 +178,8 @@ def _compare(args: argparse.Namespace) -> int:
                     print(f"{label}: no figures ({done.stderr.strip()[-400:]})", file=sys.stderr)
                     return 1
                 runs[label].append(json.loads(out.read_text()))
-    print(f"path against {args.against}: ranks {args.ranks}, {args.rounds} alternating run(s) each (medians)")
+    print(f"path against {args.against}: ranks {args.ranks}, {args.batch_steps} step(s) a batch, {args.rounds} "
+          "alternating run(s) each (medians)")  # fmt: skip
     keys = ("cpu_ms_per_step", *(f"{k}_ms" for k in PHASES), "records_per_s_cpu")
     med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} | {"ranks": args.ranks}
            for label, rs in runs.items()}  # fmt: skip
