@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from supervisor.core.model import Phenotype
 from supervisor.core.policy import Policy, load_policy, plan
 from tests.policy.conftest import state, write_policy
 from tests.policy.test_rollback_margin import lr_bug
@@ -92,3 +93,25 @@ def test_a_transient_still_goes_on_without_the_rollback(default_policy: Policy) 
 
     p = plan(young_run_nan(), state(step=10, checkpoints=(), checkpoint_every=20), default_policy)
     assert not p.escalates and "rollback" not in p.action_names
+
+
+def test_an_oversized_update_back_in_band_is_still_started_over(default_policy: Policy) -> None:
+    """Sampler cell ``330388:826895``: one oversized update at step 9 of the warm-up (update ratio
+    164x its level), the loss back in band at once. The weights kept that step, so "nothing after
+    the onset to undo" does not hold: the run ended 6% above its clean loss. With no checkpoint yet
+    the run's start is the target, as for any fault the state carries."""
+    jump = replace(lr_bug(9), phenotype=Phenotype.TRANSIENT)
+    p = plan(jump, state(step=10, checkpoints=(), checkpoint_every=20), default_policy)
+    assert not p.escalates, p.escalate_reason
+    rb = p.action("rollback")
+    assert rb is not None and rb.params["to_start"] is True, p.notes
+    assert p.recovery == "restart"
+
+
+def test_an_oversized_update_past_the_first_interval_still_goes_on(default_policy: Policy) -> None:
+    """No start-over allowed (onset beyond the first interval, no checkpoint before it): a transient
+    goes on under an observation window, as before, rather than stopping the job."""
+    jump = replace(lr_bug(45), phenotype=Phenotype.TRANSIENT)
+    p = plan(jump, state(step=46, checkpoints=((40, "verified"),), checkpoint_every=20), default_policy)
+    assert not p.escalates, p.escalate_reason
+    assert "rollback" not in p.action_names and "observe" in p.action_names

@@ -5,8 +5,9 @@
     3. escalate when the observation window failed too often, the rule's attempts ran out, the
        incident recurred too often (``recurrence.max_attempts``) or its rank is a repeat offender;
     4. enforce the invariants, adapt to what the job can do, resolve each action's parameters
-       (with no rollback target: a transient goes on under an observation window, an onset in
-       the first checkpoint interval rolls back to the run's start, anything else escalates);
+       (with no rollback target: an onset in the first checkpoint interval rolls back to the run's
+       start, unless it is a transient whose weights kept nothing abnormal; a transient goes on
+       under an observation window; anything else escalates);
     5. a data fault whose rollback would re-run its own earlier occurrence goes on without it.
 
 Every choice carries a sentence naming the rule and the setting behind it.
@@ -30,6 +31,7 @@ from supervisor.core.policy.invariants import (
     rollback_before_continuing,
     rollback_dispensable,
     rollback_reruns_occurrence,
+    weights_kept,
     without_rollback,
 )
 from supervisor.core.policy.plan import JobState, Plan, PlannedAction, Recovery
@@ -92,14 +94,21 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     try:
         done = _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
-        if (why := rollback_dispensable(diagnosis)) is not None:
-            steps, more = without_rollback(steps, why, str(exc))
-            return _finish(base, steps, notes + more, name, diagnosis, state, policy)
-        # A young run: the run's start stands in for the checkpoint it does not have yet.
-        try:
-            done = _finish(base, steps, notes, name, diagnosis, state, policy, start=True)
-        except NoRollbackTarget as no_start:
+        dispensable, kept = rollback_dispensable(diagnosis), weights_kept(diagnosis)
+        no_start: NoRollbackTarget | None = None
+        if dispensable is None or kept is not None:
+            # A young run: the run's start stands in for the checkpoint it does not have yet (for a
+            # transient too, when the weights kept its abnormal step).
+            more = [f"a transient, started over: {kept}"] if dispensable and kept else []
+            try:
+                done = _finish(base, steps, notes + more, name, diagnosis, state, policy, start=True)
+            except NoRollbackTarget as why_not:
+                no_start = why_not
+        if dispensable is None and no_start is not None:
             return _escalation(base, f"Deciding to escalate: {no_start}", diagnosis, state, notes)
+        if dispensable is not None and (kept is None or no_start is not None):
+            steps, more = without_rollback(steps, dispensable, str(exc))
+            return _finish(base, steps, notes + more, name, diagnosis, state, policy)
     if (cause := rollback_reruns_occurrence(done.actions, diagnosis, state)) is not None:
         steps, more = without_rollback(
             steps, RECURS_WHERE_IT_IS, f"no target that re-runs none of it: {cause}"

@@ -151,6 +151,20 @@ def rollback_dispensable(d: Diagnosis) -> str | None:
     return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"
 
 
+#: Findings that the weights kept an abnormal step: an update applied at the wrong size stays in
+#: the state when the loss comes back into band, as a NaN the optimizer skipped does not.
+KEPT_IN_WEIGHTS = ("lr_jump", "update_jump")
+
+
+def weights_kept(d: Diagnosis) -> str | None:
+    """The evidence that the weights kept the incident's abnormal step, or None. A transient with it
+    still has something after its onset to undo: where the run's start is a target (a young run),
+    starting over costs fewer steps than training on from a state that took the step."""
+    found = state_suspect(d)
+    kept = [f"{k} ({found[k]})" for k in KEPT_IN_WEIGHTS if k in found]
+    return "the weights kept the abnormal step: " + "; ".join(kept) if kept else None
+
+
 def without_rollback(steps: list[Step], why: str, cause: str) -> tuple[list[Step], list[str]]:
     """The plan with its rollbacks dropped (no target: ``cause``) and, when nothing watches the
     state it goes on from, an observation window before training goes on."""
