@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Literal
 
-from supervisor.core.detect import Detector, DetectorSettings, Signals, rank_rose, summarize
+from supervisor.core.detect import Detector, DetectorSettings, Signals, StepSummary, rank_rose, summarize
 from supervisor.core.diagnose import LR_RAISED, MAX_SUSPECTS, Facts, IncidentTrack, lr_still_raised
 from supervisor.core.extremes import Extreme, RunExtremes
 from supervisor.core.frame import StepFrame
 from supervisor.core.interventions import Intervention, Interventions
 from supervisor.core.learning import SourceLearning, Stall
+from supervisor.core.mixture import MixtureWatch, Move
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
 from supervisor.core.records import Record
@@ -138,6 +139,7 @@ class StreamingAnalyzer:
         self._stall: Stall | None = None
         #: The run's LR and update-ratio maxima (``extremes``), and this step's verdict.
         self.extremes = RunExtremes()
+        self.mixture = MixtureWatch()
         self._extreme: Extreme | None = None
         self._restart = False  # this step's LR is a warm restart (``RunExtremes.restart``)
         self._emitted: dict[int, tuple[Any, ...]] = {}
@@ -170,6 +172,9 @@ class StreamingAnalyzer:
             if self.lr_fault is not None and sig.lr_norm is not None:  # the LR the fault is judged against
                 onset, size, _before = self.lr_fault
                 self.lr_fault = (onset, size, sig.lr_norm)
+        moved = self.mixture.push(step, summary.sources)
+        if moved is not None:
+            sig = self._on_mixture_move(moved, summary, mult)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
         self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr)
@@ -203,6 +208,20 @@ class StreamingAnalyzer:
             self.ramp_end = None
             self.detector.reanchor(step, ("update",))
         return updates
+
+    def _on_mixture_move(self, moved: Move, summary: StepSummary, mult: float) -> Signals:
+        """The sources' token shares moved (``core/mixture.py``): the gradients follow the data by
+        design, so their levels re-form from here, as after an LR override. The loss keeps its band,
+        and the run's extremes still judge the LR and the update."""
+        self.detector.reanchor(moved.step - 1, ("grad", "update"))
+        grown = moved.grown()
+        self.benign.append(
+            BenignShift(
+                step=moved.step, metric="token_shares", before=round(moved.before.get(grown, 0.0), 6),
+                after=round(moved.after.get(grown, 0.0), 6), source=grown, note=moved.describe(),
+            )
+        )  # fmt: skip
+        return self.detector.score(summary, mult)
 
     def _on_world_size(self, world: int, step: int) -> None:
         """The records name another data-parallel degree (a group restarted on fewer ranks, an
@@ -694,6 +713,8 @@ class StreamingAnalyzer:
         self.detector.forget_after(to_step)
         self.learning.forget_after(to_step)
         self.extremes.forget_after(to_step)
+        self.mixture.forget_after(to_step)
+        self.benign = [b for b in self.benign if b.step <= to_step]  # the abandoned timeline's
         while self.recent and self.recent[-1].step > to_step:
             self.recent.pop()
         while self.loss_zs and self.loss_zs[-1][0] > to_step:
@@ -726,6 +747,7 @@ class StreamingAnalyzer:
             "excursions": [list(e) for e in self.excursions],
             "learning": self.learning.state_dict(),
             "extremes": self.extremes.state_dict(),
+            "mixture": self.mixture.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -745,6 +767,7 @@ class StreamingAnalyzer:
         )
         self.learning.load_state_dict(state.get("learning", {}))
         self.extremes.load_state_dict(state.get("extremes", {}))
+        self.mixture.load_state_dict(state.get("mixture", {}))
         self.recent.clear()
         self.loss_zs.clear()
         self.watch.cancel()
