@@ -80,6 +80,8 @@ class MixtureWatch:
         self._steps: deque[tuple[int, Shares]] = deque(maxlen=KEEP)
         self._moves: list[int] = []  # steps where the mixture moved, oldest first (within KEEP)
         self._pending: Move | None = None  # the last step, when it left the pool's scatter
+        self._pool: deque[Shares] = deque()  # the steps since the last move, at most POOL
+        self._sum: Shares = {}  # the pool's shares summed
 
     def push(self, step: int, sources: Mapping[str, tuple[float, float]]) -> Move | None:
         """This step's shares; the move they confirm, if any (dated at its first step). A step
@@ -87,12 +89,13 @@ class MixtureWatch:
         now = shares(sources)
         if not now:
             return None
+        self._steps.append((step, now))
         pending, self._pending = self._pending, None
         if pending is not None and pending.step < step:
             out = self._beyond(step, now, pending.before, pending.scatter)
             if out is not None and distance(pending.after, now) < min(pending.distance, out.distance):
-                self._steps.append((step, now))
                 self._moves = [*self._moves[-(KEEP - 1) :], pending.step]
+                self._refill()
                 return Move(
                     pending.step,
                     pending.distance,
@@ -100,11 +103,11 @@ class MixtureWatch:
                     pending.before,
                     _mean([pending.after, now]),
                 )
-        pooled = self._pool()
-        self._steps.append((step, now))
-        if len(pooled) >= MIN_STEPS:
-            ref = _mean(pooled)
-            self._pending = self._beyond(step, now, ref, max(distance(s, ref) for s in pooled))
+        if len(self._pool) >= MIN_STEPS:
+            ref = {k: v / len(self._pool) for k, v in self._sum.items()}
+            if distance(now, ref) >= MIN_MOVE:  # the pool's scatter only for a candidate
+                self._pending = self._beyond(step, now, ref, max(distance(x, ref) for x in self._pool))
+        self._add(now)
         return None
 
     @staticmethod
@@ -112,15 +115,21 @@ class MixtureWatch:
         d = distance(now, ref)
         return Move(step, d, scatter, ref, now) if d >= MIN_MOVE and d > TAIL_MARGIN * scatter else None
 
-    def _pool(self) -> list[Shares]:
-        """The shares of the steps since the last move, at most ``POOL``."""
+    def _add(self, now: Shares) -> None:
+        if len(self._pool) >= POOL:
+            for k, v in self._pool.popleft().items():
+                self._sum[k] -= v
+        self._pool.append(now)
+        for k, v in now.items():
+            self._sum[k] = self._sum.get(k, 0.0) + v
+
+    def _refill(self) -> None:
+        """The pool from the kept steps: those since the last move, at most ``POOL``."""
         since = self._moves[-1] if self._moves else None
-        out: list[Shares] = []
-        for step, s in reversed(self._steps):
-            if len(out) >= POOL or (since is not None and step < since):
-                break
-            out.append(s)
-        return out
+        self._pool, self._sum = deque(), {}
+        kept = [sh for step, sh in self._steps if since is None or step >= since]
+        for sh in kept[-POOL:]:
+            self._add(sh)
 
     def forget_after(self, step: int) -> None:
         while self._steps and self._steps[-1][0] > step:
@@ -128,12 +137,14 @@ class MixtureWatch:
         while self._moves and self._moves[-1] > step:
             self._moves.pop()
         self._pending = None
+        self._refill()
 
     def state_dict(self) -> dict[str, Any]:
         p = self._pending
         return {
-            "steps": [[s, sh] for s, sh in self._steps],
-            "moves": list(self._moves),
+            # The pool's steps are what a restored watch needs; older ones only made a rollback exact.
+            "steps": [[s, sh] for s, sh in list(self._steps)[-POOL:]],
+            "moves": self._moves[-16:],
             "pending": [p.step, p.distance, p.scatter, p.before, p.after] if p is not None else None,
         }
 
@@ -142,6 +153,7 @@ class MixtureWatch:
         self._moves = [int(s) for s in state.get("moves", [])]
         p = state.get("pending")
         self._pending = Move(int(p[0]), float(p[1]), float(p[2]), _read(p[3]), _read(p[4])) if p else None
+        self._refill()
 
 
 def _mean(items: list[Shares]) -> Shares:
