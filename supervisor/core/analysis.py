@@ -157,6 +157,9 @@ class StreamingAnalyzer:
         if summary.events & RESUME_EVENTS or incomplete_resume(summary.events):
             self._on_resume(summary.events, step)
         world = max((w for w in frame.col("world_size") if w), default=0)  # 0: none named one
+        announced = "lr_override" in summary.events or bool(
+            self.world_size and world and world != self.world_size
+        )
         self._on_world_size(world, step)
         mult = self.known.lr_multiplier(step)
         if self.detector.is_gap(step):
@@ -177,7 +180,9 @@ class StreamingAnalyzer:
             sig = self._on_mixture_move(moved, summary, mult)
         self.detector.advance(summary, mult)
         upd = summary.update_ratio / mult if summary.update_ratio is not None and mult > 0 else None
-        self._extreme = None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr)
+        self._extreme = (
+            None if summary.nonfinite else self.extremes.judge(step, sig.lr_norm, upd, summary.lr, announced)
+        )
         self.extremes.push(step, sig.lr_norm, upd, summary.lr)
         self.last_step = step
         ranks = len(summary.rank_log_loss) + len(summary.nonfinite_ranks)  # counted by summarize

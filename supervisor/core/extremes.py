@@ -28,6 +28,10 @@ UPDATE_JUMP = 8.0
 RESTART_RISE = 1.5
 #: ... back to between this share of the run's peak LR and that peak: a level the run trained at.
 RESTART_FLOOR = 0.5
+#: An LR rising this many times the schedule's own step-to-step ratio in one step, reported so too,
+#: anywhere but back into a restart's band: a schedule rises abruptly only to restart near its peak
+#: (a warm-up, a cyclic schedule rise gradually), so the rise is a fault of the LR by itself.
+LR_STEP = 2.0
 #: Steps with a value before a maximum is a reference.
 MIN_SEEN = 3
 #: The schedule's own step-to-step ratio: the median over this many logged steps before.
@@ -92,11 +96,20 @@ class RunExtremes:
         self.last_raw: float | None = None  # the previous step's LR as reported (factor not divided out)
 
     def judge(
-        self, step: int, lr: float | None, update_ratio: float | None, raw_lr: float | None = None
+        self,
+        step: int,
+        lr: float | None,
+        update_ratio: float | None,
+        raw_lr: float | None = None,
+        announced: bool = False,
     ) -> Extreme | None:
         """This step against the maxima before it (call before ``push``). An LR jump must show in the
         reported ``raw_lr`` too: one made only by dividing out the supervisor's factor (ranks that did
-        not apply a re-warm, the first step after a rollback) is no fault."""
+        not apply a re-warm, the first step after a rollback) is no fault. ``announced``: the job said
+        the LR changes at this step (an ``lr_override`` event, another data-parallel degree), so an
+        abrupt rise below twice the peak is no fault."""
+        if not announced and (stepped := self._stepped(step, lr, raw_lr)) is not None:
+            return stepped
         top = self.lr.peak()
         raw_rose = raw_lr is None or (self.last_raw is not None and raw_lr >= LR_ABOVE_PEAK * self.last_raw)
         if (
@@ -146,6 +159,18 @@ class RunExtremes:
             self.lr.push(step, lr)
         if update_ratio is not None and update_ratio > 0:
             self.update.push(step, update_ratio)
+
+    def _stepped(self, step: int, lr: float | None, raw_lr: float | None) -> Extreme | None:
+        """An LR that rose ``LR_STEP`` x the schedule's own ratio in one step (reported so too) to a
+        level no restart goes back to (``restart``'s band): the schedule did not ask for it."""
+        top, last = self.lr.peak(), self.last_lr
+        if lr is None or lr <= 0 or not top or not last or self.lr.seen < MIN_SEEN:
+            return None
+        if raw_lr is not None and not (self.last_raw and raw_lr >= LR_STEP * self.last_raw):
+            return None
+        if lr < LR_STEP * self._schedule() * last or RESTART_FLOOR * top <= lr <= top * GROWTH:
+            return None
+        return Extreme("lr", step, lr, last, lr / last)
 
     def forget_after(self, step: int) -> None:
         self.lr.forget_after(step)
