@@ -17,6 +17,10 @@ from supervisor.core.stats import median
 from supervisor.core.trigger import SOURCE_PERSIST, YOUNG_JUMP, YOUNG_MAX_SOURCES, source_offsets
 
 FIRST = 5
+#: The first appearances whose median is where a source started: at chance, as every source does.
+#: A fast run (SGD at a high LR, no warm-up) falls most of the way within ``FIRST`` appearances, so
+#: their median sits partway down a fall the source has already made.
+START = 3
 RECENT = 8
 PERSIST = SOURCE_PERSIST
 #: The least fall of the other sources' median log loss (a run still learning).
@@ -86,7 +90,7 @@ class SourceLearning:
             if falls and all(o >= OTHERS_FALL and s <= STALL_SHARE * o for s, o in falls):
                 off0 = median([r[1] - r[2] for r in first])
                 at = _onset(rows, off0)
-                own0 = median([r[1] for r in first])
+                own0 = median([r[1] for r in first[:START]])
                 found.append(Stall(name, at[0], math.exp(at[1]), math.exp(own0), off0, *falls[0]))
         return max(found, key=lambda x: x.others_fall - x.own_fall) if found else None
 
@@ -124,11 +128,11 @@ class SourceLearning:
 def _falls(
     first: list[tuple[int, float, float]], rows: list[tuple[int, float, float]]
 ) -> list[tuple[float, float]]:
-    """(own fall, others' fall) in log units since the first appearances, on the medians of the last
+    """(own fall, others' fall) in log units since the start (``START``), on the medians of the last
     ``PERSIST`` windows of ``RECENT`` appearances (the latest first); none while too few."""
     if len(first) < FIRST or len(rows) < RECENT + PERSIST - 1:
         return []
-    own0, others0 = median([r[1] for r in first]), median([r[2] for r in first])
+    own0, others0 = median([r[1] for r in first[:START]]), median([r[2] for r in first[:START]])
     out = []
     for k in range(PERSIST):
         win = rows[len(rows) - RECENT - k : len(rows) - k]

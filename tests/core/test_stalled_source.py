@@ -148,3 +148,15 @@ def test_what_a_source_learned_is_taken_back_with_the_steps_a_rollback_re_runs()
     assert b.learning.learned.get("motif") == at
     b.learning.forget_after(at - 1)
     assert "motif" not in b.learning.learned
+
+
+def test_a_source_that_learned_within_its_first_appearances_has_learned() -> None:
+    """Sampler cell ``382654`` (gpt2, SGD at 0.3 with no warm-up, 2 ranks; steps 1-60, `samples`
+    dropped): every source fell from chance (5.54) to ~4.3 within its first five appearances. `code`
+    then stayed near 4.4 until step ~21 while the others went on to ~3.5, and a medium `source_local`
+    incident opened at 19 on a clean run: its level at its first appearances (their median, 4.62) sat
+    halfway down the fall it had already made. The reference is where every source starts, at
+    chance: measured from there, `code` had learned ~half what the others had, which a source of
+    garbage never does."""
+    res = analyze_records(read_trace(DATA / "sampler_clean_gpt2_sgd_fast_start.jsonl.gz").records)
+    assert not [d.to_json() for d in res.incidents if d.severity.rank >= Severity.MEDIUM.rank]
