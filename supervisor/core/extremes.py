@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from supervisor.core.stats import median
@@ -32,6 +33,12 @@ RESTART_FLOOR = 0.5
 #: anywhere but back into a restart's band: a schedule rises abruptly only to restart near its peak
 #: (a warm-up, a cyclic schedule rise gradually), so the rise is a fault of the LR by itself.
 LR_STEP = 2.0
+#: ... above every LR of this many logged steps before it: a ramp back up after a restore (a re-warm,
+#: the supervisor's own seen offline) climbs to where the LR was, never past it.
+RECENT_LR = 16
+#: LRs kept with their steps, so a rollback takes back exactly the steps it re-runs and the ramp
+#: after it is compared with the LR before the target.
+LR_KEPT = 512
 #: Steps with a value before a maximum is a reference.
 MIN_SEEN = 3
 #: The schedule's own step-to-step ratio: the median over this many logged steps before.
@@ -94,6 +101,7 @@ class RunExtremes:
         self.lr_steps: deque[tuple[int, float]] = deque(maxlen=SCHEDULE_STEPS)  # (step, lr / lr before)
         self.last_lr: float | None = None
         self.last_raw: float | None = None  # the previous step's LR as reported (factor not divided out)
+        self.recent_lr: deque[tuple[int, float]] = deque(maxlen=LR_KEPT)  # (step, lr) of the last steps
 
     def judge(
         self,
@@ -157,18 +165,23 @@ class RunExtremes:
                 self.lr_steps.append((step, lr / self.last_lr))
             self.last_lr = lr
             self.lr.push(step, lr)
+            self.recent_lr.append((step, lr))
         if update_ratio is not None and update_ratio > 0:
             self.update.push(step, update_ratio)
 
     def _stepped(self, step: int, lr: float | None, raw_lr: float | None) -> Extreme | None:
-        """An LR that rose ``LR_STEP`` x the schedule's own ratio in one step (reported so too) to a
-        level no restart goes back to (``restart``'s band): the schedule did not ask for it."""
+        """An LR that rose ``LR_STEP`` x the schedule's own ratio in one step (reported so too) above
+        every LR of the last ``RECENT_LR`` steps, to a level no restart goes back to (``restart``'s
+        band): the schedule did not ask for it."""
         top, last = self.lr.peak(), self.last_lr
         if lr is None or lr <= 0 or not top or not last or self.lr.seen < MIN_SEEN:
             return None
         if raw_lr is not None and not (self.last_raw and raw_lr >= LR_STEP * self.last_raw):
             return None
         if lr < LR_STEP * self._schedule() * last or RESTART_FLOOR * top <= lr <= top * GROWTH:
+            return None
+        recent = [v for _, v in islice(reversed(self.recent_lr), RECENT_LR)]
+        if not recent or lr <= GROWTH * max(recent):
             return None
         return Extreme("lr", step, lr, last, lr / last)
 
@@ -177,6 +190,8 @@ class RunExtremes:
         self.update.forget_after(step)
         while self.lr_steps and self.lr_steps[-1][0] > step:
             self.lr_steps.pop()
+        while self.recent_lr and self.recent_lr[-1][0] > step:
+            self.recent_lr.pop()
         self.last_lr = self.last_raw = None  # the restored step's LR comes with its first record
 
     def state_dict(self) -> dict[str, Any]:
@@ -185,6 +200,7 @@ class RunExtremes:
             "update": self.update.state_dict(),
             "lr_steps": [list(r) for r in self.lr_steps],
             "last_lr": self.last_lr,
+            "recent_lr": [list(r) for r in list(self.recent_lr)[-RECENT_LR:]],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -193,5 +209,6 @@ class RunExtremes:
         self.lr_steps = deque(
             ((int(s), float(r)) for s, r in state.get("lr_steps", [])), maxlen=SCHEDULE_STEPS
         )
+        self.recent_lr = deque(((int(s), float(v)) for s, v in state.get("recent_lr", [])), maxlen=LR_KEPT)
         last = state.get("last_lr")
         self.last_lr = float(last) if last is not None else None

@@ -70,3 +70,13 @@ def test_a_rise_the_job_announced_is_no_fault() -> None:
             r.events = ["lr_override"]
     found = analyze_records(recs).incidents
     assert not [d for d in found if "lr_jump" in findings(d)], [d.to_json() for d in found]
+
+
+def test_a_ramp_back_to_the_level_before_it_is_no_fault() -> None:
+    """A re-warm after a restore (the job's own, or the supervisor's read back from a trace) starts
+    low and doubles at its second step, climbing back to where the LR was: never past it."""
+    recs = synthetic_records(STEPS, 3, seed=6, grad_noise=0.2)
+    ramp = {151 + k: 0.03 * (k + 1) / 10 for k in range(10)}
+    _step_decay(recs, {1: 0.3, 101: 0.03, **ramp, 161: 0.03}, 6)
+    found = analyze_records(recs).incidents
+    assert not [d for d in found if "lr_jump" in findings(d)], [d.to_json() for d in found]
