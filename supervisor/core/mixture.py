@@ -29,8 +29,10 @@ MIN_STEPS = 8
 POOL = 64
 #: Steps kept (with their shares), so a rollback takes back exactly the moves it re-runs.
 KEEP = 512
-#: Sources named at most in a step's shares (a runaway number of names must not grow memory).
+#: Sources tracked by name, the first seen; the tokens of any other are one share (``OTHER``), so a
+#: stream of new names keeps a step's cost and the watch's memory bounded.
 MAX_SOURCES = 64
+OTHER = "\x00other"
 
 Shares = dict[str, float]
 
@@ -62,12 +64,23 @@ class Move:
         )
 
 
-def shares(sources: Mapping[str, tuple[float, float]]) -> Shares:
-    """Each source's share of the step's tokens (from ``StepSummary.sources``)."""
+def shares(sources: Mapping[str, tuple[float, float]], names: set[str] | None = None) -> Shares:
+    """Each source's share of the step's tokens (from ``StepSummary.sources``); with ``names``, the
+    names tracked (new ones join while there is room), any other source's tokens as ``OTHER``."""
     total = sum(t for t, _ in sources.values() if t > 0)
     if total <= 0:
         return {}
-    return {k: t / total for k, (t, _) in list(sources.items())[:MAX_SOURCES] if t > 0}
+    out: Shares = {}
+    for k, (t, _) in sources.items():
+        if t <= 0:
+            continue
+        if names is not None and k not in names:
+            if len(names) >= MAX_SOURCES:
+                k = OTHER
+            else:
+                names.add(k)
+        out[k] = out.get(k, 0.0) + t / total
+    return out
 
 
 def distance(a: Shares, b: Shares) -> float:
@@ -82,11 +95,12 @@ class MixtureWatch:
         self._pending: Move | None = None  # the last step, when it left the pool's scatter
         self._pool: deque[Shares] = deque()  # the steps since the last move, at most POOL
         self._sum: Shares = {}  # the pool's shares summed
+        self._names: set[str] = set()  # the sources tracked by name (at most MAX_SOURCES)
 
     def push(self, step: int, sources: Mapping[str, tuple[float, float]]) -> Move | None:
         """This step's shares; the move they confirm, if any (dated at its first step). A step
         without sources breaks nothing."""
-        now = shares(sources)
+        now = shares(sources, self._names)
         if not now:
             return None
         self._steps.append((step, now))
@@ -119,6 +133,8 @@ class MixtureWatch:
         if len(self._pool) >= POOL:
             for k, v in self._pool.popleft().items():
                 self._sum[k] -= v
+                if self._sum[k] <= 1e-12:  # no pooled step names it: a stream of new names stays bounded
+                    del self._sum[k]
         self._pool.append(now)
         for k, v in now.items():
             self._sum[k] = self._sum.get(k, 0.0) + v
@@ -150,6 +166,7 @@ class MixtureWatch:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._steps = deque(((int(s), _read(sh)) for s, sh in state.get("steps", [])), maxlen=KEEP)
+        self._names = {k for _, sh in self._steps for k in sh if k != OTHER}
         self._moves = [int(s) for s in state.get("moves", [])]
         p = state.get("pending")
         self._pending = Move(int(p[0]), float(p[1]), float(p[2]), _read(p[3]), _read(p[4])) if p else None

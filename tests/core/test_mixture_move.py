@@ -128,3 +128,15 @@ def test_a_rollback_to_before_the_move_sees_it_again_on_the_replay() -> None:
         restored.observe_step(step, steps[step])
     after = restored.finish()
     assert after.incidents == [] and [b.step for b in after.benign_shifts] == [MOVE]
+
+
+def test_a_stream_of_new_source_names_keeps_the_watch_bounded() -> None:
+    """Hostile or runaway source names: the first ``MAX_SOURCES`` are tracked, the rest pooled as one."""
+    from supervisor.core.mixture import KEEP, MAX_SOURCES, OTHER, MixtureWatch
+
+    watch = MixtureWatch()
+    for step in range(1, 1001):
+        watch.push(step, {f"s{step}.{i}": (32.0, 3.0) for i in range(2 * MAX_SOURCES)})
+    assert len(watch._sum) <= MAX_SOURCES + 1 and len(watch._steps) <= KEEP
+    assert all(len(sh) <= MAX_SOURCES + 1 for _, sh in watch._steps)
+    assert watch._steps[-1][1] == {OTHER: 1.0}
