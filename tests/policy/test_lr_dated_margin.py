@@ -140,3 +140,49 @@ def test_a_later_attempt_keeps_its_lr_scale_when_the_rewarm_is_dropped(default_p
     )
     apply = p.action("apply")
     assert apply is not None and apply.params == {"lr_scale": 0.5}, apply.params
+
+
+# -- no healthy checkpoint before an LR-dated onset: a verified one stands in --------------------
+def test_with_no_healthy_checkpoint_before_an_lr_dated_onset_a_verified_one_stands_in(
+    default_policy: Policy,
+) -> None:
+    """Sampler cell ``653355:199713``: a checkpoint every 50, the LR x200 from step 63. The checkpoint
+    at 50 was verified, not yet healthy (20 anomaly-free steps needed), so the plan started over from
+    step 0 and re-warmed over 63 steps: 1.147x the clean loss. Every step from 50 to 62 ran at the
+    scheduled LR, which is all the healthy mark would have vouched for."""
+    d = with_evidence(
+        63,
+        "update ratio 31x its level at step 63",
+        "learning rate changed 200x from the previous step at step 63",
+    )
+    at = state(step=66, checkpoints=((50, "verified"),), checkpoint_every=50, healthy_after=20)
+    p = plan(d, at, default_policy)
+    rollback, apply = p.action("rollback"), p.action("apply")
+    assert rollback is not None and apply is not None, p.escalate_reason
+    assert rollback.params["target_step"] == 50 and rollback.params["to_start"] is False, rollback.reason
+    assert rollback.params["min_mark"] == "verified" and rollback.params["max_target_step"] == 62
+    assert "a verified one stands in" in rollback.reason
+    assert apply.params["warmup_steps"] == 13  # from 50 to the onset, not from 0
+    assert p.recovery == "in_place"
+
+
+def test_a_verified_checkpoint_does_not_stand_in_for_an_onset_dated_by_its_effects(
+    default_policy: Policy,
+) -> None:
+    """The same checkpoints with only an update jump: the fault may have begun before the first abnormal
+    step, which is what the healthy mark guards against, so the run's start is the target as before."""
+    d = with_evidence(63, "update ratio 31x its level at step 63")
+    at = state(step=66, checkpoints=((50, "verified"),), checkpoint_every=50, healthy_after=20)
+    rollback = plan(d, at, default_policy).action("rollback")
+    assert rollback is not None and rollback.params["to_start"] is True, rollback.reason
+    assert rollback.params["min_mark"] == "healthy"
+
+
+def test_a_healthy_checkpoint_before_an_lr_dated_onset_is_still_preferred(default_policy: Policy) -> None:
+    d = with_evidence(63, "learning rate changed 200x from the previous step at step 63")
+    at = state(
+        step=66, checkpoints=((20, "healthy"), (50, "verified")), checkpoint_every=10, healthy_after=20
+    )
+    rollback = plan(d, at, default_policy).action("rollback")
+    assert rollback is not None and rollback.params["target_step"] == 20, rollback.reason
+    assert rollback.params["min_mark"] == "healthy"
