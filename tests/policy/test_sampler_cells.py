@@ -295,3 +295,70 @@ def test_a_recurring_data_fault_is_not_rolled_back_over_its_own_earlier_occurren
     nan = shard_again_with_update(nonfinite=True, nonfinite_at="forward:blocks.0",
                                   causes=[CauseScore(Cause.NUMERIC, 0.8, ["non-finite values first at step 113 on ranks [1]"])])  # fmt: skip
     assert plan(nan, js, default_policy).action("rollback") is not None
+
+
+def test_a_recurring_shard_with_no_healthy_checkpoint_goes_on_without_the_rollback(
+    default_policy: Policy,
+) -> None:
+    """Cell 117597:263588 (moe, AdamW, a checkpoint every 50; a bad shard on rank 1 every 50 steps
+    from 17): its third occurrence, at 117 of 120, lifted the update ratio 1.94x, so rule
+    ``bad_batch_step`` asked for a rollback; 50 and 100 were verified but never healthy (each had an
+    occurrence within its healthy window), and the job was escalated although every occurrence came
+    back in band at once. A periodic spike is a transient that recurs: its source is kept out and a
+    window judges the state, as for a transient (a state that took a broken step fails it at once)."""
+    d = recurring_shard(
+        onset=117,
+        every=50,
+        first_rank=1,
+        source_local=None,
+        causes=[
+            CauseScore(
+                Cause.DATA,
+                0.6,
+                [
+                    "recurs every 50 steps (onsets [17, 67, 117])",
+                    "rank 1 loss 5.74 vs ranks' median 2.66 at step 67",
+                ],
+            ),
+            CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 1.94x its level at step 117"]),
+        ],
+    )
+    js = state(
+        step=118,
+        attempts={"rank_local": 1},
+        incident_attempt=2,
+        rank_incidents=[(67, 1)],
+        steps_since_last_incident=50,
+        checkpoints=((50, "verified"), (100, "verified")),
+        checkpoint_every=50,
+        healthy_after=20,
+    )
+    p = plan(d, js, default_policy)
+    assert p.rule == "bad_batch_step"  # the update jump: the rule that rolls back past a bad step
+    assert not p.escalates, p.escalate_reason
+    assert "rollback" not in p.action_names
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"]["samples"] == SHARD_SAMPLES
+    assert "observe" in p.action_names
+    assert any("rollback dropped" in n and "recurs" in n for n in p.notes), p.notes
+    # With a healthy checkpoint before it, the rollback stays.
+    healthy = replace(js, checkpoints=((50, "healthy"), (100, "verified")))
+    rolled = plan(d, healthy, default_policy).action("rollback")
+    assert rolled is not None and rolled.params["target_step"] == 50
+
+
+def test_a_periodic_divergence_with_no_target_still_escalates(default_policy: Policy) -> None:
+    """Only an occurrence back in band goes on without its rollback: one still out of band when
+    planned has a trend to undo that no window can judge away."""
+    d = recurring_shard(
+        onset=117,
+        every=50,
+        causes=[CauseScore(Cause.OPTIMIZER, 0.6, ["update ratio 30x its level at step 117"])],
+        end_step=None,
+        peak_step=125,
+    )
+    js = state(
+        step=128, checkpoints=((50, "verified"), (100, "verified")), checkpoint_every=50, healthy_after=20
+    )
+    p = plan(d, js, default_policy)
+    assert p.escalates, p.action_names

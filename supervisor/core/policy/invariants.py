@@ -142,13 +142,18 @@ def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
 
 
 def rollback_dispensable(d: Diagnosis) -> str | None:
-    """Why the incident can go on without the rollback its plan asked for, or None: a transient left
-    no trend to undo, so with no checkpoint yet its batch is kept out and a window watched. A state
+    """Why the incident can go on without the rollback its plan asked for, or None: a transient (or
+    one occurrence of a recurring data fault, ``evidence.data_fault``) left no trend to undo, so with no checkpoint yet its batch is kept out and a window watched. A state
     that took a broken step fails that window at once, which is re-planned and escalates: what a
     missing checkpoint costs is bounded, never the job stopped at its first steps."""
-    if d.phenotype is not Phenotype.TRANSIENT:
-        return None
-    return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"
+    if d.phenotype is Phenotype.TRANSIENT:
+        return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"
+    recurring = data_fault(d)
+    if recurring is not None:
+        # Each occurrence of a data fault that recurs at its data's period came back by itself (that
+        # is how the period was seen); its source is kept out, and the window judges the state.
+        return f"one occurrence of a data fault that recurs ({recurring}): nothing after the onset needs undoing to go on"
+    return None
 
 
 #: Findings that the weights kept an abnormal step: an update applied at the wrong size stays in
