@@ -49,6 +49,8 @@ class Steering:
         self.control = control
         self.stopped = False
         self.frozen = False
+        self.finished = False
+        """A ``Finish`` was applied: the supervisor is done with the ranks holding at the last step."""
         self.lr_scale = 1.0
         self.warmup_steps: int | None = None
         self.warmup_from = 0
@@ -68,7 +70,7 @@ class Steering:
             RollbackInPlace: self._rollback,
             ApplyOverrides: self._apply,
             Stop: self._stop,
-            Finish: lambda d: None,
+            Finish: self._finish,
             Replay: self._replay,
         }
 
@@ -159,7 +161,7 @@ class Steering:
         queued, self._after_freeze = self._after_freeze, []
         beat = time.monotonic()
         try:
-            while not self.stopped:
+            while not self.stopped and not self.finished:
                 # The beat comes from this loop (the training thread), never from a side thread: a
                 # rank stopped or hung while frozen goes silent, and the supervisor treats it as hung.
                 if time.monotonic() - beat >= HOLD_BEAT_S:
@@ -228,6 +230,8 @@ class Steering:
                         self._handle_batch(ds[i:])
                     else:
                         self.handle(d)
+                    if self.finished or self.stopped:  # received while parked in a freeze here
+                        return False
                     if p.step_count != last:  # rolled back: train again, from this boundary
                         while more := self.control.depart():
                             self._handle_batch(more)
@@ -239,6 +243,11 @@ class Steering:
 
     def _stop(self, d: Stop) -> None:
         self.stopped = True
+
+    def _finish(self, d: Finish) -> None:
+        # Meaningful only while the ranks hold at the last step; one that reaches them parked in a
+        # freeze there (an incident at the last steps) ends the freeze and the hold with it.
+        self.finished = True
 
     def _apply(self, d: ApplyOverrides) -> None:
         p = self.probe

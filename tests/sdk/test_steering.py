@@ -149,3 +149,46 @@ def test_a_frozen_rank_repeats_that_it_is_there(dataset, monkeypatch):
     th.join(10)
     got = beats()
     assert len(got) >= 3 and all(r["control"] and r["events"] == ["frozen:2"] for r in got)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_finish_received_while_frozen_at_the_last_step_ends_the_hold(dataset, monkeypatch, together):
+    """Sampler cell 117597:263588: an incident at the last steps froze the ranks where they held at
+    the end; its plan ended (the window skipped: training over), and the release and the ``Finish``
+    reached the ranks while they were still parked in the freeze. The freeze applied the ``Finish``
+    as a no-op and the ranks went back to holding, waiting for a ``Finish`` already acknowledged:
+    the job never ended."""
+    from supervisor.sdk import steering
+    from supervisor.sdk.directives import Finish
+
+    monkeypatch.setattr(steering, "HOLD_BEAT_S", 0.02)
+    model, _, _, loader, probe, transport = make_run(dataset, max_steps=3, freeze_poll_s=0.01)
+    transport.hold_at_end_s = 60.0  # as under a supervisor: the ranks hold at the last step
+
+    def sent(event: str) -> bool:
+        return any(event in r.get("events", []) for r in list(transport.records))
+
+    def supervisor() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not sent("end_reached:3"):
+            transport.flush(0.05)
+        transport.deliver(sdk.Freeze(id="fz"))
+        while time.monotonic() < deadline and not sent("directive_applied:fz:freeze"):
+            transport.flush(0.05)
+        if together:
+            transport.deliver(sdk.Continue(id="go"), Finish(id="fin"))
+        else:
+            transport.deliver(Finish(id="fin"))
+
+    th = threading.Thread(target=supervisor, daemon=True)
+    th.start()
+    done: list[int] = []
+    trainer = threading.Thread(target=lambda: done.append(len(train(model, loader, probe, 10))), daemon=True)
+    trainer.start()
+    trainer.join(15)
+    if trainer.is_alive():  # the hang this test is for: let the rank go before failing
+        transport.deliver(sdk.Stop(id="unblock"))
+        trainer.join(10)
+    transport.flush(5.0)
+    assert done == [3] and sent("directive_applied:fin:finish")
+    assert not any("directive_applied:unblock:stop" in r.get("events", []) for r in list(transport.records))
