@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from supervisor.config.runtime import RuntimeSettings
     from supervisor.drills.emulator import EmulatorConfig, ScaleSupervisor, start_host
-    from supervisor.ranks.names import NAMESPACE, supervisor_env, supervisor_name
+    from supervisor.ranks.names import NAMESPACE, supervisor_options
 
     root = Path(tempfile.mkdtemp(prefix="scale-"))
     job = _job(args, root)
@@ -112,13 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         sup = (
             ray.remote(ScaleSupervisor)
-            .options(
-                name=supervisor_name(job["name"]),
-                namespace=NAMESPACE,
-                max_concurrency=64,
-                num_cpus=0,
-                runtime_env=supervisor_env(settings.niceness),
-            )
+            .options(**supervisor_options(job["name"], settings.niceness))
             .remote(job, settings.model_dump(), False, args.hosts)
         )
         spy = _profile(sup, args.profile) if args.profile else None

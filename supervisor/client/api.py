@@ -12,7 +12,7 @@ from supervisor.client.cluster import head_node_id
 from supervisor.config.job import JobSpec
 from supervisor.config.runtime import RuntimeSettings
 from supervisor.errors import EXIT_BAD_INPUT, RuntimeBackendError
-from supervisor.ranks.names import NAMESPACE, named_actors, supervisor_env, supervisor_name
+from supervisor.ranks.names import NAMESPACE, named_actors, supervisor_name, supervisor_options
 from supervisor.runtime.actor import SupervisorActor
 
 RemoteSupervisor = ray.remote(SupervisorActor)
@@ -44,14 +44,10 @@ def launch(
     node = head_node_id() or ray.get_runtime_context().get_node_id()
     here = NodeAffinitySchedulingStrategy(node, soft=False)
     return RemoteSupervisor.options(
-        name=supervisor_name(job.name),
-        namespace=NAMESPACE,
+        **supervisor_options(job.name, settings.niceness),
         lifetime="detached" if detached else None,
-        max_concurrency=64,
         max_restarts=3 if detached else 0,
-        num_cpus=0,
         scheduling_strategy=here,
-        runtime_env=supervisor_env(settings.niceness),
     ).remote(job.model_dump(mode="json"), settings.model_dump(), attach)
 
 

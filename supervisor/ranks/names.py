@@ -51,5 +51,14 @@ def supervisor_env(niceness: int) -> dict[str, Any]:
     return env
 
 
+def supervisor_options(job: str, niceness: int) -> dict[str, Any]:
+    """The Ray options every supervisor actor of ``job`` is created with (``client.api.launch``; the
+    scale bench's). No task events: Ray would record each call (a record batch, a status read, a
+    directive poll) and report it to the cluster's control store, several per step and rank, which
+    no one reads (the dashboard's task list); the supervisor's own timeline is its incident store."""
+    return {"name": supervisor_name(job), "namespace": NAMESPACE, "max_concurrency": 64, "num_cpus": 0,
+            "runtime_env": supervisor_env(niceness), "enable_task_events": False}  # fmt: skip
+
+
 def worker_actor_name(job: str, generation: int, rank: int) -> str:
     return f"worker:{job}:{generation}:{rank}"
