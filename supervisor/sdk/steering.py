@@ -49,8 +49,10 @@ class Steering:
         self.control = control
         self.stopped = False
         self.frozen = False
+        self.holding = False
+        """The ranks hold at the last step (``_hold_at_end``), where a ``Finish`` means something."""
         self.finished = False
-        """A ``Finish`` was applied: the supervisor is done with the ranks holding at the last step."""
+        """A ``Finish`` was applied there: the supervisor is done with the ranks holding."""
         self.lr_scale = 1.0
         self.warmup_steps: int | None = None
         self.warmup_from = 0
@@ -211,6 +213,7 @@ class Steering:
         started, beat, last = time.monotonic(), 0.0, p.step_count
         p.log.info("holding at the last step for the supervisor", step=last, limit_s=limit)
         self.frozen = True  # acknowledgements go out as control messages: there is no step to carry them
+        self.holding, self.finished = True, False
         self.control.arrive()
         try:
             while True:
@@ -239,7 +242,7 @@ class Steering:
                     if isinstance(d, Freeze):
                         break
         finally:
-            self.frozen = False
+            self.frozen = self.holding = False
 
     def _stop(self, d: Stop) -> None:
         self.stopped = True
@@ -247,7 +250,7 @@ class Steering:
     def _finish(self, d: Finish) -> None:
         # Meaningful only while the ranks hold at the last step; one that reaches them parked in a
         # freeze there (an incident at the last steps) ends the freeze and the hold with it.
-        self.finished = True
+        self.finished = self.holding
 
     def _apply(self, d: ApplyOverrides) -> None:
         p = self.probe
