@@ -68,3 +68,10 @@ def test_the_supervisor_runs_with_few_malloc_arenas_and_its_niceness(
     assert env == {"RAY_worker_niceness": str(FAST.niceness), "MALLOC_ARENA_MAX": "2"}
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # the launching environment's own choice is kept
     assert _options(monkeypatch, tmp_path, _nodes())["runtime_env"]["env_vars"]["MALLOC_ARENA_MAX"] == "4"
+
+
+def test_the_supervisor_records_no_ray_task_events(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Ray would record every call (each record batch, status read and directive poll) and report it
+    to the control store; nothing reads them (bench.scale: ranks/names.supervisor_options)."""
+    opts = _options(monkeypatch, tmp_path, _nodes())
+    assert opts["enable_task_events"] is False and opts["max_concurrency"] == 64 and opts["num_cpus"] == 0
