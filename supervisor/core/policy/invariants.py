@@ -143,9 +143,10 @@ def release_after_freeze(steps: list[Step]) -> tuple[list[Step], list[str]]:
 
 def rollback_dispensable(d: Diagnosis) -> str | None:
     """Why the incident can go on without the rollback its plan asked for, or None: a transient (or
-    one occurrence of a recurring data fault, ``evidence.data_fault``) left no trend to undo, so with no checkpoint yet its batch is kept out and a window watched. A state
-    that took a broken step fails that window at once, which is re-planned and escalates: what a
-    missing checkpoint costs is bounded, never the job stopped at its first steps."""
+    one occurrence of a recurring data fault, ``evidence.data_fault``) left no trend to undo, so with
+    no checkpoint to go back to its batch is kept out and a window watched. A state that took a
+    broken step fails that window at once, which is re-planned and escalates: what a missing
+    checkpoint costs is bounded, never the job stopped."""
     if d.phenotype is Phenotype.TRANSIENT:
         return "the incident is a transient (back in band): nothing after the onset needs undoing to go on"
     recurring = data_fault(d)
