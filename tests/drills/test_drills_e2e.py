@@ -14,6 +14,10 @@ the drills whose behaviour another test asserts through the same path:
   machinery incident, one group restart, no policy action) with the step-100 checkpoint made
   unloadable, so the restart must pick the newest *verified* one; the plain resume-from-newest
   is tests/runtime/test_e2e_machinery.py's worker test.
+- ``oversized_update``: tests/runtime/test_e2e_incidents.py's divergence test runs the same fault
+  (one optimizer step at many times the LR) through the real runtime to a rollback, a fix, a passed
+  window and the run's end; the default policy's plan for it is tests/policy's, and the matrix and
+  the sampler run the drill's fault under the default policy on other models.
 - ``garbage_batch``: tests/data/test_streaming_drill_e2e.py runs this scenario's fault and
   expectations through the same runner and checks on the example job reading a streaming
   dataset; ``corrupt_shard`` here is the same rank-local data fix on the map-style loader,
@@ -29,7 +33,7 @@ import pytest
 from supervisor.drills.runner import DrillResult, run_drills
 from supervisor.drills.scenario import find_scenarios, scenario_paths
 
-COVERED_ELSEWHERE = {"lr_spike", "worker_kill", "garbage_batch"}
+COVERED_ELSEWHERE = {"lr_spike", "worker_kill", "garbage_batch", "oversized_update"}
 KILL_SLICE = ("kill_supervisor_frozen",)
 # The longest drill (a supervisor restart mid-incident) starts first, beside the clean reference.
 NAMES = [*KILL_SLICE] + [
