@@ -159,18 +159,18 @@ def _rollback(p: RollbackParams, d: Diagnosis, state: JobState, start: bool) -> 
     eligible = [c for c in known if c.step <= limit and c.mark in marks]
     short = ""
     if not eligible:
-        before = first - 1  # a checkpoint at the onset holds the onset's own update
+        before = limit = params["max_target_step"] = first - 1  # a checkpoint at the onset holds its update
         eligible = [c for c in known if c.step <= before and c.mark in marks]
+        short = f"; margin not met: no {p.min_mark} checkpoint {where}, so the newest before the onset"
         if not eligible and dated is not None and HealthMark.VERIFIED not in marks:
             # The healthy mark guards against a state saved after a fault had begun unseen; an LR-dated
             # onset rules that out, so a verified checkpoint before it beats starting over or none.
             eligible = [c for c in known if c.step <= before and c.mark is HealthMark.VERIFIED]
             if eligible:
                 params["min_mark"] = HealthMark.VERIFIED.value  # the runtime still prefers a healthy one
-                limit = params["max_target_step"] = before
                 short = (
-                    f"; no {p.min_mark} checkpoint before step {dated}, where the LR left its level: a verified "
-                    "one stands in, since every step from it to there ran at the scheduled LR"
+                    f"; no {p.min_mark} checkpoint before step {dated}, where the LR left its level: a "
+                    "verified one stands in, since every step from it to there ran at the scheduled LR"
                 )
         if not eligible:
             listed = ", ".join(f"{c.step} {c.mark.value}" for c in known) or "none"
@@ -187,9 +187,6 @@ def _rollback(p: RollbackParams, d: Diagnosis, state: JobState, start: bool) -> 
                 f"{state.checkpoint_every}, healthy after {state.healthy_after}); the worker group restarts from the job's initial state, its "
                 "data from the beginning with the plan's exclusions kept, no checkpoint resumed"
             )
-        if not short:
-            limit = params["max_target_step"] = before
-            short = f"; margin not met: no {p.min_mark} checkpoint {where}, so the newest before the onset"
     target = eligible[-1]
     passed = [f"{c.step} {c.mark.value}" for c in known if target.step < c.step <= limit]
     params["target_step"] = target.step
