@@ -42,7 +42,7 @@ class StepFrame(Sequence[Record]):
     flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
     per record only when asked."""
 
-    __slots__ = ("_n", "_cols", "_records", "_flat", "_strings", "_picks")
+    __slots__ = ("_n", "_cols", "_records", "_flat", "_uniform", "_strings", "_picks", "_shared")
 
     def __init__(
         self,
@@ -56,9 +56,13 @@ class StepFrame(Sequence[Record]):
         self._cols = cols if cols is not None else {}
         self._records: list[Record] | None = None
         self._flat = flat_sources
+        self._uniform: bool | None = None
+        """Whether every record of ``_flat`` lists the same names (``_uniform_names``), once known."""
         self._strings = strings or {}
-        self._picks: dict[str, tuple[Sequence[int], str, Sequence[int]]] = {}
-        """Flat string columns not cut yet: (the batch's counts, its joined text, this frame's rows)."""
+        self._picks: dict[str, tuple[Joined, Sequence[int]]] = {}
+        """Flat string columns not cut yet: (the batch's column, this frame's rows)."""
+        self._shared: dict[str, Joined] = {}
+        """This frame's flat string columns as the steps cut from it share them (``_column``)."""
 
     @classmethod
     def of(cls, records: Sequence[Record]) -> StepFrame:
@@ -102,8 +106,8 @@ class StepFrame(Sequence[Record]):
         column the first time it is read."""
         got = self._strings.get(name)
         if got is None and name in self._picks:
-            per, text, index = self._picks.pop(name)
-            got = self._strings[name] = _cut_strings(per, text, index)
+            column, index = self._picks.pop(name)
+            got = self._strings[name] = column.cut(index)
         return got
 
     def all_events(self) -> set[str]:
@@ -125,7 +129,7 @@ class StepFrame(Sequence[Record]):
         """{source: [tokens, loss_sum]} summed over the step's records, names in first-seen order."""
         acc: dict[str, list[float]] = {}
         flat = self._flat
-        if flat is not None and "sources" not in self._cols and _uniform_names(flat[1], flat[2]):
+        if flat is not None and "sources" not in self._cols and self._uniform_sources():
             names, per, index, tokens, loss_sum = flat
             k = per[0] if per else 0
             if k and len(tokens) == k * len(per):  # every record lists the same names: strided sums
@@ -159,24 +163,26 @@ class StepFrame(Sequence[Record]):
             cols = {name: col[cut] for name, col in self._cols.items()}
         else:
             cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
-        flat = _take_flat(self._flat, index) if self._flat is not None and "sources" not in cols else None
+        flat = None
+        if self._flat is not None and "sources" not in cols:
+            flat = _take_flat(self._flat, index, strided and self._uniform_sources())
         strings: dict[str, tuple[list[int], str]] = {}
-        picks: dict[str, tuple[Sequence[int], str, Sequence[int]]] = {}
+        picks: dict[str, tuple[Joined, Sequence[int]]] = {}
         for name, (per, text) in self._strings.items():
             if name in cols:
                 continue
             if not text:
                 strings[name] = ([0] * m, "")
             elif strided:  # one step of a batch: cut when read (sample IDs are read for incidents only)
-                picks[name] = (per, text, index)
+                picks[name] = (self._column(name, per, text), index)
             else:
-                strings[name] = _cut_strings(per, text, index)
-        for name, (counts, joined, rows) in self._picks.items():
+                strings[name] = Joined(per, text).cut(index)
+        for name, (column, rows) in self._picks.items():
             if name not in cols:
                 if strided:
-                    picks[name] = (counts, joined, rows[cut])
+                    picks[name] = (column, rows[cut])
                 else:
-                    strings[name] = _cut_strings(counts, joined, [rows[i] for i in index])
+                    strings[name] = column.cut([rows[i] for i in index])
         out = StepFrame(m, cols, flat_sources=flat, strings=strings)
         out._picks = picks
         return out
@@ -194,10 +200,25 @@ class StepFrame(Sequence[Record]):
             if name not in cols:
                 k = sum(per[:m])
                 strings[name] = (per[:m], SEP.join(text.split(SEP, k)[:k]) if k else "")
-        for name, (counts, joined, rows) in self._picks.items():
+        for name, (column, rows) in self._picks.items():
             if name not in cols:  # cut now: a head is kept (the incident series' ring), its batch is not
-                strings[name] = _cut_strings(counts, joined, rows[:m])
+                strings[name] = column.cut(rows[:m])
         return StepFrame(m, cols, flat_sources=flat, strings=strings)
+
+    def _uniform_sources(self) -> bool:
+        """``_uniform_names`` of the flat sources, read once (a batch's steps are each cut from it)."""
+        if self._uniform is None:
+            assert self._flat is not None
+            self._uniform = _uniform_names(self._flat[1], self._flat[2])
+        return self._uniform
+
+    def _column(self, name: str, per: list[int], text: str) -> Joined:
+        """The flat string column ``name`` as one ``Joined`` that every step cut from this batch
+        shares, so its text is split once, however many steps read it."""
+        got = self._shared.get(name)
+        if got is None:
+            got = self._shared[name] = Joined(per, text)
+        return got
 
     # -- the records ----------------------------------------------------------------------------
     def records(self) -> list[Record]:
@@ -267,10 +288,13 @@ def _uniform_names(per: list[int], index: Sequence[int]) -> bool:
     return per.count(k) == len(per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
 
 
-def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:
+def _take_flat(flat: Flat, index: Sequence[int], uniform: bool) -> Flat:
+    """The sources of the records at ``index`` (``uniform``: ``index`` is a range, step > 0, and
+    every record lists the same names, so they are cut in slices)."""
     names, per, idx, tokens, loss_sum = flat
     k = per[0] if per else 0
-    if isinstance(index, range) and index.step > 0 and k and _uniform_names(per, idx):
+    if uniform and k:
+        assert isinstance(index, range)
         return (names, [k] * len(index), list(idx[:k]) * len(index), _pick_uniform(tokens, k, index),
                 _pick_uniform(loss_sum, k, index))  # fmt: skip
     ends = list(accumulate(per))
@@ -280,20 +304,50 @@ def _take_flat(flat: Flat, index: Sequence[int]) -> Flat:
             [x for a, b in spans for x in loss_sum[a:b]])  # fmt: skip
 
 
-def _cut_strings(per: Sequence[int], text: str, index: Sequence[int]) -> tuple[list[int], str]:
-    """The records at ``index`` of a flat string column (counts, values joined by ``SEP``), splitting
-    the column only as far as the last of them."""
-    if not len(index):
-        return [], ""
-    last = index[-1] if isinstance(index, range) and index.step > 0 else max(index)
-    upto = sum(per[: last + 1])
-    flat = text.split(SEP, upto)[:upto]  # the values of records 0..last (the rest stays joined)
-    k = per[0]
-    if isinstance(index, range) and index.step > 0 and per.count(k) == len(per):  # every record has k
-        return [k] * len(index), SEP.join(_pick_uniform(flat, k, index))
-    ends = list(accumulate(per[: last + 1]))
-    chosen = [flat[ends[i] - per[i] : ends[i]] for i in index]
-    return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
+class Joined:
+    """A flat string column (per-record counts, values joined by ``SEP``) whose cuts split its text
+    only as far as the furthest record any of them reaches, and once: the steps of a batch are each
+    cut from it, and without the shared split each would split the batch up to its own rows again."""
+
+    __slots__ = ("per", "text", "_values", "_k", "_ends")
+
+    def __init__(self, per: Sequence[int], text: str) -> None:
+        self.per, self.text = per, text
+        self._values: list[str] = []
+        self._k: int | None = None
+        """Every record's count when all are the same (-1: they differ), once known."""
+        self._ends: list[int] | None = None
+
+    def cut(self, index: Sequence[int]) -> tuple[list[int], str]:
+        """The records at ``index`` (counts, values joined by ``SEP``)."""
+        if not len(index):
+            return [], ""
+        per = self.per
+        if self._k is None:
+            k = per[0]
+            self._k = k if per.count(k) == len(per) else -1
+        strided = isinstance(index, range) and index.step > 0
+        last = index[-1] if strided else max(index)
+        if self._k >= 0:
+            values = self._split((last + 1) * self._k)
+            if strided:
+                return [self._k] * len(index), SEP.join(_pick_uniform(values, self._k, index))  # type: ignore[arg-type]
+            chosen = [values[i * self._k : (i + 1) * self._k] for i in index]
+        else:
+            if self._ends is None:
+                self._ends = list(accumulate(per))
+            ends = self._ends
+            values = self._split(ends[last])
+            chosen = [values[ends[i] - per[i] : ends[i]] for i in index]
+        return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
+
+    def _split(self, upto: int) -> list[str]:
+        """The first ``upto`` values (the rest stays joined); a longer reach splits at least twice as
+        far as the last, so a run of growing reaches splits each value a bounded number of times."""
+        if len(self._values) < upto:
+            want = max(upto, 2 * len(self._values))
+            self._values = self.text.split(SEP, want)[:want]
+        return self._values
 
 
 def _pick_uniform(flat: Sequence[Any], k: int, index: range) -> list[Any]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from supervisor.core.frame import SEP, StepFrame
 from supervisor.core.records import Record
 from supervisor.incidents.scrub import series_row
 from supervisor.observability import series as series_mod
 from supervisor.observability.series import MAX_RANKS, IncidentSeries
+from supervisor.runtime.assembler import StepAssembler
 
 
 class _Counted(Record):
@@ -58,3 +60,58 @@ def test_an_incidents_first_rows_convert_only_the_ranks_they_keep() -> None:
 def test_dict_records_are_chosen_by_rank_too() -> None:
     rows = series_mod._rows([{"step": 3, "loss": 1.0, "rank": r} for r in range(200)], keep_rank=150)
     assert [r["rank"] for r in rows] == [*range(MAX_RANKS), 150]
+
+
+class _CountedText(str):
+    """A batch's joined sample IDs that count the values each split of them makes."""
+
+    values = 0
+
+    def split(self, sep: Any = None, maxsplit: int = -1) -> list[str]:  # type: ignore[override]
+        got = super().split(sep, maxsplit)
+        _CountedText.values += len(got)
+        return got
+
+
+class _CountedIndex(list[int]):
+    """A batch's source-name index that counts the entries each full read of it walks."""
+
+    walked = 0
+
+    def __iter__(self) -> Any:
+        _CountedIndex.walked += len(self)
+        return super().__iter__()
+
+
+def test_a_fast_runs_batch_is_cut_into_steps_and_heads_in_one_pass_over_its_flat_columns() -> None:
+    """A supervisor behind its ranks takes a batch of many steps (each link's run of them). Each
+    step is every k-th record of it, and the incident series keeps each step's first ``MAX_RANKS``
+    ranks. Found at 1,024 emulated ranks (``python -m bench.scale``, free steps): 37% of the control
+    loop's samples re-split the batch's sample IDs up to a step's 64th rank, and re-checked the whole
+    batch's source names, once per step -- a cost that grew with the square of the steps a batch held."""
+    ranks, steps, ids = 256, 16, 4
+    n = ranks * steps  # link by link: record r * steps + j is rank r's step j
+    cols = {"step": [100 + j for _ in range(ranks) for j in range(steps)],
+            "rank": [r for r in range(ranks) for _ in range(steps)], "loss": [2.0] * n}  # fmt: skip
+    text = _CountedText(SEP.join(f"web:doc_{i}_{q}" for i in range(n) for q in range(ids)))
+    index = _CountedIndex([0, 1] * n)
+    flat = (["web", "code"], [2] * n, index, [7.0] * (2 * n), [3.0] * (2 * n))
+    frame = StepFrame(n, cols, flat_sources=flat, strings={"samples": ([ids] * n, text)})
+    _CountedText.values = _CountedIndex.walked = 0
+
+    chunks = StepAssembler._by_step(frame)
+    assert chunks is not None and [s for s, _ in chunks] == [100 + j for j in range(steps)]
+    for j, (_, chunk) in enumerate(chunks):
+        head = series_mod._rows(chunk, keep_rank=None)
+        assert head.col("rank") == list(range(MAX_RANKS))
+        assert head.col("samples")[1] == [f"web:doc_{steps + j}_{q}" for q in range(ids)]
+        assert chunk.source_totals() == {
+            "web": [7.0 * ranks, 3.0 * ranks],
+            "code": [7.0 * ranks, 3.0 * ranks],
+        }
+
+    reach = MAX_RANKS * steps * ids  # the sample IDs up to the last step's 64th rank
+    assert _CountedText.values <= 3 * reach, f"{_CountedText.values} values split for {reach} the heads reach"
+    assert _CountedIndex.walked <= 3 * len(index), (
+        f"{_CountedIndex.walked} entries walked in an index of {len(index)}"
+    )
