@@ -735,7 +735,7 @@ class ScaleSupervisor(SupervisorActor):
         proc = psutil.Process(os.getpid())
         cpu = proc.cpu_times()
         return {"pid": os.getpid(), "cpu_s": cpu.user + cpu.system, "loop_cpu_s": self._loop_cpu_s(),
-                "ingest_cpu_s": self.ingest_cpu_s,
+                "ingest_cpu_s": self.ingest_cpu_s, "status": self.status(),
                 "rss": proc.memory_info().rss,
                 "costs": {k: asdict(v) for k, v in self.costs.items()}, "step": self.ctl.current_step,
                 "watermark": self.ctl.assembler.watermark}  # fmt: skip
