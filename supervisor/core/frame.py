@@ -42,7 +42,17 @@ class StepFrame(Sequence[Record]):
     flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
     per record only when asked."""
 
-    __slots__ = ("_n", "_cols", "_records", "_flat", "_uniform", "_strings", "_picks", "_shared")
+    __slots__ = (
+        "_n",
+        "_cols",
+        "_records",
+        "_flat",
+        "_uniform",
+        "_flat_ends",
+        "_strings",
+        "_picks",
+        "_shared",
+    )
 
     def __init__(
         self,
@@ -58,6 +68,8 @@ class StepFrame(Sequence[Record]):
         self._flat = flat_sources
         self._uniform: bool | None = None
         """Whether every record of ``_flat`` lists the same names (``_uniform_names``), once known."""
+        self._flat_ends: list[int] | None = None
+        """Where each record's sources end in ``_flat``'s columns, once a cut by rows needed them."""
         self._strings = strings or {}
         self._picks: dict[str, tuple[Joined, Sequence[int]]] = {}
         """Flat string columns not cut yet: (the batch's column, this frame's rows)."""
@@ -165,7 +177,14 @@ class StepFrame(Sequence[Record]):
             cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
         flat = None
         if self._flat is not None and "sources" not in cols:
-            flat = _take_flat(self._flat, index, strided and self._uniform_sources())
+            if strided and self._uniform_sources():
+                flat = _take_uniform(self._flat, index)  # type: ignore[arg-type]
+            else:
+                if self._flat_ends is None:
+                    self._flat_ends = list(accumulate(self._flat[1]))
+                flat = _take_rows(self._flat, self._flat_ends, index)
+        # The string columns are cut when read (sample IDs are read for incidents only), from one split
+        # of this frame's text that every step cut from it shares.
         strings: dict[str, tuple[list[int], str]] = {}
         picks: dict[str, tuple[Joined, Sequence[int]]] = {}
         for name, (per, text) in self._strings.items():
@@ -173,16 +192,11 @@ class StepFrame(Sequence[Record]):
                 continue
             if not text:
                 strings[name] = ([0] * m, "")
-            elif strided:  # one step of a batch: cut when read (sample IDs are read for incidents only)
-                picks[name] = (self._column(name, per, text), index)
             else:
-                strings[name] = Joined(per, text).cut(index)
+                picks[name] = (self._column(name, per, text), index)
         for name, (column, rows) in self._picks.items():
             if name not in cols:
-                if strided:
-                    picks[name] = (column, rows[cut])
-                else:
-                    strings[name] = column.cut([rows[i] for i in index])
+                picks[name] = (column, rows[cut] if strided else [rows[i] for i in index])
         out = StepFrame(m, cols, flat_sources=flat, strings=strings)
         out._picks = picks
         return out
@@ -205,6 +219,13 @@ class StepFrame(Sequence[Record]):
                 strings[name] = column.cut(rows[:m])
         return StepFrame(m, cols, flat_sources=flat, strings=strings)
 
+    def kept(self) -> StepFrame:
+        """This frame with every column it would cut from its batch when read cut now: a frame kept
+        after its batch is gone (the incident series' ring) holds none of the batch."""
+        for name in list(self._picks):
+            self._joined(name)
+        return self
+
     def _uniform_sources(self) -> bool:
         """``_uniform_names`` of the flat sources, read once (a batch's steps are each cut from it)."""
         if self._uniform is None:
@@ -213,8 +234,8 @@ class StepFrame(Sequence[Record]):
         return self._uniform
 
     def _column(self, name: str, per: list[int], text: str) -> Joined:
-        """The flat string column ``name`` as one ``Joined`` that every step cut from this batch
-        shares, so its text is split once, however many steps read it."""
+        """The flat string column ``name`` as one ``Joined`` that every cut of this frame shares (each
+        step of a batch is one), so its text is split once, however many steps read it."""
         got = self._shared.get(name)
         if got is None:
             got = self._shared[name] = Joined(per, text)
@@ -288,20 +309,23 @@ def _uniform_names(per: list[int], index: Sequence[int]) -> bool:
     return per.count(k) == len(per) and list(index) == list(index[:k]) * len(per) and len(set(index[:k])) == k
 
 
-def _take_flat(flat: Flat, index: Sequence[int], uniform: bool) -> Flat:
-    """The sources of the records at ``index`` (``uniform``: ``index`` is a range, step > 0, and
-    every record lists the same names, so they are cut in slices)."""
+def _take_uniform(flat: Flat, index: range) -> Flat:
+    """The sources of the records at ``index`` (step > 0) where every record lists the same names:
+    cut in slices."""
     names, per, idx, tokens, loss_sum = flat
     k = per[0] if per else 0
-    if uniform and k:
-        assert isinstance(index, range)
-        return (names, [k] * len(index), list(idx[:k]) * len(index), _pick_uniform(tokens, k, index),
-                _pick_uniform(loss_sum, k, index))  # fmt: skip
-    ends = list(accumulate(per))
-    new_per = [per[i] for i in index]
+    if not k:
+        return names, [0] * len(index), [], [], []
+    return (names, [k] * len(index), list(idx[:k]) * len(index), _pick_uniform(tokens, k, index),
+            _pick_uniform(loss_sum, k, index))  # fmt: skip
+
+
+def _take_rows(flat: Flat, ends: list[int], index: Sequence[int]) -> Flat:
+    """The sources of the records at ``index`` (``ends``: where each record's sources end)."""
+    names, per, idx, tokens, loss_sum = flat
     spans = [(ends[i] - per[i], ends[i]) for i in index]
-    return (names, new_per, [x for a, b in spans for x in idx[a:b]], [x for a, b in spans for x in tokens[a:b]],
-            [x for a, b in spans for x in loss_sum[a:b]])  # fmt: skip
+    return (names, [per[i] for i in index], [x for a, b in spans for x in idx[a:b]],
+            [x for a, b in spans for x in tokens[a:b]], [x for a, b in spans for x in loss_sum[a:b]])  # fmt: skip
 
 
 class Joined:

@@ -47,7 +47,7 @@ def _rows(records: Sequence[Any], keep_rank: int | None) -> Sequence[Any]:
     # and scrubs what it is given (``IncidentStore.attach_series``), once.
     if type(records) is StepFrame:  # by its rank column: no record built
         ranks = records.col("rank")
-        return records.take([i for i, rk in enumerate(ranks) if rk < MAX_RANKS or rk == keep_rank])
+        return records.take([i for i, rk in enumerate(ranks) if rk < MAX_RANKS or rk == keep_rank]).kept()
     return [r for r in records if (rk := _rank(r)) < MAX_RANKS or rk == keep_rank]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from supervisor.core.frame import SEP, StepFrame
 from supervisor.core.records import Record
 from supervisor.incidents.scrub import series_row
@@ -73,45 +75,58 @@ class _CountedText(str):
         return got
 
 
-class _CountedIndex(list[int]):
-    """A batch's source-name index that counts the entries each full read of it walks."""
+class _CountedList(list[int]):
+    """A batch's per-record counts or source-name index that counts the entries each full read of
+    it walks."""
 
     walked = 0
 
     def __iter__(self) -> Any:
-        _CountedIndex.walked += len(self)
+        _CountedList.walked += len(self)
         return super().__iter__()
 
 
-def test_a_fast_runs_batch_is_cut_into_steps_and_heads_in_one_pass_over_its_flat_columns() -> None:
+@pytest.mark.parametrize(
+    "lagging", [False, True], ids=["every link the same steps", "one link a step behind"]
+)
+def test_a_batch_of_many_steps_is_cut_into_steps_and_heads_in_one_pass_over_its_flat_columns(
+    lagging: bool,
+) -> None:
     """A supervisor behind its ranks takes a batch of many steps (each link's run of them). Each
-    step is every k-th record of it, and the incident series keeps each step's first ``MAX_RANKS``
-    ranks. Found at 1,024 emulated ranks (``python -m bench.scale``, free steps): 37% of the control
-    loop's samples re-split the batch's sample IDs up to a step's 64th rank, and re-checked the whole
-    batch's source names, once per step -- a cost that grew with the square of the steps a batch held."""
-    ranks, steps, ids = 256, 16, 4
-    n = ranks * steps  # link by link: record r * steps + j is rank r's step j
-    cols = {"step": [100 + j for _ in range(ranks) for j in range(steps)],
-            "rank": [r for r in range(ranks) for _ in range(steps)], "loss": [2.0] * n}  # fmt: skip
+    step is cut from it -- every k-th record when every link sent the same steps, else by rows --
+    and the incident series keeps each step's first ``MAX_RANKS`` ranks. Found at 1,024 emulated
+    ranks (``python -m bench.scale``, free steps): 37% of the control loop's samples re-split the
+    batch's sample IDs up to a step's 64th rank, and re-checked the whole batch's source names, once
+    per step -- a cost that grew with the square of the steps a batch held. Cut by rows (a link a step
+    behind its peers, as real ranks' records reach a relay), each step split and walked the whole
+    batch, and cut every rank's sample IDs that only an incident reads."""
+    ranks, steps, ids = 512, 16, 4
+    order = [
+        (r, 100 + j)
+        for r in range(ranks)
+        for j in range(steps)
+        if not (lagging and r == 0 and j == steps - 1)
+    ]
+    n = len(order)  # link by link: each rank's run of steps
+    at = {rs: i for i, rs in enumerate(order)}
+    cols = {"step": [s for _, s in order], "rank": [r for r, _ in order], "loss": [2.0] * n}
     text = _CountedText(SEP.join(f"web:doc_{i}_{q}" for i in range(n) for q in range(ids)))
-    index = _CountedIndex([0, 1] * n)
-    flat = (["web", "code"], [2] * n, index, [7.0] * (2 * n), [3.0] * (2 * n))
-    frame = StepFrame(n, cols, flat_sources=flat, strings={"samples": ([ids] * n, text)})
-    _CountedText.values = _CountedIndex.walked = 0
+    per, index = _CountedList([2] * n), _CountedList([0, 1] * n)
+    flat = (["web", "code"], per, index, [7.0] * (2 * n), [3.0] * (2 * n))
+    frame = StepFrame(n, cols, flat_sources=flat, strings={"samples": (_CountedList([ids] * n), text)})
+    _CountedText.values = _CountedList.walked = 0
 
     chunks = StepAssembler._by_step(frame)
     assert chunks is not None and [s for s, _ in chunks] == [100 + j for j in range(steps)]
-    for j, (_, chunk) in enumerate(chunks):
+    for step, chunk in chunks:
         head = series_mod._rows(chunk, keep_rank=None)
-        assert head.col("rank") == list(range(MAX_RANKS))
-        assert head.col("samples")[1] == [f"web:doc_{steps + j}_{q}" for q in range(ids)]
-        assert chunk.source_totals() == {
-            "web": [7.0 * ranks, 3.0 * ranks],
-            "code": [7.0 * ranks, 3.0 * ranks],
-        }
+        first = 1 if lagging and step == 100 + steps - 1 else 0
+        assert head.col("rank") == list(range(first, MAX_RANKS))  # the series keeps ranks below MAX_RANKS
+        i = at[(first + 1, step)]
+        assert head.col("samples")[1] == [f"web:doc_{i}_{q}" for q in range(ids)]
+        had = ranks - first
+        assert chunk.source_totals() == {"web": [7.0 * had, 3.0 * had], "code": [7.0 * had, 3.0 * had]}
 
     reach = MAX_RANKS * steps * ids  # the sample IDs up to the last step's 64th rank
-    assert _CountedText.values <= 3 * reach, f"{_CountedText.values} values split for {reach} the heads reach"
-    assert _CountedIndex.walked <= 3 * len(index), (
-        f"{_CountedIndex.walked} entries walked in an index of {len(index)}"
-    )
+    assert _CountedText.values <= 3 * reach, f"{_CountedText.values} values split for {reach} the cuts reach"
+    assert _CountedList.walked <= 3 * (len(index) + len(per) + n), f"{_CountedList.walked} entries walked"
