@@ -1,11 +1,12 @@
 """The supervisor's per-record path without Ray: where a step's CPU goes, phase by phase.
 
-    python -m bench.scale.path --ranks 1024 [--steps 120] [--batch-steps K] [--against REV [--rounds 3]]
+    python -m bench.scale.path --ranks 1024 [--steps 120] [--batch-steps K [--behind]] [--against REV [--rounds 3]]
 
 The real ``Controller`` (detector, policy, incident store, state file) is fed the rank emulator's
 records (``drills/emulator.py``: the same record per rank, numbered per link) as the emulator
 sends them, one packed batch per step (``sdk/wire.py``; ``--batch-steps K``: every link's run of K
-steps in one batch, as a fast run or a supervisor catching up gets them), and after every batch
+steps in one batch, as a fast run or a supervisor catching up gets them; ``--behind``: rank 0's link a
+step behind the others in every batch, as real ranks' records reach a relay out of step), and after every batch
 its loop runs once and writes its state, as it does once per 0.5-s step through the actor. Timed per step, in CPU
 time of this one thread: ``unpack`` (the wire decode), ``queue`` (``ingest_frame``: receipts and
 the inbox), ``loop`` (``Controller.iterate``: bookkeeping, analysis, metrics, the state write).
@@ -44,6 +45,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--batch-steps", type=int, default=1, help="steps per packed batch (every link's run of them)"
     )
+    ap.add_argument("--behind", action="store_true", help="rank 0's link a step behind in every batch")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--against", metavar="REV", help="this tree and git revision REV, alternating")
     ap.add_argument("--rounds", type=int, default=3, help="with --against: runs of each side")
@@ -130,6 +132,8 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         for x in host.links:
             batch = list(x.backlog)
             x.backlog.clear()
+            if args.behind and x.rank == 0:  # its newest step goes out in the next batch
+                x.backlog.append(batch.pop())
             calls.append(
                 (x.rank, x.id, (batch[0][0], batch[-1][0]), [s for s, _ in batch], [r for _, r in batch])
             )
@@ -146,7 +150,8 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             for name, v in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                 spent[name].append(v * 1000 / k)
     wall = time.perf_counter() - (started or 0.0)
-    assert ctl.assembler.watermark == (args.warmup + args.steps) // k * k, "every step analysed"
+    last_sent = (args.warmup + args.steps) // k * k - (1 if args.behind else 0)
+    assert ctl.assembler.watermark == last_sent, "every step analysed"
     assert not ctl.state.incident_keys, "a clean run opened an incident"
     med = {k: statistics.median(v) for k, v in spent.items()}
     total = statistics.median([sum(x) for x in zip(*spent.values(), strict=True)])
@@ -163,7 +168,7 @@ def _compare(args: argparse.Namespace) -> int:
     from bench.detect_throughput import export_tree
 
     same = ["--ranks", str(args.ranks), "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--batch-steps", str(args.batch_steps)]  # fmt: skip
+            "--batch-steps", str(args.batch_steps), *(["--behind"] if args.behind else [])]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": HERE.parents[1], args.against: export_tree(args.against, Path(tmp))}
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
@@ -178,7 +183,8 @@ def _compare(args: argparse.Namespace) -> int:
                     print(f"{label}: no figures ({done.stderr.strip()[-400:]})", file=sys.stderr)
                     return 1
                 runs[label].append(json.loads(out.read_text()))
-    print(f"path against {args.against}: ranks {args.ranks}, {args.batch_steps} step(s) a batch, {args.rounds} "
+    print(f"path against {args.against}: ranks {args.ranks}, {args.batch_steps} step(s) a batch"
+          f"{', rank 0 a step behind' if args.behind else ''}, {args.rounds} "
           "alternating run(s) each (medians)")  # fmt: skip
     keys = ("cpu_ms_per_step", *(f"{k}_ms" for k in PHASES), "records_per_s_cpu")
     med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} | {"ranks": args.ranks}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import accumulate, chain, repeat
+from operator import itemgetter
 from typing import Any, overload
 
 from supervisor.core.records import Record, SourceView, add_sources
@@ -173,8 +174,9 @@ class StepFrame(Sequence[Record]):
         if strided:
             cut = slice(index.start, index.stop, index.step)  # type: ignore[attr-defined]
             cols = {name: col[cut] for name, col in self._cols.items()}
-        else:
-            cols = {name: [col[i] for i in index] for name, col in self._cols.items()}
+        else:  # a step of a batch cut by rows: each column gathered in C
+            pick = _gather(index)
+            cols = {name: pick(col) for name, col in self._cols.items()}
         flat = None
         if self._flat is not None and "sources" not in cols:
             if strided and self._uniform_sources():
@@ -318,6 +320,15 @@ def _take_uniform(flat: Flat, index: range) -> Flat:
         return names, [0] * len(index), [], [], []
     return (names, [k] * len(index), list(idx[:k]) * len(index), _pick_uniform(tokens, k, index),
             _pick_uniform(loss_sum, k, index))  # fmt: skip
+
+
+def _gather(index: Sequence[int]) -> Any:
+    """A function that takes a column to the list of its values at ``index`` (``itemgetter``, which
+    takes at least one index and returns a lone one's value itself)."""
+    if len(index) < 2:
+        return lambda col: [col[i] for i in index]
+    get = itemgetter(*index)
+    return lambda col: list(get(col))
 
 
 def _take_rows(flat: Flat, ends: list[int], index: Sequence[int]) -> Flat:
