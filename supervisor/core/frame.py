@@ -222,8 +222,8 @@ class StepFrame(Sequence[Record]):
         return StepFrame(m, cols, flat_sources=flat, strings=strings)
 
     def kept(self) -> StepFrame:
-        """This frame with every column it would cut from its batch when read cut now: a frame kept
-        after its batch is gone (the incident series' ring) holds none of the batch."""
+        """This frame, its columns still to be cut from its batch (when read) cut now: a frame kept
+        after its batch is gone (the incident series' ring) holds nothing of the batch."""
         for name in list(self._picks):
             self._joined(name)
         return self
