@@ -25,7 +25,13 @@ class RuntimeSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    loop_interval_s: float = Field(0.05, gt=0, le=60, description="Sleep of one idle loop iteration.")
+    loop_interval_s: float = Field(
+        0.2,
+        gt=0,
+        le=60,
+        description="The longest an idle supervisor loop waits: records, acks, a stop request or a finished "
+        "task wake it at once; deadlines and the worker group's health are checked at least this often.",
+    )
     export_interval_s: float = Field(
         2.0,
         gt=0,

@@ -15,6 +15,7 @@ everything else runs on the loop thread.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Generator, Iterable, Sequence
@@ -113,6 +114,8 @@ class Controller:
         self.batches: dict[int, int] = {int(k): v for k, v in self.state.batches.items()}
         self.inbox: queue.SimpleQueue[list[Queued] | Packed] = queue.SimpleQueue()
         """One item per ingest call: its links' accepted batches, in the order they came."""
+        self._wake = threading.Event()
+        """Set by an actor thread when the loop has something to take (records, acks, a stop request)."""
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="supervisor-io")
         self.tasks: dict[str, Any] = {}
         self.stop_requested: str | None = None
@@ -157,8 +160,10 @@ class Controller:
     def run(self) -> JobPhase:
         self.boot()
         while not self.phase.is_terminal:
+            # Cleared before the pass: what an actor thread brings during it wakes the next wait at once.
+            self._wake.clear()
             if not self.iterate():
-                time.sleep(self.settings.loop_interval_s)
+                self._wake.wait(self.settings.loop_interval_s)
         self.workers.shutdown()
         self._abandon_pending_events()
         self.persist(force=True)
@@ -802,6 +807,9 @@ class Controller:
                 self.checkpoints.block(reason, incident=incident)
             case effects.Submit(name, fn, args) if name not in self.tasks:  # once per name
                 self.tasks[name] = self.pool.submit(fn, *args)
+                self.tasks[name].add_done_callback(
+                    lambda _done: self._wake.set()
+                )  # its result is read at once
             case effects.SubmitReplay(name, step, suspects, numeric) if name not in self.tasks:
                 self.tasks[name] = self.workers.replay(step, list(suspects), numeric)
             case effects.Rewind(to_step, key, reason):
@@ -974,6 +982,7 @@ class Controller:
             replies.append(reply)
         if taken:
             self.inbox.put(taken)
+            self._wake.set()
         return replies
 
     def ingest_wire(self, batch: Any, *, as_dicts: bool = False) -> list[dict[str, Any]]:
@@ -1007,6 +1016,7 @@ class Controller:
                 p = _without(p, refused)
         if len(p.frame):
             self.inbox.put(p)
+            self._wake.set()
         return replies
 
     def _next_of_each(self, p: Packed) -> bool:
@@ -1021,6 +1031,7 @@ class Controller:
 
     def request_stop(self, reason: str) -> None:
         self.stop_requested = reason
+        self._wake.set()
 
     def status(self) -> dict[str, Any]:
         last = self.history[-1] if self.history else None
