@@ -36,7 +36,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 from supervisor.core.frame import SEP, Flat, StepFrame, source_views, split_joined
@@ -228,7 +228,7 @@ def _source_columns(names: list[str], per: list[int], idx: list[int], tokens: li
 
 
 def _pack_strings(values: Sequence[Sequence[str]]) -> tuple[Any, str]:
-    return array("q", map(len, values)), SEP.join(s for v in values for s in v)
+    return array("q", map(len, values)), SEP.join(chain.from_iterable(values))
 
 
 # -- the receiving side -----------------------------------------------------------------------------
