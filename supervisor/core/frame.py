@@ -14,10 +14,11 @@ A frame is a ``Sequence[Record]``: code that walks records walks a frame unchang
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 from itertools import accumulate, chain, repeat
 from operator import itemgetter
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
 
 from supervisor.core.records import Record, SourceView, add_sources
 
@@ -35,11 +36,16 @@ SEP = "\x1f"
 Flat = tuple[list[str], list[int], list[int], list[float], list[float]]
 """A step's sources as the wire sends them: (names, per-record count, name index, tokens, loss_sum)."""
 
+Column: TypeAlias = "list[Any] | array[Any]"
+"""A field's values: a list, or the wire's typed ``array`` (flags as 0/1), made a list when first read."""
+
 
 class StepFrame(Sequence[Record]):
     """A step's records, field by field. ``cols`` maps a field to its values, one per record (a
     field no record has may be left out: it reads as ``None`` everywhere, or its ``Record``
-    default). ``flat_sources`` and ``strings`` hold the sources and the sample IDs / events in their
+    default); a column may be the wire's typed ``array``, cut as it is and made a list only when
+    read, so the steps of a batch that carried many each convert their own values, while they are
+    fresh in the cache, and nobody converts a field no reader asks for. ``flat_sources`` and ``strings`` hold the sources and the sample IDs / events in their
     flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
     per record only when asked."""
 
@@ -58,7 +64,7 @@ class StepFrame(Sequence[Record]):
     def __init__(
         self,
         n: int,
-        cols: dict[str, list[Any]] | None = None,
+        cols: dict[str, Column] | None = None,
         *,
         flat_sources: Flat | None = None,
         strings: dict[str, tuple[list[int], str]] | None = None,
@@ -91,7 +97,9 @@ class StepFrame(Sequence[Record]):
         """Every record's ``name``, in record order (``None``, or the record's default, where absent)."""
         got = self._cols.get(name)
         if got is not None:
-            return got
+            if type(got) is array:
+                got = self._cols[name] = list(map(bool, got)) if name in _BOOLS else got.tolist()
+            return got  # type: ignore[return-value]
         if self._records is not None:
             got = [getattr(r, name) for r in self._records]
         elif name == "sources" and self._flat is not None:
@@ -176,7 +184,7 @@ class StepFrame(Sequence[Record]):
             cols = {name: col[cut] for name, col in self._cols.items()}
         else:  # a step of a batch cut by rows: each column gathered in C
             pick = _gather(index)
-            cols = {name: pick(col) for name, col in self._cols.items()}
+            cols = {name: _picked(name, col, pick) for name, col in self._cols.items()}
         flat = None
         if self._flat is not None and "sources" not in cols:
             if strided and self._uniform_sources():
@@ -329,6 +337,12 @@ def _gather(index: Sequence[int]) -> Any:
         return lambda col: [col[i] for i in index]
     get = itemgetter(*index)
     return lambda col: list(get(col))
+
+
+def _picked(name: str, col: Column, pick: Any) -> list[Any]:
+    """``pick`` (``_gather``) of a column: a list, flags as bools whatever form the column had."""
+    values: list[Any] = pick(col)
+    return list(map(bool, values)) if type(col) is array and name in _BOOLS else values
 
 
 def _take_rows(flat: Flat, ends: list[int], index: Sequence[int]) -> Flat:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any
 
-from supervisor.core.frame import SEP, Flat, StepFrame, source_views, split_joined
+from supervisor.core.frame import SEP, Column, Flat, StepFrame, source_views, split_joined
 from supervisor.core.records import MAX_STEP, Record, SourceView
 
 WIRE_VERSION = 1
@@ -278,9 +278,6 @@ def unpack_frame(batch: Any) -> Packed | None:
     strings = {name: part for name, part in (("samples", samples), ("events", events)) if part is not None}
     if attrs is not None:
         clean["attrs"] = [a if type(a) is dict else {} for a in attrs]
-    for name in _BOOL:
-        if name in clean:
-            clean[name] = list(map(bool, clean[name]))
     frame = StepFrame(m, clean, flat_sources=flat, strings=strings)
     return Packed(ranks, links, held, counts, seqs, frame)
 
@@ -336,10 +333,17 @@ def _ints(col: Any, n: int, what: str) -> list[int]:
 
 def _typed(col: Any, code: str, n: int, what: str) -> list[Any] | None:
     """The column's values when it is a clean ``array`` of ``code``; None when it is a plain list."""
+    got = _array(col, code, n, what)
+    return None if got is None else got.tolist()
+
+
+def _array(col: Any, code: str, n: int, what: str) -> array[Any] | None:
+    """The column itself when it is a clean ``array`` of ``code`` (a frame makes it a list when it is
+    read, ``core/frame.py``); None when it is a plain list."""
     if type(col) is array and col.typecode == code:
         if len(col) != n:
             raise WireError(f"{what}: {len(col)} values for {n} records")
-        return col.tolist()
+        return col
     if type(col) is list:
         if len(col) != n:
             raise WireError(f"{what}: {len(col)} values for {n} records")
@@ -387,7 +391,7 @@ def _merge(columnar: list[Any], rows: list[tuple[int, Any]], n: int) -> list[Any
     return out
 
 
-Parts = tuple[dict[str, list[Any]], Flat | None, tuple[list[int], str] | None, tuple[list[int], str] | None, list[Any] | None]  # fmt: skip
+Parts = tuple[dict[str, Column], Flat | None, tuple[list[int], str] | None, tuple[list[int], str] | None, list[Any] | None]  # fmt: skip
 """(clean scalar columns, sources, samples, events, attrs) of a batch's columnar records."""
 
 
@@ -411,10 +415,10 @@ def _parts(batch: dict[str, Any], m: int) -> Parts | None:
         raise WireError(f"cols: a dict of record fields expected, got {str(cols)[:80]}")
     if m and not {"step", "loss"} <= cols.keys():
         raise WireError("cols: every columnar record needs step and loss")
-    clean: dict[str, list[Any]] = {}
+    clean: dict[str, Column] = {}
     plain = False
     for name, col in cols.items():
-        values = _typed(col, _TYPECODE[name], m, f"cols.{name}") if name in _TYPECODE else _strs(col, m, name)
+        values = _array(col, _TYPECODE[name], m, f"cols.{name}") if name in _TYPECODE else _strs(col, m, name)
         if values is None:
             plain = True
         else:
@@ -489,7 +493,7 @@ def _joined(part: Any, m: int, what: str) -> tuple[list[int], str] | None:
     return per, part[1]
 
 
-def _records(m: int, cols: dict[str, list[Any]], sources: Any, samples: Any, events: Any, attrs: Any) -> list[Record]:  # fmt: skip
+def _records(m: int, cols: dict[str, Column], sources: Any, samples: Any, events: Any, attrs: Any) -> list[Record]:  # fmt: skip
     """``Record`` objects straight from the columns (the field order of the dataclass)."""
 
     def col(name: str) -> Iterator[Any]:
