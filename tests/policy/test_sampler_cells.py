@@ -362,3 +362,54 @@ def test_a_periodic_divergence_with_no_target_still_escalates(default_policy: Po
     )
     p = plan(d, js, default_policy)
     assert p.escalates, p.action_names
+
+
+def test_a_data_recurrence_past_its_rules_attempts_goes_on_without_the_rollback(
+    default_policy: Policy,
+) -> None:
+    """Cell 4106:31934 (moe, AdamW, a checkpoint every 50; a bad shard on rank 1 every 60 steps
+    from step 4, in the warm-up, unseen): each occurrence lifted the update ratio, so rule
+    ``bad_batch_step`` rolled back at 64 (to the run's start) and at 124 (to 100), and each fix
+    held. The third, at 184, was escalated: the rule's two attempts were spent. A recurrence of the
+    data is fresh data each time, and a rollback at every period re-trains a period's worth: past
+    the rule's attempts it is kept out where it recurs, with no rollback, and a window judges the
+    state. What is not the data's, or a plan with no rollback to drop, still escalates there."""
+    d = recurring_shard(
+        onset=184,
+        every=60,
+        first_rank=1,
+        source_local=None,
+        causes=[
+            CauseScore(
+                Cause.DATA,
+                0.6,
+                [
+                    "recurs every 60 steps (onsets [64, 124, 184])",
+                    "rank 1 loss 5.95 vs ranks' median 3.17 at step 64",
+                ],
+            ),
+            CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 1.88x its level at step 184"]),
+        ],
+    )
+    js = state(
+        step=187,
+        attempts={"bad_batch_step": 2},
+        incident_attempt=2,
+        rank_incidents=[(64, 1), (124, 1)],
+        steps_since_last_incident=60,
+        checkpoints=((50, "healthy"), (100, "healthy"), (150, "healthy")),
+    )
+    p = plan(d, js, default_policy)
+    assert p.rule == "bad_batch_step"
+    assert not p.escalates, p.escalate_reason
+    assert "rollback" not in p.action_names and "observe" in p.action_names, p.action_names
+    apply = p.action("apply")
+    assert apply is not None and apply.params["exclude"]["samples"] == d.suspect_samples
+    assert any("max_attempts=2" in n and "rollback dropped" in n for n in p.notes), p.notes
+    # One attempt left: the rollback stands.
+    fresh = plan(d, replace(js, attempts={"bad_batch_step": 1}), default_policy)
+    assert fresh.action("rollback") is not None and not fresh.escalates
+    # Not a recurrence of the data (no period kept): the rule's attempts still escalate.
+    lone = replace(d, phenotype=Phenotype.TRANSIENT, period=None, rank_local=False, first_rank=None)
+    worn = plan(lone, js, default_policy)
+    assert worn.escalates and "defaults.max_attempts=2" in (worn.escalate_reason or "")

@@ -2,8 +2,9 @@
 
     1. pick the first rule whose match fits (or the policy's fallback);
     2. a metric artifact gets an alert and nothing else;
-    3. escalate when the observation window failed too often, the rule's attempts ran out, the
-       incident recurred too often (``recurrence.max_attempts``) or its rank is a repeat offender;
+    3. escalate when the observation window failed too often, the rule's attempts ran out (a data
+       recurrence whose fixes held then goes on without the rollback), the incident recurred too
+       often (``recurrence.max_attempts``) or its rank is a repeat offender;
     4. enforce the invariants, adapt to what the job can do, resolve each action's parameters
        (with no rollback target: an onset in the first checkpoint interval rolls back to the run's
        start, unless it is a transient whose weights kept nothing abnormal; a transient goes on
@@ -82,6 +83,9 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     base = replace(base, attempt=attempts + 1)
     if why := _exhausted(rule, attempts, diagnosis, state, policy):
         return _escalation(base, why, diagnosis, state, notes)
+    ran_out = _attempts_ran_out(rule, attempts, policy)
+    if ran_out and (why_data is None or not any(s.spec.action == "rollback" for s in steps)):
+        return _escalation(base, f"Deciding to escalate: {ran_out}", diagnosis, state, notes)
 
     for fix_up in (rollback_before_continuing, fix_after_rollback):
         steps, more = fix_up(steps, diagnosis, state)
@@ -91,6 +95,14 @@ def plan(diagnosis: Diagnosis, state: JobState, policy: Policy) -> Plan:
     for order in (block_before_rollback, release_after_freeze):
         steps, more = order(steps)
         notes += more
+    if ran_out:
+        # A data recurrence past its rule's attempts: its earlier fixes held (their samples are
+        # out), and a rollback at every period would re-train a period's worth each time. The rule's
+        # attempts bound its rollbacks; this occurrence is kept out where it recurs, and the window
+        # judges the state (a window that fails re-plans, and escalates at its own bound).
+        spent = f"{ran_out}, on a data recurrence whose earlier fixes held ({why_data})"
+        steps, more = without_rollback(steps, RECURS_WHERE_IT_IS, spent)
+        return _finish(base, steps, notes + more, name, diagnosis, state, policy)
     try:
         done = _finish(base, steps, notes, name, diagnosis, state, policy)
     except NoRollbackTarget as exc:
@@ -160,8 +172,7 @@ def _attempts_so_far(rule: Rule | None, state: JobState, policy: Policy) -> tupl
 
 
 def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, policy: Policy) -> str | None:
-    name = rule.name if rule else FALLBACK
-    max_attempts, _ = _limits(rule, policy)
+    """Why the incident escalates whatever its plan (the rule's own attempts: ``_attempts_ran_out``)."""
     limit = policy.defaults.max_observation_failures
     if state.observation_failures >= limit:
         return (
@@ -178,12 +189,19 @@ def _exhausted(rule: Rule | None, attempts: int, d: Diagnosis, state: JobState, 
         )
     if why := repeat_offender(d, state, policy):
         return why
-    if attempts >= max_attempts:
-        setting = (
-            "max_attempts" if rule is not None and rule.max_attempts is not None else "defaults.max_attempts"
-        )
-        return f"Deciding to escalate: attempts {attempts} reached rule {name!r} {setting}={max_attempts}"
     return None
+
+
+def _attempts_ran_out(rule: Rule | None, attempts: int, policy: Policy) -> str | None:
+    """Why the rule has no attempt left (``max_attempts``), or None."""
+    max_attempts, _ = _limits(rule, policy)
+    if attempts < max_attempts:
+        return None
+    name = rule.name if rule else FALLBACK
+    setting = (
+        "max_attempts" if rule is not None and rule.max_attempts is not None else "defaults.max_attempts"
+    )
+    return f"attempts {attempts} reached rule {name!r} {setting}={max_attempts}"
 
 
 def _what_to_fix(d: Diagnosis, limit: int = 400) -> str:
@@ -209,7 +227,7 @@ def _data_recurrence_notes(why: str, d: Diagnosis, state: JobState, policy: Poli
         notes.append(
             f"recurrence.max_attempts={policy.recurrence.max_attempts} not applied: {why}; the "
             f"{state.incident_attempt} earlier fixes held (their samples are out), this is a new "
-            "occurrence, bounded by the rule's own max_attempts"
+            "occurrence; the rule's own max_attempts bounds its rollbacks"
         )
     return notes
 
