@@ -53,6 +53,22 @@ def recurring_shard(onset: int = 135, every: int = 40, **kw: object) -> Diagnosi
     return Diagnosis(**fields)  # type: ignore[arg-type]
 
 
+def shard_on_rank_1_with_update(onset: int, every: int, rank_line: str, ratio: float) -> Diagnosis:
+    """The third occurrence of a bad shard on rank 1 whose batch lifted the update ratio ``ratio``x:
+    rule ``bad_batch_step`` (``rank_line``: the rank's evidence as the detector states it)."""
+    onsets = [onset - 2 * every, onset - every, onset]
+    return recurring_shard(
+        onset=onset,
+        every=every,
+        first_rank=1,
+        source_local=None,
+        causes=[
+            CauseScore(Cause.DATA, 0.6, [f"recurs every {every} steps (onsets {onsets})", rank_line]),
+            CauseScore(Cause.OPTIMIZER, 0.3, [f"update ratio {ratio}x its level at step {onset}"]),
+        ],
+    )
+
+
 def shard_state(onset: int = 135, period: int = 40) -> object:
     """The job as the runtime saw it: two earlier occurrences on rank 0, each planned by rank_local."""
     return state(
@@ -306,23 +322,7 @@ def test_a_recurring_shard_with_no_healthy_checkpoint_goes_on_without_the_rollba
     occurrence within its healthy window), and the job was escalated although every occurrence came
     back in band at once. A periodic spike is a transient that recurs: its source is kept out and a
     window judges the state, as for a transient (a state that took a broken step fails it at once)."""
-    d = recurring_shard(
-        onset=117,
-        every=50,
-        first_rank=1,
-        source_local=None,
-        causes=[
-            CauseScore(
-                Cause.DATA,
-                0.6,
-                [
-                    "recurs every 50 steps (onsets [17, 67, 117])",
-                    "rank 1 loss 5.74 vs ranks' median 2.66 at step 67",
-                ],
-            ),
-            CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 1.94x its level at step 117"]),
-        ],
-    )
+    d = shard_on_rank_1_with_update(117, 50, "rank 1 loss 5.74 vs ranks' median 2.66 at step 67", 1.94)
     js = state(
         step=118,
         attempts={"rank_local": 1},
@@ -374,23 +374,7 @@ def test_a_data_recurrence_past_its_rules_attempts_goes_on_without_the_rollback(
     data is fresh data each time, and a rollback at every period re-trains a period's worth: past
     the rule's attempts it is kept out where it recurs, with no rollback, and a window judges the
     state. What is not the data's, or a plan with no rollback to drop, still escalates there."""
-    d = recurring_shard(
-        onset=184,
-        every=60,
-        first_rank=1,
-        source_local=None,
-        causes=[
-            CauseScore(
-                Cause.DATA,
-                0.6,
-                [
-                    "recurs every 60 steps (onsets [64, 124, 184])",
-                    "rank 1 loss 5.95 vs ranks' median 3.17 at step 64",
-                ],
-            ),
-            CauseScore(Cause.OPTIMIZER, 0.3, ["update ratio 1.88x its level at step 184"]),
-        ],
-    )
+    d = shard_on_rank_1_with_update(184, 60, "rank 1 loss 5.95 vs ranks' median 3.17 at step 64", 1.88)
     js = state(
         step=187,
         attempts={"bad_batch_step": 2},
