@@ -43,11 +43,11 @@ Column: TypeAlias = "list[Any] | array[Any]"
 class StepFrame(Sequence[Record]):
     """A step's records, field by field. ``cols`` maps a field to its values, one per record (a
     field no record has may be left out: it reads as ``None`` everywhere, or its ``Record``
-    default); a column may be the wire's typed ``array``, cut as it is and made a list only when
-    read, so the steps of a batch that carried many each convert their own values, while they are
-    fresh in the cache, and nobody converts a field no reader asks for. ``flat_sources`` and ``strings`` hold the sources and the sample IDs / events in their
-    flat wire form (``strings``: field -> per-record counts and the values joined by ``SEP``), read
-    per record only when asked."""
+    default). A column may be the wire's typed ``array``, cut as it is and made a list only when
+    read: the steps of a batch that carried many each convert their own values while they are
+    fresh in the cache, and a field no reader asks for is never converted. ``flat_sources`` and
+    ``strings`` hold the sources and the sample IDs / events in their flat wire form (``strings``:
+    field -> per-record counts and the values joined by ``SEP``), read per record only when asked."""
 
     __slots__ = (
         "_n",

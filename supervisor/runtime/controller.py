@@ -807,9 +807,8 @@ class Controller:
                 self.checkpoints.block(reason, incident=incident)
             case effects.Submit(name, fn, args) if name not in self.tasks:  # once per name
                 self.tasks[name] = self.pool.submit(fn, *args)
-                self.tasks[name].add_done_callback(
-                    lambda _done: self._wake.set()
-                )  # its result is read at once
+                # Its result is read at the pass it comes in.
+                self.tasks[name].add_done_callback(lambda _done: self._wake.set())
             case effects.SubmitReplay(name, step, suspects, numeric) if name not in self.tasks:
                 self.tasks[name] = self.workers.replay(step, list(suspects), numeric)
             case effects.Rewind(to_step, key, reason):
