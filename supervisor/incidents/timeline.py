@@ -111,20 +111,22 @@ def _detected(e: Event, ctx: Context) -> str:
     if isinstance(fault, str):  # the worker group's own fault (a rank lost, failed or hung), not a metric
         what = fault.split(": ", 1)[0]  # "worker rank(s) [2, 3] lost"; the restart says why
         return f"Detected a worker-group fault{_at(e)}: {quote(what)}."
+    call = f"; first reading {d['phenotype'].replace('_', ' ')}" if d.get("phenotype") else ""
+    sev = f", severity {d['severity']}" if d.get("severity") else ""
+    return f"Detected a loss spike{_at(e)}{_first_anomaly(d)}{call}{sev}."
+
+
+def _first_anomaly(d: dict[str, Any]) -> str:
+    """ ": <metric> left its band at step N on rank R (value against a level of b, z z)"."""
     fa = d.get("first_anomaly") or {}
-    first = ""
     if fa.get("metric"):
         on = f" on rank {fa['rank']}" if fa.get("rank") is not None else ""
         level = ""
         if isinstance(fa.get("value"), int | float) and isinstance(fa.get("baseline"), int | float):
             level = f" ({num(fa['value'])} against a level of {num(fa['baseline'])}"
             level += f", z {num(fa['z'])})" if isinstance(fa.get("z"), int | float) else ")"
-        first = f": {metric_words(fa['metric'])} left its band at step {fa.get('step')}{on}{level}"
-    elif d.get("onset_step") is not None:
-        first = f": onset at step {d['onset_step']}"
-    call = f"; first reading {d['phenotype'].replace('_', ' ')}" if d.get("phenotype") else ""
-    sev = f", severity {d['severity']}" if d.get("severity") else ""
-    return f"Detected a loss spike{_at(e)}{first}{call}{sev}."
+        return f": {metric_words(fa['metric'])} left its band at step {fa.get('step')}{on}{level}"
+    return f": onset at step {d['onset_step']}" if d.get("onset_step") is not None else ""
 
 
 def _diagnosed(e: Event, ctx: Context) -> str:
@@ -182,6 +184,11 @@ def _note(e: Event, ctx: Context) -> str:
         return text + "."
     if "plan_remade" in p:
         return f"Plan remade: {quote(p['plan_remade'])}."
+    if isinstance(p.get("same_occurrence"), dict):
+        d = p["same_occurrence"].get("diagnosis") or {}
+        d = d if isinstance(d, dict) else {}
+        return (f"Also seen{_at(e)}{_first_anomaly(d)}: more evidence of this occurrence (the same onset), "
+                "not an incident of its own.")  # fmt: skip
     if "downtime_s" in p:
         return f"Training stood still for {float(p['downtime_s']):.1f} s while the incident was handled."
     if "recurrence_of" in p:

@@ -35,7 +35,7 @@ from supervisor.core.policy.evidence import findings
 from supervisor.core.policy.recurrence import Resolved, reopens, replan_reason
 from supervisor.core.records import Record
 from supervisor.core.reference import healthy_reference
-from supervisor.incidents import Artifact, EventKind, EventStatus, IncidentState
+from supervisor.incidents import Artifact, EventKind, EventStatus, Incident, IncidentState
 from supervisor.logging import get_logger
 from supervisor.ranks.replay import has_replay_hooks
 from supervisor.runtime import effects
@@ -242,13 +242,28 @@ class IncidentFlow:
         again = (
             None if incident_id is None or kind != "refined" else self._chain_occurrence(key_, d, incident_id)
         )
+        folded = key in self.state.folded_keys
+        if (
+            folded
+            and again is None
+            and incident_id is not None
+            and _evidence_of(self.store.get(incident_id), d)
+        ):
+            return  # still the occurrence it was noted on: its updates change nothing there
+        if folded:  # a fault of its own after all (or its next occurrence): handled as one from here
+            self.state.folded_keys.remove(key)
+            incident_id = None
         if again is not None:  # a periodic fault's next occurrence: the fault came back
             d = again
             incident_id = self.state.incident_keys[key] = yield from self._open(d, key_, step)
             if self._active_id != incident_id and incident_id not in self.state.waiting:
                 self.state.waiting.append(incident_id)  # planned again: ``ready`` came long ago
         elif incident_id is None:
-            incident_id = self.state.incident_keys[key] = yield from self._open(d, key_, step)
+            incident_id = self.state.incident_keys[key] = yield from self._open(
+                d, key_, step, fold=not folded
+            )
+            if key in self.state.folded_keys:
+                return
         elif kind in ("refined", "closed", "ready"):
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
@@ -267,7 +282,9 @@ class IncidentFlow:
             ):
                 self.state.waiting.append(incident_id)
 
-    def _open(self, d: Diagnosis, key: int, step: int) -> Generator[effects.Effect, Any, int]:
+    def _open(
+        self, d: Diagnosis, key: int, step: int, fold: bool = True
+    ) -> Generator[effects.Effect, Any, int]:
         # A supervisor killed after it recorded this incident but before its state reached disk
         # left it in the store: the same records give the same key, so it is the same incident
         # (a reopened one carries the new key too).
@@ -275,6 +292,10 @@ class IncidentFlow:
         if existing is not None and existing.state.is_active and existing.onset_step == d.onset_step:
             log.info("incident_found_again", incident=existing.id, key=key, why="recorded before a restart")
             return int(existing.id)
+        same = self._occurrence_of(d) if fold else None
+        if same is not None:
+            self._fold(same, d, key, step)
+            return same
         observed = self._recurred_in_window(d, step)
         if observed is not None:
             return observed
@@ -291,6 +312,45 @@ class IncidentFlow:
             self._opened_at.append((step, incident_id))
         self.state.note_incident(step, d.onset_step if _against_checkpoints(d) else None)
         return incident_id
+
+    def _occurrence_of(self, d: Diagnosis) -> int | None:
+        """The incident being handled whose occurrence ``d`` is: one not closed, dated at the same
+        onset on the timeline it was detected on (no rollback or restart since has sent training
+        back before it: what is seen there after one is the fault coming back). Another signal
+        that crossed its band later (the update ratio a few steps after the loss, say) is more
+        evidence of that step, not a fault of its own -- unless it reads worse (``_evidence_of``)."""
+        for inc in self.store.active(self.job.name):
+            if _evidence_of(inc, d) and not any(
+                _went_back_to(e) < d.onset_step for e in self._since_detected(inc.id)
+            ):
+                return int(inc.id)
+        return None
+
+    def _since_detected(self, incident_id: int) -> list[Any]:
+        """The incident's rollbacks and restarts done since its newest occurrence was detected."""
+        out: list[Any] = []
+        for e in self.store.timeline(incident_id):
+            if e.kind is EventKind.DETECTED and not e.payload.get("in_window"):
+                out = []
+            elif (
+                e.kind in (EventKind.ROLLED_BACK, EventKind.WORKER_RESTARTED) and e.status is EventStatus.DONE
+            ):
+                out.append(e)
+        return out
+
+    def _fold(self, incident_id: int, d: Diagnosis, key: int, step: int) -> None:
+        """Note ``d`` on the incident it is an occurrence of (once, even after a restart); the
+        detector's later updates of ``key`` change nothing there while it stays one."""
+        self.state.folded_keys.append(str(key))
+        self.state.note_incident(step, d.onset_step if _against_checkpoints(d) else None)
+        noted = any(
+            e.kind is EventKind.NOTE and (e.payload.get("same_occurrence") or {}).get("key") == key
+            for e in self.store.timeline(incident_id)
+        )
+        if not noted:
+            self._note(incident_id, step, {"same_occurrence": {"key": key, "diagnosis": d.to_json()}})
+        log.info("same_occurrence_noted", incident=incident_id, key=key, onset=d.onset_step,
+                 severity=d.severity.value)  # fmt: skip
 
     def _chain_occurrence(self, key_: int, d: Diagnosis, incident_id: int) -> Diagnosis | None:
         """The diagnosis dated at a periodic chain's new occurrence after its incident was resolved or
@@ -382,7 +442,7 @@ class IncidentFlow:
             judged = yield from self._judge_end(now)
             yield from self._take()
             return judged
-        if str(inc.key) in self.state.ready_keys:
+        if str(inc.key) in self.state.ready_keys or str(inc.key) in self.state.folded_keys:
             return False
         d = inc.diagnosis(self.analyzer.settings)
         log.warning("incident_ready_at_end", key=inc.key, onset=d.onset_step,
@@ -849,6 +909,17 @@ class IncidentFlow:
             "progress": f"{min(active.index + 1, len(actions))}/{len(actions)}",
             "waiting": list(self.state.waiting),
         }
+
+
+def _evidence_of(inc: Incident, d: Diagnosis) -> bool:
+    """Whether ``d`` can be more evidence of ``inc``'s occurrence: dated at its onset, and reading
+    no worse (no more severe, no NaN/Inf it lacked, not confined to another rank)."""
+    a = inc.diagnosis
+    if a is None or inc.onset_step != d.onset_step or d.severity.rank > a.severity.rank:
+        return False
+    return not (d.nonfinite and not a.nonfinite) and not (
+        d.rank_local and a.rank_local and d.first_rank != a.first_rank
+    )
 
 
 def _against_checkpoints(d: Diagnosis) -> bool:

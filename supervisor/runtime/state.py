@@ -128,6 +128,9 @@ class RuntimeState(BaseModel):
     """Keys of one-off effects already carried out (e.g. ``rewind:<directive id>``)."""
     ready_keys: list[str] = Field(default_factory=list)
     """Detector incident keys that became ready (acted on, or waiting their turn)."""
+    folded_keys: list[str] = Field(default_factory=list)
+    """Detector incident keys noted as more evidence of another incident's occurrence (the same
+    onset), not incidents of their own (``IncidentFlow._occurrence_of``)."""
     waiting: list[int] = Field(default_factory=list)
     """Incident ids ready and waiting for the active plan to finish."""
     held_at: dict[int, int] = Field(default_factory=dict)
