@@ -26,6 +26,7 @@ from supervisor.core.learning import SourceLearning, Stall
 from supervisor.core.mixture import MixtureWatch, Move
 from supervisor.core.model import BenignShift, Diagnosis, FirstAnomaly
 from supervisor.core.periodic import attach_periodic
+from supervisor.core.recent import signals_of, signals_state
 from supervisor.core.records import Record
 from supervisor.core.shift import ShiftWatch
 from supervisor.core.summary import nonfinite_origin
@@ -143,6 +144,7 @@ class StreamingAnalyzer:
         self._extreme: Extreme | None = None
         self._restart = False  # this step's LR is a warm restart (``RunExtremes.restart``)
         self._emitted: dict[int, tuple[Any, ...]] = {}
+        self._recent_made: dict[int, tuple[Signals, tuple[dict[str, Any], dict[str, Any]]]] = {}
 
     # -- the loop ------------------------------------------------------------------------
     def observe_step(self, step: int, records: Sequence[Record]) -> list[IncidentUpdate]:
@@ -579,7 +581,7 @@ class StreamingAnalyzer:
         # ranks whose own loss went non-finite first (not through the all-reduce), any non-finite.
         origin = nonfinite_origin(s) if s.nonfinite_ranks else []
         named = (s.checksum_minority, [m[0] for m in s.misreported], origin, s.nonfinite_ranks)
-        ranks = next((r for r in named if 0 < len(r) < len(s.records)), None)
+        ranks = next((r for r in named if 0 < len(r) < s.record_count), None)
         if ranks is not None:
             inc.rank_local, inc.first_rank = True, ranks[0]
         elif (
@@ -738,7 +740,8 @@ class StreamingAnalyzer:
         return AnalysisResult(incidents=incidents, benign_shifts=list(self.benign))
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume without empty windows (the short lookback buffer is not kept)."""
+        """Everything needed to resume as if the analyzer had never stopped: its windows, and the
+        short lookback buffer (``core.recent``)."""
         return {
             "version": 2,
             "detector": self.detector.state_dict(),
@@ -753,7 +756,23 @@ class StreamingAnalyzer:
             "learning": self.learning.state_dict(),
             "extremes": self.extremes.state_dict(),
             "mixture": self.mixture.state_dict(),
+            "recent": self._recent_state(),
+            "loss_zs": list(self.loss_zs),
+            "watch": self.watch.state_dict(),
         }
+
+    def _recent_state(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The lookback buffer as ``core.recent`` saves it, each step's entry made once: the same
+        tuple while the step stays in the buffer (``runtime.state.BufferJSON`` reuses its text)."""
+        made = self._recent_made
+        self._recent_made = {
+            id(sig): (
+                sig,
+                made[id(sig)][1] if id(sig) in made and made[id(sig)][0] is sig else signals_state(sig),
+            )
+            for sig in self.recent
+        }
+        return [entry for _, entry in self._recent_made.values()]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
@@ -774,8 +793,10 @@ class StreamingAnalyzer:
         self.extremes.load_state_dict(state.get("extremes", {}))
         self.mixture.load_state_dict(state.get("mixture", {}))
         self.recent.clear()
+        self.recent.extend(signals_of(entry) for entry in state.get("recent", []))
         self.loss_zs.clear()
-        self.watch.cancel()
+        self.loss_zs.extend((int(step), float(z)) for step, z in state.get("loss_zs", []))
+        self.watch.load_state_dict(state.get("watch", {}), self.recent)
         self._emitted = {i.key: _fingerprint(i.diagnosis(self.settings)) for i in self.incidents}
 
 

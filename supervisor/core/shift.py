@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from supervisor.core.detect import DetectorSettings, Signals
 from supervisor.core.model import BenignShift
@@ -27,6 +28,21 @@ class ShiftWatch:
 
     def cancel(self) -> None:
         self._hist.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The steps watched and their levels (their ``Signals`` are the analyzer's lookback buffer's)."""
+        return {"hist": [(sig.step, level) for sig, level in self._hist], "last_push": self._last_push}
+
+    def load_state_dict(self, state: dict[str, Any], recent: Sequence[Signals]) -> None:
+        """Watch again from the steps ``state`` names, read from the restored ``recent``; a step not
+        there (a level window longer than the buffer) starts the watch afresh, as before a restore."""
+        by_step = {sig.step: sig for sig in recent}
+        hist = [(by_step.get(int(step)), float(level)) for step, level in state.get("hist", [])]
+        self._hist.clear()
+        if all(sig is not None for sig, _ in hist):
+            self._hist.extend(hist)  # type: ignore[arg-type]
+        last = state.get("last_push")
+        self._last_push = int(last) if last is not None else None
 
     def observe(self, sig: Signals, recent: Sequence[Signals]) -> BenignShift | None:
         """Called for steps that opened nothing; returns a shift when the level has clearly moved up."""

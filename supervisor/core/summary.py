@@ -48,6 +48,12 @@ class StepSummary:
     sources: dict[str, tuple[float, float]]  # name -> (tokens, token-weighted loss)
     checksum_minority: list[int]  # ranks whose param_checksum disagrees with the majority
     events: set[str] = field(default_factory=set)
+    n_records: int | None = None  # records of the step when ``records`` holds only some (a saved state's)
+
+    @property
+    def record_count(self) -> int:
+        """How many records the step had."""
+        return len(self.records) if self.n_records is None else self.n_records
 
     @property
     def loss_main(self) -> float:

@@ -91,7 +91,9 @@ class ActivePlan(BaseModel):
 class RuntimeState(BaseModel):
     """Everything a restarted supervisor needs besides the incident store and the checkpoints."""
 
-    model_config = ConfigDict(extra="forbid")
+    # NaN and the infinities are written as such (as ``json.dumps`` writes them, and ``load`` reads
+    # them back), never as null: a diverged step's loss, an incident's infinite peak.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
     _history_json: str | None = PrivateAttr(default=None)  # ``hold_history``
     _analyzer_json: str | None = PrivateAttr(default=None)  # ``hold_analyzer``
 
@@ -206,7 +208,7 @@ class RuntimeState(BaseModel):
             return None
 
 
-_ANY = TypeAdapter(Any)
+_ANY = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan="constants"))
 """Serializes a history entry, the analyzer's state and its parts exactly as
 ``RuntimeState.model_dump_json`` serializes them."""
 
