@@ -35,6 +35,7 @@ def _tuples(v: Any) -> Any:
 
 
 def _named(s: StepSummary) -> set[int | None]:
+    """The ranks a step names: whose records a restored analyzer may read."""
     gap = s.batch_mean_gap
     return {
         s.worst_rank, *s.nonfinite_ranks, *s.checksum_minority, *(m[0] for m in s.misreported),
@@ -54,8 +55,8 @@ def signals_state(sig: Signals) -> tuple[dict[str, Any], dict[str, Any]]:
     summ["rank_log_loss"] = [[w, s.rank_log_loss[w]]] if w in s.rank_log_loss else []
     summ["events"] = sorted(s.events)
     frame = StepFrame.of(s.records)
-    named = _named(s)
-    index = [i for i, rank in enumerate(frame.col("rank")) if i == 0 or rank in named]
+    ranks = frame.col("rank")
+    index = sorted({0, *(ranks.index(r) for r in _named(s) if r is not None and r in ranks)}) if ranks else []
     summ["records"] = [r.to_dict() for r in frame.take(index)]
     summ["n_records"] = s.record_count
     return out, summ
