@@ -72,3 +72,23 @@ def test_nan_and_inf_survive_the_state_file(tmp_path: Path) -> None:
     assert loaded is not None
     peak, [(s3, nan), (s4, ninf)] = loaded.analyzer["peak"], loaded.analyzer["loss"]
     assert peak == float("inf") and (s3, s4) == (3, 4) and nan != nan and ninf == -float("inf")
+
+
+SHORT = sorted(k for k, v in LABELS.items() if v.get("steps", 300) <= 300)
+
+
+@pytest.mark.slow
+def test_every_short_corpus_trace_decides_the_same_restored_at_any_of_its_steps(tmp_path: Path) -> None:
+    """Each trace of up to 300 steps, clean and benign ones too: restored every 23rd step from the
+    first baselines on, and at each step from just before a fault's onset to after its detection."""
+    for name in SHORT:
+        steps = steps_of(name)
+        straight = outcome(steps, tmp_path / "state.json")
+        at = set(range(40, len(steps), 23))
+        if LABELS[name]["harmful"]:
+            onset = LABELS[name]["onset"]
+            at |= set(range(onset - 1, onset + 6))
+        for step in sorted(at):
+            assert outcome(steps, tmp_path / "state.json", restart_at=step) == straight, (
+                f"{name}: after {step}"
+            )
