@@ -31,6 +31,10 @@ _DEFAULTS: dict[str, Any] = {"rank": 0, "world_size": 1}
 _BOOLS = frozenset(("overflow", "nonfinite"))
 
 SEP = "\x1f"
+#: A cut of at most this many records reaching at least ``SPLIT_REACH`` values into a string column
+#: finds them in its text (``Joined._found``) rather than splitting everything before them.
+FEW_ROWS = 4
+SPLIT_REACH = 256
 """Joins sample IDs and events in their flat column (the wire's separator, ``sdk/wire.py``)."""
 
 Flat = tuple[list[str], list[int], list[int], list[float], list[float]]
@@ -377,6 +381,10 @@ class Joined:
             self._k = k if per.count(k) == len(per) else -1
         strided = isinstance(index, range) and index.step > 0
         last = index[-1] if strided else max(index)
+        if len(index) <= FEW_ROWS and not strided:
+            found = self._found(index, last, self._k)
+            if found is not None:
+                return found
         if self._k >= 0:
             values = self._split((last + 1) * self._k)
             if strided:
@@ -389,6 +397,51 @@ class Joined:
             values = self._split(ends[last])
             chosen = [values[ends[i] - per[i] : ends[i]] for i in index]
         return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
+
+    def _found(self, index: Sequence[int], last: int, k: int) -> tuple[list[int], str] | None:
+        """A few records' values (``k`` each; -1: counts differ) found in the text where it was not
+        split that far, without splitting what comes before them (None: split, it is as cheap):
+        the sample IDs of a step's named ranks, far into a batch of a thousand."""
+        per = self.per
+        if k < 0 and self._ends is None:
+            self._ends = list(accumulate(per))
+        ends = self._ends or []
+        reach = (last + 1) * k if k >= 0 else ends[last]
+        if reach <= len(self._values) or reach < SPLIT_REACH:
+            return None
+        total = len(per) * k if k >= 0 else ends[-1]
+        chosen: list[list[str]] = []
+        for i in index:
+            first = i * k if k >= 0 else ends[i] - per[i]
+            chosen.append(self._values_at(self._offset(first, total), per[i]) if per[i] else [])
+        return [len(v) for v in chosen], SEP.join(chain.from_iterable(chosen))
+
+    def _offset(self, n: int, total: int) -> int:
+        """Where value ``n`` (of ``total``) begins: after the text's ``n``-th separator, looked for
+        where an even spread of the values puts it, then one separator at a time."""
+        text = self.text
+        if n == 0:
+            return 0
+        pos = len(text) * n // total
+        # Separators before ``pos``, counted over the shorter side (the text holds ``total - 1``).
+        seen = text.count(SEP, 0, pos) if 2 * pos <= len(text) else total - 1 - text.count(SEP, pos)
+        if seen < n:
+            for _ in range(n - seen):
+                pos = text.index(SEP, pos) + 1
+            return pos
+        for _ in range(seen - n + 1):
+            pos = text.rindex(SEP, 0, pos)
+        return pos + 1
+
+    def _values_at(self, start: int, count: int) -> list[str]:
+        """``count`` values from character ``start`` on."""
+        text, out = self.text, []
+        for _ in range(count):
+            end = text.find(SEP, start)
+            end = len(text) if end < 0 else end
+            out.append(text[start:end])
+            start = end + 1
+        return out
 
     def _split(self, upto: int) -> list[str]:
         """The first ``upto`` values (the rest stays joined); a longer reach splits at least twice as

@@ -157,3 +157,28 @@ def test_a_batch_of_several_steps_cuts_into_each_steps_records(seed: int) -> Non
                 _same(got, want[i])
         for got, rec in zip(cut, want, strict=True):
             _same(got, rec)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_few_rows_far_into_a_string_column_are_found_without_splitting_it(seed: int) -> None:
+    """``Joined.cut`` of a few records reaching far into the column finds their values in its text
+    (``_found``): the same values as a split of the whole column, counts uniform or not, empty values
+    and records with none among them -- and nothing before them split."""
+    from supervisor.core.frame import SEP, Joined, split_joined
+
+    rng = random.Random(seed)
+    n = rng.choice([300, 1024])
+    k = rng.choice([None, 1, 8])  # None: each record its own count, some none
+    per = [k if k is not None else rng.choice([0, 1, 3, 8, 13]) for _ in range(n)]
+    values = [
+        "".join(rng.choice("ab:/._0123456789") for _ in range(rng.choice([0, 1, 5, 20, 60])))
+        for _ in range(sum(per))
+    ]
+    text = SEP.join(values)
+    whole = split_joined(per, text)
+    for rows in ([n - 1], [0, n - 1], rng.sample(range(n), 3), [n // 2, n - 2, 5, n - 3]):
+        column = Joined(per, text)
+        got = column.cut(rows)
+        assert got == ([len(whole[i]) for i in rows], SEP.join(v for i in rows for v in whole[i]))
+        if sum(per[: max(rows) + 1]) >= 256:
+            assert column._values == [], "split the text before the rows"
