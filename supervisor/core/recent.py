@@ -5,8 +5,9 @@ A supervisor killed between a fault's onset and its detection restores an analyz
 onset, names the rank and reads the suspect samples as the one that never stopped, instead of
 dating the fault at its own restart. What is kept of a step is bounded whatever the ranks: every
 aggregate and score, the worst rank's own loss (the only per-rank loss read from an earlier step),
-and the records of the ranks the step names -- its worst, non-finite, checksum-minority,
-misreporting, collapsed and batch-gap ranks -- and its first, with the count of all.
+and what is read of the records of the ranks the step names -- its worst, non-finite,
+checksum-minority, misreporting, collapsed and batch-gap ranks -- and its first (``RECORD_KEPT``),
+with the count of all.
 
 The state file carries NaN and the infinities as such (``runtime.state``); tuples come back as lists.
 """
@@ -28,6 +29,22 @@ _SUM_KEPT = tuple(
                                                           "collapsed_ranks", "batch_mean_gap", "sources",
                                                           "events", "n_records")
 )  # fmt: skip
+
+
+#: What a restored step's records are read for: their rank, whether their own loss or a module went
+#: non-finite (``summary.nonfinite_origin``, ``scaler_skipped``), and their batch's sample IDs (the
+#: suspects of an onset at that step).
+RECORD_KEPT = (
+    "step",
+    "rank",
+    "loss",
+    "loss_sum",
+    "grad_norm",
+    "overflow",
+    "nonfinite",
+    "nonfinite_at",
+    "samples",
+)
 
 
 def _tuples(v: Any) -> Any:
@@ -57,7 +74,9 @@ def signals_state(sig: Signals) -> tuple[dict[str, Any], dict[str, Any]]:
     frame = StepFrame.of(s.records)
     ranks = frame.col("rank")
     index = sorted({0, *(ranks.index(r) for r in _named(s) if r is not None and r in ranks)}) if ranks else []
-    summ["records"] = [r.to_dict() for r in frame.take(index)]
+    summ["records"] = [
+        {f: v for f in RECORD_KEPT if (v := getattr(r, f)) is not None} for r in frame.take(index)
+    ]
     summ["n_records"] = s.record_count
     return out, summ
 
