@@ -262,8 +262,12 @@ class IncidentFlow:
             incident_id = self.state.incident_keys[key] = yield from self._open(
                 d, key_, step, fold=not folded
             )
-            if key in self.state.folded_keys:
+            if key in self.state.folded_keys or self._weaker_reading(incident_id, key_, d):
                 return
+        elif self._weaker_reading(incident_id, key_, d):
+            if kind == "ready" and key not in self.state.ready_keys:
+                self.state.ready_keys.append(key)
+            return
         elif kind in ("refined", "closed", "ready"):
             d = self._dated(incident_id, d)
             self.store.update_diagnosis(incident_id, d, step=step)
@@ -312,6 +316,21 @@ class IncidentFlow:
             self._opened_at.append((step, incident_id))
         self.state.note_incident(step, d.onset_step if _against_checkpoints(d) else None)
         return incident_id
+
+    def _weaker_reading(self, incident_id: int, key: int, d: Diagnosis) -> bool:
+        """``d``, from a detector incident that is not the incident's own (its fault come back inside
+        its window), reads weaker than the incident: less severe, or a logging error put first where
+        the incident has a real fault. The occurrence is recorded as it reads and fails the window;
+        the incident keeps its diagnosis, so the plan made again handles the fault at its strength
+        (wrong numbers never explain a real fault away)."""
+        inc = self.store.get(incident_id)
+        a = inc.diagnosis
+        if a is None or inc.analyzer_key == key:
+            return False
+        artifact = Cause.METRIC_ARTIFACT
+        return d.severity.rank < a.severity.rank or (
+            d.top_cause is artifact and a.top_cause is not None and a.top_cause is not artifact
+        )
 
     def _occurrence_of(self, d: Diagnosis) -> int | None:
         """The incident being handled whose occurrence ``d`` is: one not closed, dated at the same

@@ -4,7 +4,9 @@ that proves the fix"); real controller, fake workers (tests/runtime/harness.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from supervisor.incidents import EventKind, EventStatus, IncidentState
 from supervisor.runtime.controller import Controller
 from supervisor.runtime.state import JobPhase
 from tests.runtime.conftest import FAST, make_job
-from tests.runtime.harness import FakeRanks, FakeWorkers, spikes_once
+from tests.runtime.harness import FakeRanks, FakeWorkers, Loss, calm, spikes_once
 
 HOLD = str(Path(__file__).parent / "policies" / "hold.yaml")
 
@@ -64,3 +66,64 @@ def test_what_counts_as_the_same_fault_coming_back() -> None:
     assert not same_fault(d(), d(severity="low"))  # a low blip sharing only the cause category
     machinery = [{"cause": "distributed", "score": 1.0, "evidence": ["worker rank(s) [1] lost"]}]
     assert not same_fault(d(causes=machinery), d(causes=machinery))
+
+
+def jumps_once(jumps: dict[int, float]) -> Loss:
+    """Rank 0's loss times ``jumps[step]`` at each of its steps, the first time the trace gets there."""
+    fired: set[int] = set()
+
+    def loss(step: int, rank: int) -> float:
+        if rank == 0 and step in jumps and step not in fired:
+            fired.add(step)
+            return calm(step, rank) * jumps[step]
+        return calm(step, rank)
+
+    return loss
+
+
+@dataclass
+class LoggedRanks(FakeRanks):
+    """Ranks that say their tokens and loss sums; rank 0's reported loss at ``wrong_at`` is ``x``
+    times its own loss sum over tokens (a logging error at that one step, the training sound)."""
+
+    wrong_at: int = -1
+    x: float = 1.0
+
+    def record(self, step: int, rank: int, events: list[str] | None = None) -> dict[str, Any]:
+        r = super().record(step, rank, events)
+        r["tokens"], r["loss_sum"] = 1000, r["loss"] * 1000
+        if rank == 0 and step == self.wrong_at:
+            self.wrong_at, r["loss"] = -1, r["loss"] * self.x
+        return r
+
+
+@pytest.mark.parametrize("again", ["smaller", "logged_wrong"])
+def test_a_weaker_reading_of_the_fault_back_in_its_window_fails_it_and_leaves_the_diagnosis(
+    tmp_path: Path, again: str
+) -> None:
+    """Rank 0's bad batch at 130 (high); inside the window rank 0 stands out again at 150, read
+    weaker: a smaller jump (medium), or its reported loss alone wrong (a logging error put first).
+    The window fails on it, and the plan made again handles the incident as it was diagnosed: a
+    weaker reading never downgrades it, and wrong numbers never explain a real fault away."""
+    job = make_job(tmp_path, "weak", max_steps=260, policy=HOLD)
+    jumps = {130: 8.0, 150: 2.0} if again == "smaller" else {130: 8.0}
+    ranks = LoggedRanks(2, 260, jumps_once(jumps), grads_follow_loss=True)
+    if again == "logged_wrong":
+        ranks.wrong_at, ranks.x = 150, 3.0
+    ctl = Controller(job, FAST, workers=FakeWorkers(ranks))
+    ctl.boot()
+    ranks.run(ctl, lambda: ctl.phase.is_terminal)
+    assert ctl.phase is JobPhase.FINISHED, ctl.status()
+    [inc] = ctl.incidents.list_incidents(job="weak")
+    timeline = ctl.incidents.timeline(inc.id)
+    [back] = [e for e in timeline if e.kind is EventKind.DETECTED and e.payload.get("in_window")]
+    seen = back.payload["diagnosis"]
+    assert seen["onset_step"] == 150
+    if again == "smaller":
+        assert seen["severity"] == "medium"
+    else:
+        assert seen["causes"][0]["cause"] == "metric_artifact"
+    first = next(e for e in timeline if e.kind is EventKind.OBSERVATION)
+    assert first.status is EventStatus.FAILED and not first.result["checks"]["recurrence"]["ok"]
+    assert inc.state is IncidentState.RESOLVED and inc.diagnosis is not None
+    assert (inc.diagnosis.severity.value, inc.diagnosis.top_cause.value) == ("high", "data"), inc.diagnosis
