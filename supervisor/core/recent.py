@@ -22,7 +22,7 @@ from supervisor.core.frame import StepFrame
 from supervisor.core.records import Record
 from supervisor.core.summary import StepSummary
 
-#: Fields saved as they are (a JSON list read back as the field's tuple where one is named below).
+#: Fields saved as they are; the ones left out here are saved and read back by hand (tuples, sets).
 _SIG_KEPT = tuple(f.name for f in fields(Signals) if f.name not in ("summary", "_own", "loss_trend"))
 _SUM_KEPT = tuple(
     f.name for f in fields(StepSummary) if f.name not in ("records", "rank_log_loss", "misreported",
