@@ -319,18 +319,16 @@ class IncidentFlow:
 
     def _weaker_reading(self, incident_id: int, key: int, d: Diagnosis) -> bool:
         """``d``, from a detector incident that is not the incident's own (its fault come back inside
-        its window), reads weaker than the incident: less severe, or a logging error put first where
-        the incident has a real fault. The occurrence is recorded as it reads and fails the window;
-        the incident keeps its diagnosis, so the plan made again handles the fault at its strength
-        (wrong numbers never explain a real fault away)."""
+        its window), puts a logging error first where the incident has a real fault: an LR bug back
+        while one rank's reported loss is wrong. The occurrence is recorded as it reads and fails the
+        window; the incident keeps its diagnosis, so the plan made again handles the real fault
+        (wrong numbers never explain a fault away). Any other reading refines the incident as the
+        occurrence it is (the data's next bad batch carries its own samples)."""
         inc = self.store.get(incident_id)
         a = inc.diagnosis
-        if a is None or inc.analyzer_key == key:
+        if a is None or inc.analyzer_key == key or d.top_cause is not Cause.METRIC_ARTIFACT:
             return False
-        artifact = Cause.METRIC_ARTIFACT
-        return d.severity.rank < a.severity.rank or (
-            d.top_cause is artifact and a.top_cause is not None and a.top_cause is not artifact
-        )
+        return a.top_cause is not None and a.top_cause is not Cause.METRIC_ARTIFACT
 
     def _occurrence_of(self, d: Diagnosis) -> int | None:
         """The incident being handled whose occurrence ``d`` is: one not closed, dated at the same
