@@ -31,11 +31,11 @@ _DEFAULTS: dict[str, Any] = {"rank": 0, "world_size": 1}
 _BOOLS = frozenset(("overflow", "nonfinite"))
 
 SEP = "\x1f"
+"""Joins sample IDs and events in their flat column (the wire's separator, ``sdk/wire.py``)."""
 #: A cut of at most this many records reaching at least ``SPLIT_REACH`` values into a string column
 #: finds them in its text (``Joined._found``) rather than splitting everything before them.
 FEW_ROWS = 4
 SPLIT_REACH = 256
-"""Joins sample IDs and events in their flat column (the wire's separator, ``sdk/wire.py``)."""
 
 Flat = tuple[list[str], list[int], list[int], list[float], list[float]]
 """A step's sources as the wire sends them: (names, per-record count, name index, tokens, loss_sum)."""

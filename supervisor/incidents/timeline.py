@@ -117,7 +117,8 @@ def _detected(e: Event, ctx: Context) -> str:
 
 
 def _first_anomaly(d: dict[str, Any]) -> str:
-    """ ": <metric> left its band at step N on rank R (value against a level of b, z z)"."""
+    """The first abnormal quantity in words: ': <metric> left its band at step N on rank R (its
+    value against a level of b, z z)', else ': onset at step N'."""
     fa = d.get("first_anomaly") or {}
     if fa.get("metric"):
         on = f" on rank {fa['rank']}" if fa.get("rank") is not None else ""

@@ -262,9 +262,9 @@ class IncidentFlow:
             incident_id = self.state.incident_keys[key] = yield from self._open(
                 d, key_, step, fold=not folded
             )
-            if key in self.state.folded_keys or self._weaker_reading(incident_id, key_, d):
+            if key in self.state.folded_keys or self._read_as_logging_error(incident_id, key_, d):
                 return
-        elif self._weaker_reading(incident_id, key_, d):
+        elif self._read_as_logging_error(incident_id, key_, d):
             if kind == "ready" and key not in self.state.ready_keys:
                 self.state.ready_keys.append(key)
             return
@@ -317,7 +317,7 @@ class IncidentFlow:
         self.state.note_incident(step, d.onset_step if _against_checkpoints(d) else None)
         return incident_id
 
-    def _weaker_reading(self, incident_id: int, key: int, d: Diagnosis) -> bool:
+    def _read_as_logging_error(self, incident_id: int, key: int, d: Diagnosis) -> bool:
         """``d``, from a detector incident that is not the incident's own (its fault come back inside
         its window), puts a logging error first where the incident has a real fault: an LR bug back
         while one rank's reported loss is wrong. The occurrence is recorded as it reads and fails the
